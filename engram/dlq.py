@@ -1,0 +1,131 @@
+"""Dead letters: publish with the reason, list, and replay into the original subject.
+
+A dead letter keeps the original bytes and headers, plus Engram-Dlq-* headers. Its Nats-Msg-Id
+is derived from the source stream sequence, so a redelivered poison message is dead-lettered
+once. Replay re-publishes the body with a fresh Nats-Msg-Id (the original id is still inside the
+input stream's duplicate window and would be dropped), then deletes the dead letter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from prometheus_client import Counter
+
+from schemas import subjects
+
+DLQ_MESSAGES = Counter(
+    "engram_dlq_messages_total",
+    "Messages sent to a dead-letter subject, by stage and reason.",
+    ["stage", "reason"],
+)
+HDR_ORIGINAL_MSG_ID = "Engram-Original-Msg-Id"
+
+
+def publish_subject_of(stored_subject: str) -> str:
+    """Undo the input partition transform: engram.in.<p>.<kind>.<s> -> engram.in.<kind>.<s>."""
+    tokens = stored_subject.split(".")
+    if len(tokens) == 5 and tokens[:2] == ["engram", "in"] and tokens[2].isdigit():
+        return ".".join(tokens[:2] + tokens[3:])
+    return stored_subject
+
+
+async def dead_letter(
+    js: JetStreamContext,
+    *,
+    stage: str,
+    reason: str,
+    detail: str,
+    subject: str,
+    payload: bytes,
+    headers: dict[str, str] | None,
+    source_id: str,
+) -> None:
+    """Publish one dead letter and wait for the PubAck (the caller acks the source after)."""
+    out = {k: v for k, v in (headers or {}).items() if not k.startswith("Engram-Dlq-")}
+    if subjects.HDR_MSG_ID in out:
+        out[HDR_ORIGINAL_MSG_ID] = out.pop(subjects.HDR_MSG_ID)
+    out.update(
+        {
+            subjects.HDR_DLQ_STAGE: stage,
+            subjects.HDR_DLQ_REASON: reason,
+            subjects.HDR_DLQ_DETAIL: detail[:1000],
+            subjects.HDR_DLQ_SUBJECT: publish_subject_of(subject),
+            subjects.HDR_DLQ_TIME: datetime.now(timezone.utc).isoformat(),
+            subjects.HDR_MSG_ID: f"dlq:{stage}:{source_id}",
+        }
+    )
+    await js.publish(subjects.dlq(stage), payload, headers=out, stream=subjects.STREAM_DLQ)
+    DLQ_MESSAGES.labels(stage=stage, reason=reason).inc()
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    seq: int
+    stage: str
+    reason: str
+    detail: str
+    subject: str
+    time: str
+    size: int
+    headers: dict[str, str]
+    payload: bytes
+
+
+async def list_dead_letters(js: JetStreamContext, stage: str | None = None, limit: int = 1000) -> list[DeadLetter]:
+    """Read dead letters without consuming them (an ephemeral, ack-none ordered read)."""
+    filt = subjects.dlq(stage) if stage else "engram.dlq.*"
+    info = await js.stream_info(subjects.STREAM_DLQ)
+    if info.state.messages == 0:
+        return []
+    sub = await js.subscribe(
+        filt,
+        stream=subjects.STREAM_DLQ,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE),
+    )
+    out: list[DeadLetter] = []
+    try:
+        while len(out) < limit:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except (asyncio.TimeoutError, TimeoutError):
+                break
+            h = msg.headers or {}
+            out.append(
+                DeadLetter(
+                    seq=msg.metadata.sequence.stream,
+                    stage=h.get(subjects.HDR_DLQ_STAGE, "?"),
+                    reason=h.get(subjects.HDR_DLQ_REASON, "?"),
+                    detail=h.get(subjects.HDR_DLQ_DETAIL, ""),
+                    subject=h.get(subjects.HDR_DLQ_SUBJECT, "?"),
+                    time=h.get(subjects.HDR_DLQ_TIME, ""),
+                    size=len(msg.data),
+                    headers=dict(h),
+                    payload=msg.data,
+                )
+            )
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def replay_dead_letters(nc: Client, stage: str | None = None) -> int:
+    """Re-publish dead letters to their original subjects; returns how many were replayed."""
+    js = nc.jetstream()
+    replayed = 0
+    for dl in await list_dead_letters(js, stage):
+        headers = {k: v for k, v in dl.headers.items() if not k.startswith("Engram-Dlq-")}
+        headers.pop(HDR_ORIGINAL_MSG_ID, None)
+        headers[subjects.HDR_MSG_ID] = f"replay:{dl.seq}"
+        await js.publish(dl.subject, dl.payload, headers=headers)
+        await js.delete_msg(subjects.STREAM_DLQ, dl.seq)
+        replayed += 1
+    return replayed

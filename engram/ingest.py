@@ -1,0 +1,187 @@
+"""Transcript readers (JSONL, LoCoMo) and a publisher that feeds them into engram's input.
+
+Readers yield :class:`ChatMessage` and :class:`SessionClosed` events in conversation order.
+Message ids are deterministic, so ingesting the same file twice publishes nothing new: the
+server drops a repeated Nats-Msg-Id inside the duplicate window, and the turn-detector drops a
+repeated message id after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Literal
+
+from dateutil import parser as dateparser
+
+from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
+
+Event = ChatMessage | SessionClosed
+Format = Literal["jsonl", "locomo"]
+
+
+class TranscriptError(ValueError):
+    pass
+
+
+def _utc(value: str | float | int | None, fallback: datetime) -> datetime:
+    if value is None:
+        return fallback
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, tz=timezone.utc)
+    dt = dateparser.parse(value)
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def read_jsonl(path: Path, scopes: ScopeKeys, close_sessions: bool = True) -> Iterator[Event]:
+    """One message per line: {session_id, role, content, timestamp, message_id?, name?, metadata?}."""
+    last_time: dict[str, datetime] = {}
+    now = datetime.now(timezone.utc)
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                session = str(row["session_id"])
+                ts = _utc(row.get("timestamp"), now)
+                message_id = row.get("message_id") or hashlib.sha256(
+                    f"{session}|{lineno}|{row['role']}|{ts.isoformat()}|{row['content']}".encode()
+                ).hexdigest()[:32]
+                yield ChatMessage(
+                    message_id=message_id,
+                    session_id=session,
+                    role=row["role"],
+                    content=row["content"],
+                    timestamp=ts,
+                    scopes=scopes,
+                    name=row.get("name"),
+                    source_description=row.get("source_description") or f"jsonl:{path.name}",
+                    metadata=row.get("metadata") or {},
+                )
+            except (KeyError, ValueError, TypeError) as exc:
+                raise TranscriptError(f"{path}:{lineno}: {type(exc).__name__}: {exc}") from exc
+            last_time[session] = ts
+    if close_sessions:
+        for session, ts in last_time.items():
+            yield SessionClosed(session_id=session, closed_at=ts, reason="end of transcript")
+
+
+_SESSION_KEY = re.compile(r"^session_(\d+)$")
+
+
+@dataclass
+class LocomoSession:
+    sample_id: str
+    number: int
+    started: datetime
+    turns: list[dict] = field(default_factory=list)
+
+    @property
+    def session_id(self) -> str:
+        return f"{self.sample_id}-s{self.number}"
+
+
+def locomo_sessions(conversation: dict, sample_id: str) -> list[LocomoSession]:
+    conv = conversation["conversation"]
+    out = []
+    for key, turns in conv.items():
+        m = _SESSION_KEY.match(key)
+        if not m or not isinstance(turns, list):
+            continue
+        n = int(m.group(1))
+        started = _utc(conv.get(f"session_{n}_date_time"), datetime(2023, 1, 1, tzinfo=timezone.utc))
+        out.append(LocomoSession(sample_id, n, started, turns))
+    return sorted(out, key=lambda s: s.number)
+
+
+def locomo_text(turn: dict) -> str:
+    text = turn.get("text", "")
+    if turn.get("blip_caption"):
+        text += f" [shares a photo: {turn['blip_caption']}]"
+    return text
+
+
+def read_locomo(
+    path: Path, scopes: ScopeKeys, samples: Iterable[str] = (), max_sessions: int | None = None
+) -> Iterator[Event]:
+    """LoCoMo JSON: speaker_a plays 'user', speaker_b 'assistant'; one session_N = one chat session.
+
+    Message ids are ``<sample_id>:<dia_id>`` (dia ids repeat across conversations), so every
+    recalled fact can be traced back to the dataset's evidence ids.
+    """
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = [data]
+    wanted = set(samples)
+    for conversation in data:
+        sample_id = conversation.get("sample_id", "conv")
+        if wanted and sample_id not in wanted:
+            continue
+        conv = conversation["conversation"]
+        roles = {conv["speaker_a"]: "user", conv["speaker_b"]: "assistant"}
+        for session in locomo_sessions(conversation, sample_id)[:max_sessions]:
+            ts = session.started
+            for turn in session.turns:
+                ts = ts + timedelta(seconds=1)  # keep order; the dataset only dates sessions
+                yield ChatMessage(
+                    message_id=f"{sample_id}:{turn['dia_id']}",
+                    session_id=session.session_id,
+                    role=roles.get(turn["speaker"], "user"),  # type: ignore[arg-type]
+                    content=locomo_text(turn),
+                    timestamp=ts,
+                    scopes=scopes,
+                    name=turn["speaker"],
+                    source_description=f"locomo {sample_id} session {session.number}",
+                    metadata={"dia_id": turn["dia_id"]},
+                )
+            yield SessionClosed(session_id=session.session_id, closed_at=ts, reason="end of LoCoMo session")
+
+
+def read_transcript(path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterable[str] = ()) -> list[Event]:
+    if fmt == "jsonl":
+        return list(read_jsonl(path, scopes))
+    return list(read_locomo(path, scopes, samples))
+
+
+def subject_and_id(event: Event) -> tuple[str, str]:
+    if isinstance(event, ChatMessage):
+        return subjects.in_message(event.session_id), event.message_id
+    return subjects.in_close(event.session_id), f"close:{event.session_id}:{event.closed_at.isoformat()}"
+
+
+@dataclass
+class IngestReport:
+    messages: int = 0
+    sessions: int = 0
+    closes: int = 0
+    duplicates: int = 0
+
+
+async def publish_events(js, events: Iterable[Event], progress=None) -> IngestReport:  # noqa: ANN001
+    """Publish in order, awaiting each PubAck (so per-session order and durability hold)."""
+    report = IngestReport()
+    sessions: set[str] = set()
+    for event in events:
+        subject, msg_id = subject_and_id(event)
+        ack = await js.publish(
+            subject,
+            event.model_dump_json().encode(),
+            headers={subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"},
+        )
+        if ack.duplicate:
+            report.duplicates += 1
+        if isinstance(event, ChatMessage):
+            report.messages += 1
+            sessions.add(event.session_id)
+        else:
+            report.closes += 1
+        if progress is not None:
+            progress()
+    report.sessions = len(sessions)
+    return report

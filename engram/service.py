@@ -1,0 +1,145 @@
+"""The small runtime every service shares: broker, middlewares, HTTP side (/metrics, health).
+
+A service module exposes ``build(settings) -> ServiceApp``; ``engram serve NAME`` runs it with
+uvicorn, and tests start the same object in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
+from faststream.nats import NatsBroker
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
+from faststream.prometheus.middleware import PrometheusMiddleware
+from prometheus_client import REGISTRY, make_asgi_app
+
+from engram.settings import EngramSettings
+
+log = logging.getLogger(__name__)
+
+
+def collapse_subject(subject: str) -> str:
+    """Subject -> low-cardinality label: drop partition numbers and session/group tokens.
+
+    engram.in.3.message.s1 -> engram.in.message; engram.episode.g1 -> engram.episode.
+    """
+    tokens = subject.split(".")
+    if tokens[:2] == ["engram", "in"] and len(tokens) == 5:
+        return f"engram.in.{tokens[3]}"
+    if tokens and tokens[0] == "engram" and len(tokens) >= 3:
+        return ".".join(tokens[:-1])
+    if tokens and tokens[0] == "_INBOX":
+        return "_INBOX"
+    return subject if len(tokens) <= 2 else ".".join(tokens[:2]) + ".*"
+
+
+class _CollapsedSubjectProvider(NatsMetricsSettingsProvider):
+    __slots__ = ()
+
+    def get_consume_attrs_from_message(self, msg: Any) -> Any:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = collapse_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return collapse_subject(cmd.destination)
+
+
+def _provider_factory(msg: Any) -> _CollapsedSubjectProvider:
+    return _CollapsedSubjectProvider()
+
+
+def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
+    middlewares: list[Any] = [
+        PrometheusMiddleware(
+            settings_provider_factory=_provider_factory,
+            registry=REGISTRY,
+            app_name=service,
+            metrics_prefix="engram_faststream",
+        )
+    ]
+    tracer_provider = _tracer_provider(settings, service)
+    if tracer_provider is not None:
+        middlewares.insert(0, NatsTelemetryMiddleware(tracer_provider=tracer_provider, include_messages_counters=False))
+    return NatsBroker(
+        settings.resolved_nats_url(),
+        middlewares=middlewares,
+        name=f"engram-{service}",
+        max_reconnect_attempts=-1,
+        log_level=logging.DEBUG,
+    )
+
+
+def _tracer_provider(settings: EngramSettings, service: str) -> Any | None:
+    """OTLP/HTTP tracing when ENGRAM_OTEL_ENDPOINT is set; off (no provider) otherwise."""
+    if not settings.otel_endpoint:
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"engram-{service}"}))
+    endpoint = settings.otel_endpoint.rstrip("/")
+    if not endpoint.endswith("/v1/traces"):
+        endpoint += "/v1/traces"
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return provider
+
+
+@dataclass
+class ServiceApp:
+    """A service: its broker, ASGI app and lifecycle hooks."""
+
+    name: str
+    broker: NatsBroker
+    on_startup: Sequence[Callable[[], Awaitable[None]]] = ()
+    after_startup: Sequence[Callable[[], Awaitable[None]]] = ()
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = ()
+    extra_routes: Sequence[tuple[str, Any]] = field(default_factory=tuple)
+
+    async def start(self) -> None:
+        """Start in-process (tests, benchmarks): hooks, then the broker's subscribers."""
+        for hook in self.on_startup:
+            await hook()
+        await self.broker.start()
+        for hook in self.after_startup:
+            await hook()
+
+    async def stop(self) -> None:
+        for hook in self.on_shutdown:
+            await hook()
+        await self.broker.stop()
+
+    def asgi(self) -> AsgiFastStream:
+        @get(include_in_schema=False)
+        async def live(scope: Any) -> AsgiResponse:
+            return AsgiResponse(b'{"status":"ok"}', 200, headers={"content-type": "application/json"})
+
+        return AsgiFastStream(
+            self.broker,
+            asgi_routes=[
+                ("/metrics", make_asgi_app(REGISTRY)),
+                ("/healthz", live),
+                ("/readyz", make_ping_asgi(self.broker, timeout=2.0)),
+                *self.extra_routes,
+            ],
+            on_startup=list(self.on_startup),
+            after_startup=list(self.after_startup),
+            on_shutdown=list(self.on_shutdown),
+            asyncapi_path="/asyncapi",
+        )
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    # FastStream logs every message at INFO with its subject (which holds session ids): keep it quiet.
+    logging.getLogger("faststream").setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))

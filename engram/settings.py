@@ -1,0 +1,80 @@
+"""Settings for every engram process, from ENGRAM_* environment variables (pydantic-settings).
+
+The same settings object serves `engram up`, `engram serve SERVICE`, docker-compose and
+Kubernetes: only the environment differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+RUNTIME_FILE = "engram-runtime.json"
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "engram"
+
+
+class TurnDetectorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_TURN_", extra="ignore")
+
+    idle_timeout_s: float = Field(120.0, gt=0, description="A turn with no new message for this long is complete.")
+    include_system: bool = Field(False, description="Keep system messages in turns (excluded by default).")
+    max_message_bytes: int = Field(256 * 1024, gt=0, description="Larger raw messages are dead-lettered.")
+    max_turn_chars: int = Field(48_000, gt=0, description="Hard cap of one turn's rendered content.")
+    recent_ids_kept: int = Field(64, ge=1, description="Message ids remembered per session for dedupe.")
+    max_deliveries: int = Field(5, ge=1, description="Delivery attempts before a message is dead-lettered.")
+
+
+class EngramSettings(BaseSettings):
+    """Process-wide settings. Unset server URLs mean: use the embedded servers of `engram up`."""
+
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    nats_url: str | None = None
+    graph_backend: Literal["falkordb", "neo4j"] = "falkordb"
+    graph_url: str | None = Field(None, description="falkor://host:port (or redis://) of a FalkorDB server.")
+    neo4j_uri: str | None = None
+    neo4j_user: str = "neo4j"
+    neo4j_password: SecretStr = SecretStr("")
+    group_prefix: str = Field("engram", pattern=r"^[a-zA-Z0-9]{1,32}$")
+    partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
+    duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
+    ack_wait_s: float = Field(30.0, gt=0)
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(0, ge=0, le=65535, description="Port for /metrics and health; 0 = random.")
+    otel_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; tracing is off when unset.")
+    log_level: str = "INFO"
+    turn: TurnDetectorSettings = Field(default_factory=TurnDetectorSettings)
+
+    @property
+    def runtime_file(self) -> Path:
+        return self.data_dir / RUNTIME_FILE
+
+    @cached_property
+    def _runtime(self) -> dict:
+        try:
+            return json.loads(self.runtime_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def resolved_nats_url(self) -> str:
+        """ENGRAM_NATS_URL, else the embedded server recorded by a running `engram up`."""
+        url = self.nats_url or self._runtime.get("nats_url")
+        if not url:
+            raise RuntimeError(
+                "no NATS server: set ENGRAM_NATS_URL or start one with `engram up` "
+                f"(looked for {self.runtime_file})"
+            )
+        return url
+
+    def resolved_graph_url(self) -> str | None:
+        return self.graph_url or self._runtime.get("graph_url")

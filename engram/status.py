@@ -1,0 +1,149 @@
+"""`engram status`: health of each part, stream/consumer backlog, and pipeline counts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import nats
+import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from engram.settings import EngramSettings
+from schemas import subjects
+
+MAX_SESSIONS_SCANNED = 20_000
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return 200 <= resp.status < 300
+    except OSError:
+        return False
+
+
+def _graph_ping(url: str) -> tuple[bool, str]:
+    parsed = urllib.parse.urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=1) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            ok = s.recv(16).startswith(b"+PONG")
+            return ok, "PONG" if ok else "unexpected reply"
+    except OSError as exc:
+        return False, type(exc).__name__
+
+
+async def count_filtered(js, stream: str, filter_subject: str) -> int:  # noqa: ANN001
+    """Messages in ``stream`` matching ``filter_subject`` (an ephemeral consumer's num_pending)."""
+    info = await js.add_consumer(
+        stream,
+        ConsumerConfig(
+            filter_subject=filter_subject,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=5.0,
+            mem_storage=True,
+        ),
+    )
+    try:
+        return info.num_pending
+    finally:
+        await js.delete_consumer(stream, info.name)
+
+
+async def _turn_totals(js) -> dict[str, int]:  # noqa: ANN001
+    """Sum per-session counters kept in the turn-detector's KV state."""
+    try:
+        kv = await js.key_value(subjects.KV_TURN_SESSIONS)
+    except nats.js.errors.BucketNotFoundError:
+        return {"sessions": 0, "turns": 0, "open_turns": 0}
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return {"sessions": 0, "turns": 0, "open_turns": 0}
+    totals = {"sessions": len(keys), "turns": 0, "open_turns": 0}
+    if len(keys) > MAX_SESSIONS_SCANNED:
+        totals["turns"] = -1  # too many sessions to sum on demand
+        return totals
+    for key in keys:
+        entry = await kv.get(key)
+        if not entry.value:
+            continue
+        state = json.loads(entry.value)
+        totals["turns"] += int(state.get("turns_completed", 0))
+        totals["open_turns"] += 1 if state.get("open_turn") else 0
+    return totals
+
+
+async def collect_status(settings: EngramSettings) -> dict[str, Any]:
+    started = time.perf_counter()
+    runtime = settings._runtime  # noqa: SLF001 - the file `engram up` wrote, if any
+    status: dict[str, Any] = {"parts": {}, "streams": {}, "counts": {}, "services": {}}
+    try:
+        nats_url = settings.resolved_nats_url()
+    except RuntimeError as exc:
+        status["parts"]["nats"] = {"ok": False, "detail": str(exc)}
+        status["ok"] = False
+        return status
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)
+    except Exception as exc:  # noqa: BLE001
+        status["parts"]["nats"] = {"ok": False, "url": nats_url, "detail": type(exc).__name__}
+        status["ok"] = False
+        return status
+    try:
+        js = nc.jetstream()
+        account = await js.account_info()
+        status["parts"]["nats"] = {
+            "ok": True,
+            "url": nats_url,
+            "server_version": nc.connected_server_version.__str__(),
+            "jetstream_streams": account.streams,
+        }
+        for stream in (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ):
+            try:
+                info = await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                status["streams"][stream] = None
+                continue
+            entry: dict[str, Any] = {"messages": info.state.messages, "bytes": info.state.bytes, "consumers": {}}
+            for ci in await js.consumers_info(stream):
+                if not ci.config.durable_name:
+                    continue
+                entry["consumers"][ci.name] = {
+                    "pending": ci.num_pending,
+                    "ack_pending": ci.num_ack_pending,
+                    "redelivered": ci.num_redelivered,
+                    "waiting": ci.num_waiting,
+                }
+            status["streams"][stream] = entry
+        counts: dict[str, Any] = {}
+        if status["streams"].get(subjects.STREAM_IN):
+            counts["messages"] = await count_filtered(js, subjects.STREAM_IN, "engram.in.*.message.*")
+            counts["session_closes"] = await count_filtered(js, subjects.STREAM_IN, "engram.in.*.close.*")
+        counts["episodes"] = (status["streams"].get(subjects.STREAM_EPISODES) or {}).get("messages", 0)
+        counts["dead_letters"] = (status["streams"].get(subjects.STREAM_DLQ) or {}).get("messages", 0)
+        counts.update(await _turn_totals(js))
+        status["counts"] = counts
+    finally:
+        await nc.close()
+
+    graph_url = settings.resolved_graph_url()
+    if graph_url:
+        ok, detail = await asyncio.to_thread(_graph_ping, graph_url)
+        status["parts"]["falkordb"] = {"ok": ok, "url": graph_url, "detail": detail}
+    for name, svc in (runtime.get("services") or {}).items():
+        ok = await asyncio.to_thread(_http_ok, f"{svc['url']}/healthz")
+        status["services"][name] = {"ok": ok, "url": svc["url"], "metrics": f"{svc['url']}/metrics",
+                                    "restarts": svc.get("restarts", 0)}
+    status["ok"] = all(p.get("ok") for p in status["parts"].values()) and all(
+        s["ok"] for s in status["services"].values()
+    )
+    status["took_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    return status

@@ -1,0 +1,198 @@
+"""`engram up`: embedded servers + one process per service, supervised until a signal.
+
+Start order: NATS and FalkorDB (unless external URLs are configured) -> topology -> services
+(`engram serve NAME`, each its own process with its own /metrics port) -> runtime file. A service
+that dies is restarted with backoff. SIGINT/SIGTERM stops services first (they drain their
+in-flight message), then the servers, and removes the runtime file: no process is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+
+from engram.embedded import ManagedProcess, free_port, spawn, start_falkordb, start_nats
+from engram.settings import EngramSettings
+from engram.topology import Topology, ensure_topology
+
+log = logging.getLogger("engram.up")
+
+SERVICES: tuple[str, ...] = ("turn-detector",)
+"""Services `engram up` runs, in start order. Each later step adds its service here."""
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    port: int
+    proc: ManagedProcess | None = None
+    restarts: int = 0
+    next_restart: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class Supervisor:
+    def __init__(self, settings: EngramSettings, services: tuple[str, ...] = SERVICES) -> None:
+        self.settings = settings
+        self.data_dir = settings.data_dir
+        self.service_names = services
+        self.nats: ManagedProcess | None = None
+        self.falkordb: ManagedProcess | None = None
+        self.services: list[ServiceProcess] = []
+        self.nats_url = settings.nats_url
+        self.graph_url = settings.graph_url
+        self._stopping = asyncio.Event()
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            self.nats = start_nats(self.data_dir)
+            self.nats_url = self.nats.url
+        if not self.graph_url and self.settings.graph_backend == "falkordb":
+            self.falkordb = start_falkordb(self.data_dir)
+            self.graph_url = self.falkordb.url
+        nc = await nats.connect(self.nats_url, name="engram-up")
+        try:
+            await ensure_topology(nc.jetstream(), Topology.from_settings(self.settings))
+        finally:
+            await nc.close()
+        for name in self.service_names:
+            svc = ServiceProcess(name, self.settings.http_port or free_port())
+            self.services.append(svc)
+            self._spawn(svc)
+        await asyncio.gather(*(self._wait_healthy(s) for s in self.services))
+        self._write_runtime()
+
+    def _env(self, svc: ServiceProcess) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            ENGRAM_NATS_URL=self.nats_url or "",
+            ENGRAM_DATA_DIR=str(self.data_dir),
+            ENGRAM_HTTP_HOST="127.0.0.1",
+            ENGRAM_HTTP_PORT=str(svc.port),
+            GRAPHITI_TELEMETRY_ENABLED="false",
+        )
+        if self.graph_url:
+            env["ENGRAM_GRAPH_URL"] = self.graph_url
+        return env
+
+    def _spawn(self, svc: ServiceProcess) -> None:
+        argv = [sys.executable, "-m", "engram.cli", "serve", svc.name]
+        log_path = self.data_dir / "logs" / f"{svc.name}.log"
+        popen = spawn(svc.name, argv, log_path, env=self._env(svc))
+        svc.proc = ManagedProcess(svc.name, popen, svc.url, log_path)
+
+    async def _wait_healthy(self, svc: ServiceProcess, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert svc.proc is not None
+            if not svc.proc.alive():
+                raise RuntimeError(f"{svc.name} exited during start-up; see {svc.proc.log_path}")
+            if await asyncio.to_thread(_http_ok, f"{svc.url}/healthz"):
+                return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"{svc.name} not healthy after {timeout:.0f}s; see {svc.proc.log_path if svc.proc else ''}")
+
+    async def supervise(self) -> None:
+        """Restart dead services (exponential backoff) until stop() is requested."""
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            for svc in self.services:
+                if svc.proc is not None and not svc.proc.alive() and now >= svc.next_restart:
+                    svc.restarts += 1
+                    log.warning("%s exited with %s; restart #%d", svc.name, svc.proc.popen.returncode, svc.restarts)
+                    svc.next_restart = now + min(30.0, 2 ** svc.restarts)
+                    self._spawn(svc)
+                    self._write_runtime()
+            if self.nats and not self.nats.alive():
+                log.error("embedded nats-server died; stopping engram")
+                break
+            if self.falkordb and not self.falkordb.alive():
+                log.error("embedded FalkorDB died; stopping engram")
+                break
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    def stop(self) -> None:
+        """Services first (they finish their in-flight message), then the servers."""
+        for svc in reversed(self.services):
+            if svc.proc is not None:
+                svc.proc.stop(timeout=20)
+        if self.falkordb:
+            self.falkordb.stop()
+        if self.nats:
+            self.nats.stop()
+        try:
+            self.settings.runtime_file.unlink()
+        except FileNotFoundError:
+            pass
+
+    # --- runtime file ----------------------------------------------------------------------
+    def runtime(self) -> dict:
+        return {
+            "supervisor_pid": os.getpid(),
+            "nats_url": self.nats_url,
+            "nats_monitoring_url": self.nats.extra.get("monitoring_url") if self.nats else None,
+            "graph_url": self.graph_url,
+            "embedded": {
+                "nats": self.nats.pid if self.nats else None,
+                "falkordb": self.falkordb.pid if self.falkordb else None,
+            },
+            "services": {
+                s.name: {"url": s.url, "pid": s.proc.pid if s.proc else None, "restarts": s.restarts}
+                for s in self.services
+            },
+            "data_dir": str(self.data_dir),
+            "started_at": time.time(),
+        }
+
+    def _write_runtime(self) -> None:
+        tmp = self.settings.runtime_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.runtime(), indent=2))
+        tmp.replace(self.settings.runtime_file)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return 200 <= resp.status < 300
+    except OSError:
+        return False
+
+
+async def run_up(settings: EngramSettings, on_ready=None) -> int:  # noqa: ANN001
+    sup = Supervisor(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, sup.request_stop)
+    try:
+        await sup.start()
+        if on_ready:
+            on_ready(sup)
+        await sup.supervise()
+    finally:
+        await asyncio.to_thread(sup.stop)
+    return 0
+
+
+def data_dir_of(path: Path | None) -> Path | None:
+    return path.expanduser().resolve() if path else None

@@ -1,0 +1,159 @@
+"""JetStream streams, durable consumers and KV buckets engram needs, declared idempotently.
+
+Every service calls :func:`ensure_topology` at start-up (and `engram up` once before starting
+them), so a fresh external NATS works without a separate migration step. Existing streams and
+consumers are *updated* to the declared config: NATS silently keeps an old consumer config
+otherwise.
+
+Partitioning: the input stream rewrites ``engram.in.<kind>.<session>`` on arrival to
+``engram.in.<p>.<kind>.<session>`` with ``p = partition(N, session)`` (a stream subject
+transform, no server config needed). One durable per partition, ``max_ack_pending=1``: the
+messages of one session are handled strictly in order, sessions in different partitions run in
+parallel, and any number of replicas can pull from the same durables. Changing N re-hashes
+sessions: drain the input stream first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    SubjectTransform,
+)
+
+from engram.settings import EngramSettings
+from schemas import subjects
+
+log = logging.getLogger(__name__)
+
+DAY = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    partitions: int
+    duplicate_window_s: float
+    ack_wait_s: float
+    input_max_age_s: float = 7 * DAY
+    episode_max_age_s: float = 30 * DAY
+    dlq_max_age_s: float = 30 * DAY
+    session_state_ttl_s: float = 30 * DAY
+
+    @classmethod
+    def from_settings(cls, settings: EngramSettings) -> "Topology":
+        return cls(
+            partitions=settings.partitions,
+            duplicate_window_s=settings.duplicate_window_s,
+            ack_wait_s=settings.ack_wait_s,
+        )
+
+    # --- streams ---------------------------------------------------------------------------
+    def input_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_IN,
+            description="Chat messages and session events, partitioned by session.",
+            subjects=["engram.in.*.*", "engram.sched.idle.*"],
+            subject_transform=SubjectTransform(
+                src="engram.in.*.*",
+                dest=f"engram.in.{{{{partition({self.partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}",
+            ),
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.input_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+            allow_msg_schedules=True,
+        )
+
+    def episode_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_EPISODES,
+            description="Completed turns per scope group.",
+            subjects=["engram.episode.*"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.episode_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+        )
+
+    def dlq_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_DLQ,
+            description="Dead letters of every stage, with the reason in headers.",
+            subjects=["engram.dlq.*"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.dlq_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+        )
+
+    def streams(self) -> list[StreamConfig]:
+        return [self.input_stream(), self.episode_stream(), self.dlq_stream()]
+
+    # --- consumers -------------------------------------------------------------------------
+    @staticmethod
+    def turn_detector_durable(partition: int) -> str:
+        return f"turn_detector_p{partition}"
+
+    @staticmethod
+    def turn_detector_filter(partition: int) -> str:
+        return f"engram.in.{partition}.>"
+
+    def turn_detector_consumer(self, partition: int) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=self.turn_detector_durable(partition),
+            description=f"turn-detector, input partition {partition}",
+            filter_subject=self.turn_detector_filter(partition),
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            # One message in flight per partition: per-session order, also across replicas.
+            max_ack_pending=1,
+            # Dead-lettering is done by the handler (it sees num_delivered); the server must never
+            # drop a message silently after max_deliver.
+            max_deliver=-1,
+        )
+
+    def consumers(self) -> list[tuple[str, ConsumerConfig]]:
+        return [(subjects.STREAM_IN, self.turn_detector_consumer(p)) for p in range(self.partitions)]
+
+    # --- key-value -------------------------------------------------------------------------
+    def kv_buckets(self) -> list[KeyValueConfig]:
+        return [
+            KeyValueConfig(
+                bucket=subjects.KV_TURN_SESSIONS,
+                description="turn-detector session state: open turn, last sequence, recent ids.",
+                history=1,
+                ttl=self.session_state_ttl_s,
+                storage=StorageType.FILE,
+            )
+        ]
+
+
+async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
+    """Create or update every stream, consumer and KV bucket (safe to call concurrently)."""
+    for cfg in topology.streams():
+        try:
+            await js.add_stream(cfg)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != 10058:  # stream name already in use with a different configuration
+                raise
+            await js.update_stream(cfg)
+    for cfg in topology.kv_buckets():
+        try:
+            await js.key_value(cfg.bucket)
+        except nats.js.errors.BucketNotFoundError:
+            await js.create_key_value(cfg)
+    for stream, ccfg in topology.consumers():
+        # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
+        # ack_wait or max_ack_pending takes effect on restart instead of being ignored.
+        await js.add_consumer(stream, ccfg)

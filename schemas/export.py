@@ -1,0 +1,135 @@
+"""Generate schemas/json/*.schema.json and schemas/asyncapi.yaml from the pydantic models.
+
+Run ``python -m schemas.export`` after changing a model; ``--check`` exits 1 when the files on
+disk differ from what the models generate (the drift test calls the same function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from schemas import subjects
+from schemas.messages import ALL_MODELS, ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
+from schemas.messages import SessionClosed, SessionIdle, SummaryEvent
+
+HERE = Path(__file__).parent
+JSON_DIR = HERE / "json"
+ASYNCAPI_FILE = HERE / "asyncapi.yaml"
+
+# channel id -> (address, message model or None for raw bytes, description, parameter names)
+CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
+    "inMessage": (subjects.IN_MESSAGE, ChatMessage, "Chat messages from agents (set Nats-Msg-Id = message_id)."),
+    "inClose": (subjects.IN_CLOSE, SessionClosed, "A chat session ended: its open turn is flushed."),
+    "inIdle": (subjects.IN_IDLE, SessionIdle, "Idle tick fired by a NATS message schedule (internal)."),
+    "episode": (subjects.EPISODE, Episode, "Completed turns, one per enabled scope group."),
+    "delta": (subjects.DELTA, NodeDelta, "What one episode changed on one entity."),
+    "summary": (subjects.SUMMARY, SummaryEvent, "Every summary-gate decision."),
+    "summaryAudit": (subjects.SUMMARY_AUDIT, SummaryEvent, "Sample of skipped summaries for audit."),
+    "recall": (subjects.RECALL, RecallRequest, "Recall request; the reply is a RecallResponse."),
+    "deadLetter": (
+        subjects.DLQ,
+        None,
+        "Dead letters: the original bytes with the original headers plus "
+        f"{subjects.HDR_DLQ_STAGE}, {subjects.HDR_DLQ_REASON}, {subjects.HDR_DLQ_DETAIL}, "
+        f"{subjects.HDR_DLQ_SUBJECT} and {subjects.HDR_DLQ_TIME}.",
+    ),
+}
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    out = {m.__name__: m.model_json_schema(mode="validation") for m in ALL_MODELS}
+    return out
+
+
+def _params(address: str) -> dict[str, Any]:
+    names = [tok[1:-1] for tok in address.split(".") if tok.startswith("{")]
+    return {n: {"description": f"{n} token, matching {subjects.TOKEN_PATTERN}"} for n in names}
+
+
+def asyncapi_document() -> dict[str, Any]:
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for cid, (address, model, description) in CHANNELS.items():
+        chan: dict[str, Any] = {"address": address, "description": description}
+        if params := _params(address):
+            chan["parameters"] = params
+        if model is not None:
+            messages[model.__name__] = {
+                "name": model.__name__,
+                "contentType": "application/json",
+                "payload": {"$ref": f"json/{model.__name__}.schema.json"},
+            }
+            chan["messages"] = {model.__name__: {"$ref": f"#/components/messages/{model.__name__}"}}
+        else:
+            chan["messages"] = {"DeadLetter": {"$ref": "#/components/messages/DeadLetter"}}
+            messages["DeadLetter"] = {"name": "DeadLetter", "payload": {"type": "string", "format": "binary"}}
+        channels[cid] = chan
+        operations[f"publish_{cid}"] = {"action": "send", "channel": {"$ref": f"#/channels/{cid}"}}
+    messages["RecallResponse"] = {
+        "name": "RecallResponse",
+        "contentType": "application/json",
+        "payload": {"$ref": f"json/{RecallResponse.__name__}.schema.json"},
+    }
+    operations["publish_recall"]["reply"] = {
+        "messages": [{"$ref": "#/components/messages/RecallResponse"}]
+    }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "engram",
+            "version": "1",
+            "description": "Subjects and messages of the engram conversation-memory pipeline.",
+        },
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages},
+    }
+
+
+def rendered_files() -> dict[Path, str]:
+    files = {
+        JSON_DIR / f"{name}.schema.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
+        for name, schema in json_schemas().items()
+    }
+    files[ASYNCAPI_FILE] = yaml.safe_dump(asyncapi_document(), sort_keys=False, width=100)
+    return files
+
+
+def drifted_files() -> list[Path]:
+    """Files whose content on disk differs from what the models generate (or that are missing)."""
+    out = []
+    for path, text in rendered_files().items():
+        if not path.exists() or path.read_text() != text:
+            out.append(path)
+    stale = {p for p in JSON_DIR.glob("*.schema.json")} - set(rendered_files())
+    return out + sorted(stale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 if generated files are stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        drift = drifted_files()
+        for p in drift:
+            print(f"stale: {p.relative_to(HERE.parent)}", file=sys.stderr)
+        return 1 if drift else 0
+    JSON_DIR.mkdir(exist_ok=True)
+    for stale in set(JSON_DIR.glob("*.schema.json")) - set(rendered_files()):
+        stale.unlink()
+    for path, text in rendered_files().items():
+        path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Message models: the only contract between engram's services (and any publisher).
+
+Every message carries ``schema_version``. A consumer accepts the versions it knows and sends
+anything else to the dead-letter subject with reason ``schema``. Generated JSON Schema files
+(schemas/json/) and the AsyncAPI document (schemas/asyncapi.yaml) are derived from these
+models by ``python -m schemas.export``; tests/schemas/test_drift.py fails when they drift.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
+
+MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_.:@+=/-]{1,256}$"
+"""Message ids end up in Nats-Msg-Id headers and KV values: printable, no spaces."""
+
+Role = Literal["user", "assistant", "system", "tool"]
+EpisodeKind = Literal[
+    "chat_turn", "decision", "lesson_learned", "preference", "procedure", "task_update", "repo_state"
+]
+ScopeName = Literal["session", "workspace", "user"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+class ScopeKeys(_Model):
+    """Which memory scopes a message belongs to, by the publisher's own keys.
+
+    Workspace and user keys are free-form (a repo path, an e-mail) and are hashed into group ids;
+    the session scope uses the message's session_id.
+    """
+
+    session: bool = Field(True, description="Write this session's turns to the session scope.")
+    workspace: str | None = Field(None, min_length=1, max_length=512)
+    user: str | None = Field(None, min_length=1, max_length=512)
+
+
+class ChatMessage(_Model):
+    """One chat message as an agent publishes it on ``engram.in.message.<session_id>``."""
+
+    schema_version: Literal[1] = 1
+    message_id: str = Field(pattern=MESSAGE_ID_PATTERN, description="Unique per message; also the Nats-Msg-Id.")
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    role: Role
+    content: str
+    timestamp: datetime = Field(description="When the message was written; naive times are taken as UTC.")
+    scopes: ScopeKeys = Field(default_factory=ScopeKeys)
+    name: str | None = Field(None, max_length=256, description="Speaker name, e.g. 'Caroline' or a tool name.")
+    source_description: str | None = Field(None, max_length=512)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    _utc = field_validator("timestamp")(_as_utc)
+
+
+class SessionClosed(_Model):
+    """Published on ``engram.in.close.<session_id>``: the session ended, flush its open turn."""
+
+    schema_version: Literal[1] = 1
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    closed_at: datetime
+    reason: str | None = Field(None, max_length=256)
+
+    _utc = field_validator("closed_at")(_as_utc)
+
+
+class SessionIdle(_Model):
+    """Internal tick on ``engram.in.idle.<session_id>``, fired by a NATS message schedule."""
+
+    schema_version: Literal[1] = 1
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    scheduled_for: AwareDatetime
+
+
+class EpisodeMessage(_Model):
+    """Provenance of one source message inside an Episode (content lives in Episode.content)."""
+
+    message_id: str = Field(pattern=MESSAGE_ID_PATTERN)
+    role: Role
+    name: str | None = None
+    timestamp: AwareDatetime
+
+
+class ExtractionOverride(_Model):
+    """Per-episode extraction instructions that replace the configured preprocessing prompt."""
+
+    preprocessing_prompt: str | bool | None = None
+    preprocessing_mode: Literal["prepend", "append"] = "prepend"
+
+
+class EpisodeStats(_Model):
+    secrets_scrubbed: int = 0
+    reductions: list[str] = Field(default_factory=list)
+    late_messages: int = Field(0, description="Messages whose timestamp predates the previous turn.")
+
+
+class Episode(_Model):
+    """One completed turn written to one scope's group, on ``engram.episode.<group_id>``."""
+
+    schema_version: Literal[1] = 1
+    episode_id: str = Field(description="uuid5(group_id, turn_id): deterministic, so redelivery is idempotent.")
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    scope: ScopeName
+    turn_id: str = Field(description="Stable id of the turn: session id + first message id.")
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    reference_time: AwareDatetime
+    content: str = Field(description="The turn rendered as 'role(name): text' lines, filtered and scrubbed.")
+    messages: list[EpisodeMessage]
+    kind: EpisodeKind = "chat_turn"
+    completed_by: Literal["next_user", "idle", "session_closed", "promotion"] = "next_user"
+    source_description: str | None = None
+    extraction: ExtractionOverride | None = None
+    stats: EpisodeStats = Field(default_factory=EpisodeStats)
+
+
+class FactRef(_Model):
+    uuid: str
+    fact: str
+    embedding: list[float] | None = None
+
+
+class InvalidatedFact(_Model):
+    uuid: str
+    fact: str
+    invalidated_by: str | None = Field(None, description="uuid of the new fact that invalidated this one.")
+
+
+class NodeDelta(_Model):
+    """What one episode changed on one entity, on ``engram.delta.<group_id>``."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    node_uuid: str
+    node_name: str
+    episode_id: str
+    episode_time: AwareDatetime
+    is_new_node: bool = False
+    new_facts: list[FactRef] = Field(default_factory=list)
+    invalidated_facts: list[InvalidatedFact] = Field(default_factory=list)
+    polarity_flip: bool = False
+
+
+SummaryReason = Literal[
+    "new_entity", "unchanged_hash", "low_drift", "drift", "polarity", "burst", "staleness", "cap_reached"
+]
+
+
+class SummaryEvent(_Model):
+    """Every summary-gate decision, on ``engram.summary.<group_id>``."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    node_uuid: str
+    node_name: str | None = None
+    episode_id: str | None = None
+    decision: Literal["refreshed", "skipped", "deferred"]
+    reason: SummaryReason
+    drift: float | None = None
+    decided_at: AwareDatetime
+
+
+class RecallScopes(_Model):
+    session: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+    workspace: str | None = Field(None, max_length=512)
+    user: str | None = Field(None, max_length=512)
+
+
+class RecallMessage(_Model):
+    role: Role
+    content: str
+
+
+class RecallRequest(_Model):
+    """Request on ``engram.recall`` (NATS request/reply)."""
+
+    schema_version: Literal[1] = 1
+    query: str | None = None
+    recent_messages: list[RecallMessage] = Field(default_factory=list)
+    scopes: RecallScopes = Field(default_factory=RecallScopes)
+    group_ids: list[str] = Field(default_factory=list, description="Extra groups searched after the scopes.")
+    max_facts: int = Field(10, ge=1, le=200)
+    token_budget: int = Field(1500, ge=16, le=100_000)
+    timeout_ms: int = Field(500, ge=10, le=60_000)
+
+
+class Provenance(_Model):
+    episode_id: str
+    message_ids: list[str] = Field(default_factory=list)
+
+
+class RecallItem(_Model):
+    uuid: str
+    fact: str
+    scope: ScopeName | None = None
+    group_id: str
+    valid_at: AwareDatetime | None = None
+    invalid_at: AwareDatetime | None = None
+    score: float | None = None
+    provenance: list[Provenance] = Field(default_factory=list)
+
+
+class RecallResponse(_Model):
+    schema_version: Literal[1] = 1
+    items: list[RecallItem] = Field(default_factory=list)
+    prompt_section: str = ""
+    degraded: bool = Field(False, description="True when recall failed open (timeout or backend error).")
+    reason: str | None = None
+    took_ms: float = 0.0
+
+
+ALL_MODELS: tuple[type[BaseModel], ...] = (
+    ChatMessage,
+    SessionClosed,
+    SessionIdle,
+    Episode,
+    NodeDelta,
+    SummaryEvent,
+    RecallRequest,
+    RecallResponse,
+)

@@ -1,0 +1,117 @@
+"""NATS subjects, stream names and group ids: the addressing half of the contract.
+
+Every service builds subjects through these helpers so a subject is spelled in one place.
+Tokens that end up inside a subject (session ids, group ids, stage names) are restricted to
+``[a-zA-Z0-9_-]`` so they can never inject ``.``, ``*`` or ``>`` into a subject.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Literal
+
+TOKEN_PATTERN = r"^[a-zA-Z0-9_-]{1,200}$"
+SESSION_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"
+_TOKEN_RE = re.compile(TOKEN_PATTERN)
+
+Scope = Literal["session", "workspace", "user"]
+
+# --- input side (publishers -> turn-detector) ---------------------------------------------
+IN_MESSAGE = "engram.in.message.{session}"
+"""A ChatMessage of one chat session. Publishers should set ``Nats-Msg-Id`` = message_id."""
+IN_CLOSE = "engram.in.close.{session}"
+"""A SessionClosed event: flushes the session's open turn now."""
+IN_IDLE = "engram.in.idle.{session}"
+"""A SessionIdle tick fired by the server-side schedule; internal to the turn-detector."""
+SCHED_IDLE = "engram.sched.idle.{session}"
+"""Where the turn-detector stores the idle schedule of a session (one pending per session)."""
+
+# --- pipeline ------------------------------------------------------------------------------
+EPISODE = "engram.episode.{group}"
+DELTA = "engram.delta.{group}"
+SUMMARY = "engram.summary.{group}"
+SUMMARY_AUDIT = "engram.summary.audit.{group}"
+RECALL = "engram.recall"
+DLQ = "engram.dlq.{stage}"
+
+# --- streams -------------------------------------------------------------------------------
+STREAM_IN = "ENGRAM_IN"
+STREAM_EPISODES = "ENGRAM_EPISODES"
+STREAM_DLQ = "ENGRAM_DLQ"
+
+KV_TURN_SESSIONS = "engram_turn_sessions"
+
+# Headers engram sets on dead letters (the body stays the original bytes, for exact replay).
+HDR_DLQ_REASON = "Engram-Dlq-Reason"
+HDR_DLQ_DETAIL = "Engram-Dlq-Detail"
+HDR_DLQ_STAGE = "Engram-Dlq-Stage"
+HDR_DLQ_SUBJECT = "Engram-Dlq-Subject"
+HDR_DLQ_TIME = "Engram-Dlq-Time"
+HDR_MSG_ID = "Nats-Msg-Id"
+
+
+def is_valid_token(value: str) -> bool:
+    return bool(_TOKEN_RE.match(value))
+
+
+def require_token(value: str, what: str) -> str:
+    if not is_valid_token(value):
+        raise ValueError(f"{what} must match {TOKEN_PATTERN}, got {len(value)} chars")
+    return value
+
+
+def in_message(session_id: str) -> str:
+    return IN_MESSAGE.format(session=require_token(session_id, "session_id"))
+
+
+def in_close(session_id: str) -> str:
+    return IN_CLOSE.format(session=require_token(session_id, "session_id"))
+
+
+def in_idle(session_id: str) -> str:
+    return IN_IDLE.format(session=require_token(session_id, "session_id"))
+
+
+def sched_idle(session_id: str) -> str:
+    return SCHED_IDLE.format(session=require_token(session_id, "session_id"))
+
+
+def episode(group_id: str) -> str:
+    return EPISODE.format(group=require_token(group_id, "group_id"))
+
+
+def delta(group_id: str) -> str:
+    return DELTA.format(group=require_token(group_id, "group_id"))
+
+
+def summary(group_id: str) -> str:
+    return SUMMARY.format(group=require_token(group_id, "group_id"))
+
+
+def dlq(stage: str) -> str:
+    return DLQ.format(stage=require_token(stage, "stage"))
+
+
+def session_token_of(subject: str) -> str:
+    """Last token of an ``engram.in.<kind>[.<partition>].<session>`` subject."""
+    return subject.rsplit(".", 1)[-1]
+
+
+# --- scopes -> group ids (seed 003) --------------------------------------------------------
+def _key_hash(key: str) -> str:
+    # Workspace and user keys are often paths or e-mail addresses: hash them so the group id is
+    # a valid token and does not leak the key into subjects, metrics or database names.
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def session_group(prefix: str, session_id: str) -> str:
+    return require_token(f"{prefix}_session_{session_id}", "session group id")
+
+
+def workspace_group(prefix: str, workspace_key: str) -> str:
+    return f"{prefix}_workspace_{_key_hash(workspace_key)}"
+
+
+def user_group(prefix: str, user_key: str) -> str:
+    return f"{prefix}_user_{_key_hash(user_key)}"

@@ -1,0 +1,204 @@
+"""turn-detector service: a thin FastStream app around pairing.py.
+
+Per input event (strictly in order per session, see engram/topology.py):
+1. parse; a bad payload goes to ``engram.dlq.turn_detector`` with its reason, then is acked;
+2. load the session state (KV); an event at or below the state's last stream sequence was
+   already applied before a crash or redelivery: ack and stop;
+3. apply the event (pure), publish the Episodes of completed turns (PubAck awaited, Nats-Msg-Id
+   = episode id, so a re-publish after a crash is dropped by the server), publish an idle
+   schedule when the session has an open turn and none is pending;
+4. save the state with compare-and-set, then ack.
+A crash between any two steps repeats only idempotent work. A failure is retried with a delayed
+nack; after ``max_deliveries`` the event is dead-lettered with reason ``processing_failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from nats.js import JetStreamContext
+
+from engram import dlq
+from engram.service import ServiceApp, make_broker
+from engram.settings import EngramSettings
+from engram.topology import Topology, ensure_topology
+from schemas import ChatMessage, SessionClosed, SessionIdle, subjects
+from services.turn_detector import metrics
+from services.turn_detector.intake import Rejected, parse_event, prepare_part
+from services.turn_detector.noise import NoiseSettings
+from services.turn_detector.pairing import (
+    SessionState,
+    Transition,
+    apply_close,
+    apply_idle,
+    apply_message,
+    episodes_for,
+    plan_idle,
+)
+from services.turn_detector.state import SessionStore, StaleState
+
+STAGE = "turn_detector"
+log = logging.getLogger("engram.turn_detector")
+
+
+class TurnDetector:
+    """Handles one input event at a time per partition; holds no state a replica cannot rebuild."""
+
+    def __init__(self, settings: EngramSettings, broker: NatsBroker) -> None:
+        self.settings = settings
+        self.turn = settings.turn
+        self.broker = broker
+        self.noise = NoiseSettings()
+        self.store: SessionStore | None = None
+        self.js: JetStreamContext | None = None
+        self.clock = time.time  # replaced in tests
+
+    async def start(self) -> None:
+        """Connect, declare the topology and open the KV store before any subscriber starts."""
+        await self.broker.connect()
+        self.js = self.broker.config.connection_state.stream
+        await ensure_topology(self.js, Topology.from_settings(self.settings))
+        self.store = SessionStore(await self.js.key_value(subjects.KV_TURN_SESSIONS))
+
+    async def handle(self, msg: NatsMessage) -> None:
+        started = time.perf_counter()
+        raw = msg.raw_message
+        meta = raw.metadata
+        try:
+            outcome = await self._handle(raw.subject, raw.data, raw.headers, meta.sequence.stream)
+        except Exception as exc:  # noqa: BLE001 - every failure is retried, then dead-lettered
+            if meta.num_delivered >= self.turn.max_deliveries:
+                log.error("giving up on seq=%s after %s deliveries: %s", meta.sequence.stream, meta.num_delivered, type(exc).__name__)
+                await self._dead_letter(raw, "processing_failed", f"{type(exc).__name__} after {meta.num_delivered} deliveries")
+                metrics.MESSAGES.labels(outcome="dead_lettered").inc()
+                await msg.ack()
+            else:
+                log.warning("retrying seq=%s (delivery %s): %s", meta.sequence.stream, meta.num_delivered, type(exc).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
+                metrics.RETRIES.inc()
+                await msg.nack(delay=min(30.0, 0.5 * 2 ** (meta.num_delivered - 1)))
+            return
+        metrics.MESSAGES.labels(outcome=outcome).inc()
+        await msg.ack()
+        metrics.HANDLE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _handle(self, subject: str, data: bytes, headers: dict[str, str] | None, seq: int) -> str:
+        event = parse_event(subject, data, max_bytes=self.turn.max_message_bytes)
+        if isinstance(event, Rejected):
+            await self._dead_letter_raw(subject, data, headers, seq, event.reason, event.detail)
+            return "dead_lettered"
+        for attempt in range(5):
+            try:
+                return await self._apply(event, seq, fresh=attempt > 0)
+            except StaleState:
+                continue  # another replica wrote this session since we cached it: reload
+        raise RuntimeError("session state kept changing under us")
+
+    async def _apply(self, event: ChatMessage | SessionClosed | SessionIdle, seq: int, *, fresh: bool) -> str:
+        assert self.store is not None
+        state, revision = await self.store.load(event.session_id, fresh=fresh)
+        if seq <= state.last_seq:
+            return "duplicate"  # applied before a crash/redelivery; effects are already out
+        now = self.clock()
+        if isinstance(event, ChatMessage):
+            prepared = prepare_part(event, self.noise)
+            result = apply_message(
+                state,
+                event,
+                prepared.part,
+                now=now,
+                include_system=self.turn.include_system,
+                recent_ids_kept=self.turn.recent_ids_kept,
+            )
+            if result.outcome in ("accepted", "late"):
+                for kind, n in prepared.secrets.items():
+                    metrics.SECRETS.labels(kind=kind).inc(n)
+                for kind in prepared.part.reductions:
+                    metrics.REDUCTIONS.labels(kind=kind).inc()
+        elif isinstance(event, SessionClosed):
+            result = apply_close(state, now=now)
+        else:
+            result = apply_idle(state, now=now, idle_timeout_s=self.turn.idle_timeout_s)
+        await self._publish_turns(result)
+        plan_idle(result.state, self.turn.idle_timeout_s)
+        if result.state.idle_scheduled_for not in (None, state.idle_scheduled_for):
+            await self._schedule_idle(result.state)
+        result.state.last_seq = seq
+        await self.store.save(result.state, revision)
+        return result.outcome
+
+    async def _publish_turns(self, result: Transition) -> None:
+        for turn in result.completed:
+            metrics.TURNS.labels(completed_by=turn.completed_by).inc()
+            for ep in episodes_for(turn, prefix=self.settings.group_prefix, max_chars=self.turn.max_turn_chars):
+                await self.broker.publish(
+                    ep.model_dump_json().encode(),
+                    subjects.episode(ep.group_id),
+                    headers={subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"},
+                    stream=subjects.STREAM_EPISODES,
+                )
+                metrics.EPISODES.labels(scope=ep.scope).inc()
+
+    async def _schedule_idle(self, state: SessionState) -> None:
+        """Publish the session's idle schedule (a newer one on the same subject replaces it).
+
+        Only when the planned fire time changed: one publish per idle period, not per message.
+        A tick that fires while the session was active since is answered by apply_idle with a
+        later fire time, published here again.
+        """
+        assert self.js is not None and state.idle_scheduled_for is not None
+        fire_at = datetime.fromtimestamp(int(state.idle_scheduled_for) + 1, tz=timezone.utc)
+        tick = SessionIdle(session_id=state.session_id, scheduled_for=fire_at)
+        await self.js.publish(
+            subjects.sched_idle(state.session_id),
+            tick.model_dump_json().encode(),
+            headers={
+                "Nats-Schedule": f"@at {fire_at.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+                "Nats-Schedule-Target": subjects.in_idle(state.session_id),
+            },
+            stream=subjects.STREAM_IN,
+        )
+
+    async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:
+        await self._dead_letter_raw(raw.subject, raw.data, raw.headers, raw.metadata.sequence.stream, reason, detail)
+
+    async def _dead_letter_raw(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, seq: int, reason: str, detail: str
+    ) -> None:
+        assert self.js is not None
+        log.warning("dead-lettering seq=%s reason=%s", seq, reason)
+        await dlq.dead_letter(
+            self.js,
+            stage=STAGE,
+            reason=reason,
+            detail=detail,
+            subject=subject,
+            payload=data,
+            headers=headers,
+            source_id=f"{subjects.STREAM_IN}:{seq}",
+        )
+
+
+def build(settings: EngramSettings | None = None) -> ServiceApp:
+    settings = settings or EngramSettings()
+    broker = make_broker(settings, service="turn-detector")
+    detector = TurnDetector(settings, broker)
+    topology = Topology.from_settings(settings)
+    stream = JStream(name=subjects.STREAM_IN, declare=False)
+    for p in range(settings.partitions):
+        broker.subscriber(
+            topology.turn_detector_filter(p),
+            stream=stream,
+            durable=topology.turn_detector_durable(p),
+            config=topology.turn_detector_consumer(p),
+            pull_sub=PullSub(batch_size=1, timeout=5.0),
+            ack_policy=AckPolicy.MANUAL,
+            title=f"turn-detector partition {p}",
+        )(detector.handle)
+    app = ServiceApp(name="turn-detector", broker=broker, on_startup=[detector.start])
+    app.detector = detector  # type: ignore[attr-defined]
+    return app

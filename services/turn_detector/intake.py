@@ -1,0 +1,102 @@
+"""Intake: raw NATS payload -> validated event, or the reason it must be dead-lettered.
+
+Pure functions; the service decides what to do with a :class:`Rejected`. Reasons are a small
+fixed vocabulary because they become Prometheus label values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ValidationError
+
+from schemas import ChatMessage, SessionClosed, SessionIdle
+from services.turn_detector.noise import NoiseSettings, filter_noise, reduce_tool_output
+from services.turn_detector.pairing import TurnPart
+from services.turn_detector.secrets import scrub_secrets
+
+RejectReason = Literal[
+    "malformed_json", "schema", "unsupported_version", "oversize", "invalid_id", "session_mismatch", "unknown_subject"
+]
+EventKind = Literal["message", "close", "idle"]
+KNOWN_VERSIONS = {1}
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: RejectReason
+    detail: str  # describes the problem without echoing message content
+
+
+Event = ChatMessage | SessionClosed | SessionIdle
+_MODELS: dict[str, type[Event]] = {"message": ChatMessage, "close": SessionClosed, "idle": SessionIdle}
+
+
+def parse_subject(subject: str) -> tuple[EventKind, str] | Rejected:
+    """``engram.in.<partition>.<kind>.<session>`` -> (kind, session)."""
+    tokens = subject.split(".")
+    if len(tokens) != 5 or tokens[:2] != ["engram", "in"] or tokens[3] not in _MODELS:
+        return Rejected("unknown_subject", f"unexpected subject shape ({len(tokens)} tokens)")
+    return tokens[3], tokens[4]  # type: ignore[return-value]
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    # Field locations and error types only: pydantic's messages may quote the input value.
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['type']}" for e in exc.errors()[:10])
+
+
+def parse_event(subject: str, payload: bytes, *, max_bytes: int) -> Event | Rejected:
+    parsed = parse_subject(subject)
+    if isinstance(parsed, Rejected):
+        return parsed
+    kind, session = parsed
+    if len(payload) > max_bytes:
+        return Rejected("oversize", f"{len(payload)} bytes > limit {max_bytes}")
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return Rejected("malformed_json", f"{type(exc).__name__} at position {getattr(exc, 'pos', '?')}")
+    if not isinstance(data, dict):
+        return Rejected("schema", f"top-level JSON {type(data).__name__}, expected object")
+    version = data.get("schema_version", 1)
+    if version not in KNOWN_VERSIONS:
+        return Rejected("unsupported_version", f"schema_version {version!r} not in {sorted(KNOWN_VERSIONS)}")
+    try:
+        event = _MODELS[kind].model_validate(data)
+    except ValidationError as exc:
+        ids = {"message_id", "session_id"}
+        if any(e["loc"] and e["loc"][0] in ids and e["type"] == "string_pattern_mismatch" for e in exc.errors()):
+            return Rejected("invalid_id", _validation_detail(exc))
+        return Rejected("schema", _validation_detail(exc))
+    if event.session_id != session:
+        return Rejected("session_mismatch", "session_id in body differs from the subject's session token")
+    return event
+
+
+@dataclass(frozen=True)
+class PreparedPart:
+    part: TurnPart
+    secrets: Counter[str]
+
+
+def prepare_part(message: ChatMessage, noise: NoiseSettings) -> PreparedPart:
+    """Scrub secrets, then reduce noise (in that order, so truncation cannot cut a secret in
+    half and hide it from the scrubber)."""
+    scrubbed = scrub_secrets(message.content)
+    if message.role == "tool":
+        filtered = reduce_tool_output(scrubbed.text, noise)
+    else:
+        filtered = filter_noise(scrubbed.text, role=message.role, settings=noise)
+    part = TurnPart(
+        message_id=message.message_id,
+        role=message.role,
+        name=message.name,
+        timestamp=message.timestamp,
+        text=filtered.text,
+        secrets_scrubbed=sum(scrubbed.counts.values()),
+        reductions=list(filtered.reductions),
+    )
+    return PreparedPart(part, Counter(scrubbed.counts))

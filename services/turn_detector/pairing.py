@@ -1,0 +1,260 @@
+"""Turn pairing: a pure state machine from chat messages to completed user->assistant turns.
+
+Rules (stream arrival order is the conversation order):
+- a user message after any assistant-side activity completes the open turn and opens a new one;
+- consecutive messages of one role merge into that side of the turn;
+- an assistant (or tool) message with no user before it opens a turn of its own;
+- tool messages belong to the assistant side (their outcome only, see noise.py);
+- system messages are dropped unless ``include_system``; kept ones never change the side;
+- an idle timeout or an explicit session close completes the open turn, so the last turn of a
+  session is never lost;
+- a message id seen before in the session is a duplicate and changes nothing.
+
+Nothing here does I/O: the service loads a :class:`SessionState`, applies one event and stores
+the result, so every rule is testable without a broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ScopeKeys
+from schemas.subjects import session_group, user_group, workspace_group
+
+EPISODE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://engram.dev/episode")
+TRUNCATION_MARKER = "\n[... turn truncated: {n} chars]"
+
+
+class TurnPart(BaseModel):
+    """One already filtered and scrubbed message inside an open turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message_id: str
+    role: Literal["user", "assistant", "system", "tool"]
+    name: str | None = None
+    timestamp: AwareDatetime
+    text: str
+    secrets_scrubbed: int = 0
+    reductions: list[str] = Field(default_factory=list)
+    late: bool = False
+
+
+class OpenTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    turn_id: str
+    parts: list[TurnPart] = Field(default_factory=list)
+    scopes: ScopeKeys = Field(default_factory=ScopeKeys)
+    source_description: str | None = None
+
+    @property
+    def has_assistant_side(self) -> bool:
+        return any(p.role in ("assistant", "tool") for p in self.parts)
+
+
+class SessionState(BaseModel):
+    """Everything the detector remembers about one session (stored in NATS KV)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    last_seq: int = 0
+    open_turn: OpenTurn | None = None
+    recent_ids: list[str] = Field(default_factory=list)
+    last_turn_end: AwareDatetime | None = None
+    turns_completed: int = 0
+    last_activity: float | None = Field(None, description="Wall-clock epoch of the last event.")
+    idle_scheduled_for: float | None = Field(None, description="Epoch of the pending idle schedule.")
+
+
+@dataclass(frozen=True)
+class CompletedTurn:
+    session_id: str
+    turn_id: str
+    parts: tuple[TurnPart, ...]
+    scopes: ScopeKeys
+    completed_by: Literal["next_user", "idle", "session_closed"]
+    source_description: str | None = None
+
+
+@dataclass
+class Transition:
+    """Result of applying one event to a session."""
+
+    state: SessionState
+    completed: list[CompletedTurn] = field(default_factory=list)
+    outcome: str = "accepted"  # low-cardinality: accepted|duplicate|excluded|late|flushed|idle_wait|noop
+
+
+def _complete(state: SessionState, how: Literal["next_user", "idle", "session_closed"]) -> CompletedTurn | None:
+    turn = state.open_turn
+    if turn is None or not turn.parts:
+        state.open_turn = None
+        return None
+    state.open_turn = None
+    state.turns_completed += 1
+    end = max(p.timestamp for p in turn.parts)
+    state.last_turn_end = end if state.last_turn_end is None else max(end, state.last_turn_end)
+    return CompletedTurn(
+        session_id=state.session_id,
+        turn_id=turn.turn_id,
+        parts=tuple(turn.parts),
+        scopes=turn.scopes,
+        completed_by=how,
+        source_description=turn.source_description,
+    )
+
+
+def _remember(state: SessionState, message_id: str, keep: int) -> None:
+    state.recent_ids.append(message_id)
+    if len(state.recent_ids) > keep:
+        del state.recent_ids[: len(state.recent_ids) - keep]
+
+
+def apply_message(
+    state: SessionState,
+    message: ChatMessage,
+    part: TurnPart,
+    *,
+    now: float,
+    include_system: bool = False,
+    recent_ids_kept: int = 64,
+) -> Transition:
+    """Apply one chat message (``part`` is its filtered, scrubbed form) to the session."""
+    state = state.model_copy(deep=True)
+    if message.message_id in state.recent_ids:
+        return Transition(state, outcome="duplicate")
+    _remember(state, message.message_id, recent_ids_kept)
+    state.last_activity = now
+    if message.role == "system" and not include_system:
+        return Transition(state, outcome="excluded")
+
+    if state.last_turn_end is not None and message.timestamp < state.last_turn_end:
+        part = part.model_copy(update={"late": True})
+    completed: list[CompletedTurn] = []
+    turn = state.open_turn
+    if message.role == "user" and turn is not None and turn.has_assistant_side:
+        done = _complete(state, "next_user")
+        if done:
+            completed.append(done)
+        turn = None
+    if turn is None:
+        turn = OpenTurn(turn_id=f"{state.session_id}:{message.message_id}")
+        state.open_turn = turn
+    turn.parts.append(part)
+    turn.scopes = _merge_scopes(turn.scopes, message.scopes)
+    turn.source_description = turn.source_description or message.source_description
+    return Transition(state, completed, outcome="late" if part.late else "accepted")
+
+
+def _merge_scopes(current: ScopeKeys, incoming: ScopeKeys) -> ScopeKeys:
+    # A later message may name the workspace or user when the first one did not.
+    return ScopeKeys(
+        session=current.session and incoming.session,
+        workspace=incoming.workspace or current.workspace,
+        user=incoming.user or current.user,
+    )
+
+
+def apply_close(state: SessionState, *, now: float) -> Transition:
+    state = state.model_copy(deep=True)
+    state.last_activity = now
+    done = _complete(state, "session_closed")
+    return Transition(state, [done] if done else [], outcome="flushed" if done else "noop")
+
+
+def apply_idle(state: SessionState, *, now: float, idle_timeout_s: float) -> Transition:
+    """An idle tick fired: flush if the session really was idle, else ask to be rescheduled.
+
+    The tick may be late or early relative to the latest activity (a schedule is only pending
+    once per session, see app.py); the caller reschedules when ``state.idle_scheduled_for``
+    is left set.
+    """
+    state = state.model_copy(deep=True)
+    state.idle_scheduled_for = None
+    if state.open_turn is None:
+        return Transition(state, outcome="noop")
+    last = state.last_activity or 0.0
+    if now + 0.5 >= last + idle_timeout_s:  # 0.5 s slack: schedules have 1 s resolution
+        done = _complete(state, "idle")
+        return Transition(state, [done] if done else [], outcome="flushed")
+    state.idle_scheduled_for = last + idle_timeout_s
+    return Transition(state, outcome="idle_wait")
+
+
+def plan_idle(state: SessionState, idle_timeout_s: float) -> None:
+    """An open turn with no pending idle schedule gets one at last activity + timeout."""
+    if state.open_turn is not None and state.idle_scheduled_for is None:
+        state.idle_scheduled_for = (state.last_activity or 0.0) + idle_timeout_s
+
+
+# --- completed turn -> episodes ----------------------------------------------------------
+def render_turn(parts: tuple[TurnPart, ...] | list[TurnPart], max_chars: int) -> str:
+    """Render parts as '<role> (<name>): text' blocks, merging runs of one role."""
+    blocks: list[str] = []
+    prev_role: str | None = None
+    for part in parts:
+        label = part.role if not part.name else f"{part.role} ({part.name})"
+        if part.role == prev_role and blocks:
+            blocks[-1] += "\n" + part.text
+        else:
+            blocks.append(f"{label}: {part.text}")
+        prev_role = part.role
+    text = "\n\n".join(blocks)
+    if len(text) > max_chars:
+        cut = len(text) - max_chars
+        text = text[:max_chars] + TRUNCATION_MARKER.format(n=cut)
+    return text
+
+
+def episode_id_for(group_id: str, turn_id: str) -> str:
+    return str(uuid.uuid5(EPISODE_NAMESPACE, f"{group_id}/{turn_id}"))
+
+
+def scope_groups(prefix: str, session_id: str, scopes: ScopeKeys) -> list[tuple[str, str]]:
+    """(scope, group_id) for every enabled scope, session first."""
+    out: list[tuple[str, str]] = []
+    if scopes.session:
+        out.append(("session", session_group(prefix, session_id)))
+    if scopes.workspace:
+        out.append(("workspace", workspace_group(prefix, scopes.workspace)))
+    if scopes.user:
+        out.append(("user", user_group(prefix, scopes.user)))
+    return out
+
+
+def episodes_for(turn: CompletedTurn, *, prefix: str, max_chars: int) -> list[Episode]:
+    content = render_turn(turn.parts, max_chars)
+    messages = [
+        EpisodeMessage(message_id=p.message_id, role=p.role, name=p.name, timestamp=p.timestamp)
+        for p in turn.parts
+    ]
+    reductions = sorted({r for p in turn.parts for r in p.reductions})
+    stats = EpisodeStats(
+        secrets_scrubbed=sum(p.secrets_scrubbed for p in turn.parts),
+        reductions=reductions,
+        late_messages=sum(1 for p in turn.parts if p.late),
+    )
+    reference_time: datetime = turn.parts[0].timestamp
+    return [
+        Episode(
+            episode_id=episode_id_for(group_id, turn.turn_id),
+            group_id=group_id,
+            scope=scope,  # type: ignore[arg-type]
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            reference_time=reference_time,
+            content=content,
+            messages=messages,
+            completed_by=turn.completed_by,
+            source_description=turn.source_description,
+            stats=stats,
+        )
+        for scope, group_id in scope_groups(prefix, turn.session_id, turn.scopes)
+    ]

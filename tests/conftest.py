@@ -1,0 +1,55 @@
+"""Shared fixtures: real nats-server and FalkorDB from pip-installed binaries on random
+loopback ports, started and stopped by the test session (never a server started by hand)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
+
+from engram.embedded import ManagedProcess, start_falkordb, start_nats  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO", SHARED / "data" / "locomo" / "locomo7.json"))
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    proc = start_nats(tmp_path_factory.mktemp("nats"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def falkordb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    proc = start_falkordb(tmp_path_factory.mktemp("falkordb"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: ManagedProcess) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+async def clean_nats(nats_url: str) -> AsyncIterator[str]:
+    """A NATS server with no engram streams or KV left over from a previous test."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for name in await js.streams_info():
+        await js.delete_stream(name.config.name)
+    await nc.close()
+    yield nats_url
+
+
+@pytest.fixture
+def locomo_path() -> Path:
+    if not LOCOMO.exists():
+        pytest.skip(f"LoCoMo data not found at {LOCOMO}")
+    return LOCOMO
