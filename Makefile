@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   - install, start engram on the embedded servers, ingest a conversation, show it, stop
+#   make test   - install and run the whole test suite against real NATS + FalkorDB
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench install schemas clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@command -v $(PY) >/dev/null || { echo "engram needs Python 3.11 ($(PY) not found)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/engram demo
+
+test: $(STAMP)
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/turn_detector.py
+
+schemas: $(STAMP)
+	$(BIN)/python -m schemas.export
+
+clean:
+	rm -rf $(VENV) .engram

@@ -1,0 +1,127 @@
+"""`engram demo`: the README's first command. Starts `engram up` (embedded NATS + FalkorDB) as a
+child process, ingests a coding-agent session (examples/) and one LoCoMo conversation when the
+data set is present, waits until the pipeline is idle, shows the turns it built and the status,
+then stops everything."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from engram.ingest import publish_events, read_jsonl, read_locomo
+from engram.settings import EngramSettings
+from engram.status import collect_status
+from schemas import Episode, ScopeKeys, subjects
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "coding-session.jsonl"
+DEFAULT_LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
+
+
+def _wait_up(settings: EngramSettings, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"`engram up` exited with {proc.returncode}; see {settings.data_dir / 'up.log'}")
+        if settings.runtime_file.exists():
+            return
+        time.sleep(0.2)
+    raise RuntimeError("`engram up` did not become ready in time")
+
+
+async def _wait_idle(nc: nats.NATS, timeout: float = 120.0) -> None:
+    js = nc.jetstream()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        infos = await js.consumers_info(subjects.STREAM_IN)
+        if all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.config.durable_name):
+            return
+        await asyncio.sleep(0.25)
+
+
+async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
+    js = nc.jetstream()
+    sub = await js.subscribe(subjects.episode(group), stream=subjects.STREAM_EPISODES, ordered_consumer=True)
+    out = []
+    try:
+        while True:
+            try:
+                m = await sub.next_msg(timeout=0.5)
+            except (asyncio.TimeoutError, TimeoutError):
+                break
+            out.append(Episode.model_validate_json(m.data))
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, console: Console) -> None:
+    fresh = EngramSettings(data_dir=settings.data_dir)  # re-reads the runtime file
+    nc = await nats.connect(fresh.resolved_nats_url())
+    try:
+        js = nc.jetstream()
+        scopes = ScopeKeys(workspace="examples/engram", user="demo-user")
+        report = await publish_events(js, read_jsonl(EXAMPLE, scopes))
+        console.print(f"ingested {EXAMPLE.name}: {report.messages} messages, {report.sessions} session")
+        if locomo is not None and locomo.exists():
+            report = await publish_events(js, read_locomo(locomo, ScopeKeys(user="locomo-conv-26"), ["conv-26"]))
+            console.print(
+                f"ingested LoCoMo conv-26: {report.messages} messages in {report.sessions} sessions "
+                "(speaker_a = user, speaker_b = assistant)"
+            )
+        await _wait_idle(nc)
+        for ep in await _session_episodes(nc, subjects.session_group(fresh.group_prefix, "coding-1")):
+            title = f"turn {ep.turn_id}  ({ep.completed_by}, {len(ep.messages)} messages"
+            title += f", {ep.stats.secrets_scrubbed} secrets scrubbed" if ep.stats.secrets_scrubbed else ""
+            title += f", reduced: {', '.join(ep.stats.reductions)}" if ep.stats.reductions else ""
+            console.print(Panel(ep.content, title=title + ")", title_align="left"))
+    finally:
+        await nc.close()
+    status = await collect_status(EngramSettings(data_dir=settings.data_dir))
+    table = Table(title="engram status (also: engram status --json)")
+    table.add_column("count")
+    table.add_column("n", justify="right")
+    for k, v in status["counts"].items():
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) -> int:
+    locomo = locomo or (DEFAULT_LOCOMO if DEFAULT_LOCOMO.exists() else None)
+    if settings.data_dir.exists():
+        shutil.rmtree(settings.data_dir)  # the demo's own directory: start clean every time
+    settings.data_dir.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_NATS_URL", "ENGRAM_GRAPH_URL")}
+    log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
+    console.print(f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engram.cli", "up", "--data-dir", str(settings.data_dir)],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    try:
+        _wait_up(settings, proc)
+        console.print("engram is up; publishing conversations into engram.in.message.<session> ...")
+        asyncio.run(_ingest_and_show(settings, locomo, console))
+        return 0
+    except Exception as exc:  # noqa: BLE001
+        console.print(f"[red]demo failed:[/red] {exc}")
+        return 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        console.print("engram stopped (no process left behind).")

@@ -1,0 +1,415 @@
+"""Secret scrubbing for chat message text before it leaves the turn-detector.
+
+Every secret found is replaced by a typed placeholder ``[REDACTED:<kind>]`` while the
+surrounding structure stays readable: assignments keep their key (``password=[REDACTED:password]``),
+URLs keep scheme, user and host (``postgres://app:[REDACTED:url_password]@db:5432/x``),
+authorization headers keep their scheme (``Authorization: Bearer [REDACTED:bearer_token]``) and a
+PEM private key block is replaced as a whole.
+
+Why hand-written: detect-secrets (and similar scanners) are file/line *scanners* built around
+plugins and entropy heuristics that report findings; they do not rewrite text, do not tell
+which span inside a line to replace, and their entropy checks flag hashes, UUIDs and base64
+payloads that are not secrets. Here we need a deterministic, dependency-free *replacer* over
+free-form chat text, so the patterns are explicit ``re`` expressions, each written to scan in
+linear time (anchored run starts, bounded or unambiguous repeats, no nested quantifiers).
+
+How it works: rules run in a fixed order, most specific first (PEM block, provider-prefixed
+tokens, JWT, AWS secret key assignment, ADO/ODBC ``Password=...;``, URL userinfo, authorization
+headers, then generic ``key=value`` assignments). Every rule refuses values that already
+contain a placeholder, so a secret is counted once, by the most specific kind, and scrubbing is
+idempotent (``scrub(scrub(x)) == scrub(x)``).
+
+Known limits (kept deliberately, to avoid redacting ordinary prose and code):
+- Only secrets with a recognisable shape or a telling key are found. A bare password in prose
+  ("the password is hunter2", ``--password hunter2``, ``-phunter2``) or a random high-entropy
+  string with no key is *not* detected; there is no entropy scoring.
+- Generic assignments need a key ending in a known name (password, passwd, pwd, passphrase,
+  ``*_pass``, secret, ``*_secret_key``, token, api_key/apikey, access_key, auth_key,
+  private_key). Values that look like code or placeholders are left alone: ``None``/``null``/
+  booleans, calls and subscripts (``getpass()``, ``os.environ["X"]``), dotted references,
+  snake_case identifiers, ``$VAR``/``${VAR}``/``{x}``/``<x>``/``[x]``/``%s`` templates, masks
+  (``***``, ``xxxx``), paths, values equal to the key name and values under 4 characters.
+- After ``:`` or a spaced ``=`` an unquoted value is only taken when it has secret texture
+  (a digit, a symbol, an inner capital, or 20+ characters); so ``password: hunter`` in YAML is
+  missed, while ``password: hunter2`` is caught. Quoted values are always taken (except the
+  placeholder shapes above), which may over-redact UI strings such as ``"password": "Password"``.
+- An unquoted value ends at whitespace or one of ``"'`,;&``; trailing ``.)]}>`` is treated as
+  surrounding punctuation. A password containing those characters is only partly redacted
+  unless it is quoted or in an ADO/ODBC connection string.
+- Provider token shapes are the documented public prefixes; a provider changing its format, or
+  a token split over lines, is missed. An unterminated PEM block is redacted up to the end of
+  its base64 lines; text between a BEGIN line and the next END line is always removed.
+- Cookies, ``Set-Cookie``, Slack webhook URLs and cloud credential files other than AWS are
+  not covered specifically (a ``token=``/``secret=`` inside them still is).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SECRET_KINDS: tuple[str, ...] = (
+    "private_key",
+    "anthropic_key",
+    "openai_key",
+    "github_token",
+    "gitlab_token",
+    "slack_token",
+    "stripe_key",
+    "google_api_key",
+    "huggingface_token",
+    "npm_token",
+    "aws_access_key_id",
+    "jwt",
+    "aws_secret_access_key",
+    "connection_string_password",
+    "url_password",
+    "bearer_token",
+    "basic_auth",
+    "password",
+    "secret",
+    "token",
+    "api_key",
+)
+
+_PLACEHOLDER_PREFIX = "[REDACTED:"
+
+
+@dataclass(frozen=True)
+class ScrubResult:
+    text: str
+    counts: dict[str, int]  # kind -> number of replacements (only kinds that occurred)
+
+
+def placeholder(kind: str) -> str:
+    return f"{_PLACEHOLDER_PREFIX}{kind}]"
+
+
+# A rule finds candidate matches; its locator decides which span is the secret and of which
+# kind, or None to leave the candidate alone (the scan then resumes one character later).
+SecretSpan = tuple[int, int, str]
+Locator = Callable[[re.Match[str]], SecretSpan | None]
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern[str]
+    locate: Locator
+
+
+def _replace_spans(text: str, rule: _Rule, counts: dict[str, int]) -> str:
+    pieces: list[str] = []
+    copied_up_to = 0
+    search_from = 0
+    while search_from <= len(text):
+        match = rule.pattern.search(text, search_from)
+        if match is None:
+            break
+        span = rule.locate(match)
+        if span is None:
+            search_from = match.start() + 1
+            continue
+        start, end, kind = span
+        pieces.append(text[copied_up_to:start])
+        pieces.append(placeholder(kind))
+        copied_up_to = end
+        search_from = max(end, match.end())
+        counts[kind] = counts.get(kind, 0) + 1
+    if not pieces:
+        return text
+    pieces.append(text[copied_up_to:])
+    return "".join(pieces)
+
+
+# --------------------------------------------------------------------------- value heuristics
+
+_CODE_LITERALS = frozenset(
+    {"none", "null", "nil", "true", "false", "undefined", "yes", "no", "on", "off", "empty", "nan", "required"}
+)
+_MASK = re.compile(r"[*xX•.#?_\-]+")
+_TEMPLATE_START = ("$", "%", "{", "<", "!")  # $VAR ${VAR} %s {x} {{x}} <x> !vault (YAML tag)
+_PLACEHOLDER_WORDS = re.compile(r"(?i)(?:your|insert|replace|enter|example|dummy|placeholder|redacted)(?:[_\- ]|$)")
+_CALL_OR_SUBSCRIPT = re.compile(r"[A-Za-z_][\w.]*[(\[]")
+_DOTTED_REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+_SNAKE_IDENTIFIER = re.compile(r"_*[A-Za-z]+(?:_+[A-Za-z]+)+_*")
+_PATH = re.compile(r"(?:~|\.{1,2})?/[\w.\-]+(?:/[\w.\-]*)*|[A-Za-z]:\\.*")
+_SECRET_TEXTURE = re.compile(r"\d|[^\w\s]|.[A-Z]")
+_BARE_TRAILING_PUNCTUATION = ".)]}>"
+
+
+def _is_placeholder(value: str, key: str) -> bool:
+    lowered = value.lower()
+    return (
+        _PLACEHOLDER_PREFIX in value
+        or value.startswith(_TEMPLATE_START)
+        or (value[0] == "[" and value[-1] == "]")
+        or _MASK.fullmatch(value) is not None
+        or _PLACEHOLDER_WORDS.match(value) is not None
+        or lowered in _CODE_LITERALS
+        or lowered == key.lower()
+        or lowered == _key_basename(key)
+    )
+
+
+def _key_basename(key: str) -> str:
+    return re.split(r"[_.\-]", key.lower())[-1]
+
+
+def _looks_like_code(value: str) -> bool:
+    return (
+        _CALL_OR_SUBSCRIPT.match(value) is not None
+        or _DOTTED_REFERENCE.fullmatch(value) is not None
+        or _SNAKE_IDENTIFIER.fullmatch(value) is not None
+        or _PATH.fullmatch(value) is not None
+    )
+
+
+def _is_literal_secret(value: str, *, key: str, kind: str, quoted: bool, weak_context: bool) -> bool:
+    """Whether an assigned value looks like a literal secret rather than code or a placeholder."""
+    if len(value) < 4 or _is_placeholder(value, key):
+        return False
+    if value.isdigit() and kind not in ("password", "connection_string_password"):
+        return False  # max_token=4096, secret: 0
+    if quoted:
+        return value == value.strip()  # "password: " + pw is string concatenation, not a value
+    if _looks_like_code(value):
+        return False
+    return not weak_context or len(value) >= 20 or _SECRET_TEXTURE.search(value) is not None
+
+
+def _strip_bare_punctuation(text: str, start: int, end: int) -> int:
+    while end > start and text[end - 1] in _BARE_TRAILING_PUNCTUATION:
+        end -= 1
+    return end
+
+
+# --------------------------------------------------------------------------- PEM blocks
+
+_PEM_BEGIN = re.compile(r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END = re.compile(r"-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+# Body of an unterminated block: following base64 or header lines (real or JSON-escaped breaks).
+_PEM_BODY = re.compile(
+    r"(?:(?:[ \t]+|(?:\r?\n|\\n){1,2})(?:[A-Za-z0-9+/=]{4,}|(?:Proc-Type|DEK-Info):[^\r\n\\]*)(?=[ \t]|\r|\n|\\n|$))*"
+)
+
+
+def _redact_pem_blocks(text: str, counts: dict[str, int]) -> str:
+    pieces: list[str] = []
+    copied_up_to = 0
+    end_exists = True  # once no END follows, none follows later BEGINs either: stays linear
+    search_from = 0
+    while True:
+        begin = _PEM_BEGIN.search(text, search_from)
+        if begin is None:
+            break
+        end = _PEM_END.search(text, begin.end()) if end_exists else None
+        if end is not None:
+            block_end = end.end()
+        else:
+            end_exists = False
+            body = _PEM_BODY.match(text, begin.end())
+            block_end = body.end() if body else begin.end()
+        pieces.append(text[copied_up_to : begin.start()])
+        pieces.append(placeholder("private_key"))
+        copied_up_to = search_from = block_end
+        counts["private_key"] = counts.get("private_key", 0) + 1
+    if not pieces:
+        return text
+    pieces.append(text[copied_up_to:])
+    return "".join(pieces)
+
+
+# --------------------------------------------------------------------------- token shapes
+
+# Left boundary: a token must not continue a longer identifier (``xghp_...`` is not a token).
+_LB = r"(?<![A-Za-z0-9_\-])"
+
+
+def _whole_match(kind: str) -> Locator:
+    return lambda match: (match.start(), match.end(), kind)
+
+
+def _token_rule(pattern: str, kind: str) -> _Rule:
+    return _Rule(re.compile(_LB + pattern), _whole_match(kind))
+
+
+_TOKEN_RULES: tuple[_Rule, ...] = (
+    _token_rule(r"sk-ant-[A-Za-z0-9_\-]{20,}", "anthropic_key"),
+    # Real OpenAI keys always contain digits; requiring one spares long hyphenated slugs.
+    _token_rule(r"sk-(?:proj-|svcacct-|admin-)?(?=[A-Za-z_\-]*\d)[A-Za-z0-9_\-]{20,}", "openai_key"),
+    _token_rule(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})", "github_token"),
+    _token_rule(r"glpat-[A-Za-z0-9_\-]{20,}", "gitlab_token"),
+    _token_rule(r"xox[abprs]-(?=[A-Za-z\-]*\d)[A-Za-z0-9\-]{10,}", "slack_token"),
+    _token_rule(r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}", "stripe_key"),
+    _token_rule(r"AIza[A-Za-z0-9_\-]{35}(?![A-Za-z0-9_\-])", "google_api_key"),
+    _token_rule(r"hf_[A-Za-z0-9]{30,}", "huggingface_token"),
+    _token_rule(r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])", "npm_token"),
+    _Rule(re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"), _whole_match("aws_access_key_id")),
+    _token_rule(r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*", "jwt"),
+)
+
+# --------------------------------------------------------------------------- keyed secrets
+
+_SEPARATOR = r"[ \t]*(?::=|=>|=(?!=)|:(?![:=]))[ \t]*"
+
+_AWS_SECRET_ASSIGNMENT = re.compile(
+    r"(?i)(?<![A-Za-z0-9_.\-])(?:[A-Za-z0-9_.\-]*?[_.\-])?(?:aws_?)?secret_?(?:access_?)?key[\"']?"
+    + _SEPARATOR
+    + r"[\"']?(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
+)
+
+
+def _locate_aws_secret(match: re.Match[str]) -> SecretSpan | None:
+    return match.start("value"), match.end("value"), "aws_secret_access_key"
+
+
+# ADO.NET / ODBC: ``Server=x;User Id=y;Password=p w;`` or ``PWD={p;w}``. Values may hold spaces.
+_CONNECTION_PASSWORD = re.compile(
+    r"(?i)(?<![A-Za-z0-9_.\-])(?:password|pwd)[ \t]*=(?!=)[ \t]*(?P<value>\{[^}\r\n]*\}|[^;\r\n\"'{][^;\r\n\"']*)"
+)
+_CONNECTION_FIELD = re.compile(
+    r"(?i)(?:^|[;\"'\s])(?:server|data source|host|database|initial catalog|uid|user id|user|username|"
+    r"driver|dsn|port|address|addr|provider)[ \t]*="
+)
+
+
+def _locate_connection_password(match: re.Match[str]) -> SecretSpan | None:
+    text = match.string
+    start = match.start("value")
+    value = match.group("value").rstrip(" \t")
+    end = start + len(value)
+    inner = value[1:-1] if value.startswith("{") else value
+    if not inner or _is_placeholder(inner, "password") or _looks_like_code(inner):
+        return None
+    if value.count(")") > value.count("("):
+        return None  # connect(host=h, password=pw); -- a call's keyword argument, not a string
+    # The field must sit between ';' separators (or open/close a quoted connection string).
+    before = text[max(0, match.start() - 40) : match.start()].rstrip(" \t")
+    opens_field = before == "" or before.endswith((";", '"', "'"))
+    closes_field = text.startswith(";", end) or text.startswith(";", match.end())
+    if not (opens_field or closes_field):
+        return None
+    window = text[max(0, match.start() - 300) : min(len(text), end + 300)]
+    if ";" not in window or _CONNECTION_FIELD.search(window) is None:
+        return None
+    return start, end, "connection_string_password"
+
+
+# ``scheme://user:password@host``; the password runs to the last ``@`` of the authority.
+_URL_USERINFO = re.compile(
+    r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>]*:(?P<value>[^\s/?#\"'<>]+)@(?=[\w\[])"
+)
+
+
+def _locate_url_password(match: re.Match[str]) -> SecretSpan | None:
+    value = match.group("value")
+    if _is_placeholder(value, "password"):
+        return None
+    return match.start("value"), match.end("value"), "url_password"
+
+
+_AUTH_HEADER = re.compile(
+    r"(?i)(?<![A-Za-z0-9_\-])(?:(?P<header>(?:proxy-)?authorization)[\"']?[ \t]*[:=][ \t]*[\"']?)?"
+    r"(?P<scheme>bearer|basic|token)[ \t]+(?P<value>[A-Za-z0-9._~+/\-]+=*)"
+)
+_HAS_DIGIT = re.compile(r"\d")
+
+
+def _locate_auth_header(match: re.Match[str]) -> SecretSpan | None:
+    value = match.group("value")
+    scheme = match.group("scheme").lower()
+    if _MASK.fullmatch(value):
+        return None
+    if match.group("header") is not None:
+        if len(value) < 3:
+            return None
+        kind = "basic_auth" if scheme == "basic" else "bearer_token"
+    elif scheme == "bearer" and len(value) >= 16 and _HAS_DIGIT.search(value):
+        kind = "bearer_token"  # "Bearer <long token>" outside a header; prose has no digits there
+    else:
+        return None
+    return match.start("value"), match.end("value"), kind
+
+
+# Generic ``key = value``: key names end in a telling word; quoted (JSON, code) or bare values.
+_ASSIGNMENT = re.compile(
+    r"""(?ix)
+    (?<![A-Za-z0-9_.\-])
+    (?P<key>[A-Za-z0-9_.\-]*?(?:passw(?:or)?d|passphrase|pwd|pass|token
+        |secret(?:[_.\-]?access)?(?:[_.\-]?key)?|api[_.\-]?key|access[_.\-]?key|auth[_.\-]?key|private[_.\-]?key))
+    [\"']?
+    (?:[ \t]*:[ \t]*(?:str|bytes|string|SecretStr|Optional\[str\])[ \t]*(?==))?   # "password: str = ..."
+    (?P<sep>[ \t]*(?::=|=>|=(?!=)|:(?![:=]))[ \t]*)
+    (?:"(?P<dq>[^"\\\r\n]*(?:\\.[^"\\\r\n]*)*)"
+      |'(?P<sq>[^'\\\r\n]*(?:\\.[^'\\\r\n]*)*)'
+      |(?P<bare>[^\s"'`,;&]+))
+    """
+)
+
+
+def assignment_kind(key: str) -> str | None:
+    """Kind for a key name (``DB_PASSWORD`` -> password, ``clientSecret`` -> secret), or None."""
+    lowered = key.lower()
+    if lowered.endswith(("password", "passwd", "passphrase", "pwd")):
+        return "password"
+    if lowered.endswith("pass"):
+        # ``db_pass``/``dbPass`` yes; ``bypass``/``compass`` no.
+        standalone = len(lowered) == 4 or lowered[-5] in "_.-" or (key[-4] == "P" and key[-5].islower())
+        return "password" if standalone else None
+    compact = re.sub(r"[_.\-]", "", lowered)
+    if compact.endswith("privatekey"):
+        return "private_key"
+    if compact.endswith(("secretaccesskey", "secretkey", "secret")):
+        return "secret"
+    if compact.endswith("token"):
+        return "token"
+    if compact.endswith(("apikey", "accesskey", "authkey")):
+        return "api_key"
+    return None
+
+
+_IDENTIFIER_CHAR = re.compile(r"\w")
+
+
+def _locate_assignment(match: re.Match[str]) -> SecretSpan | None:
+    key = match.group("key")
+    kind = assignment_kind(key)
+    if kind is None:
+        return None
+    text = match.string
+    for group in ("dq", "sq"):
+        if match.group(group) is not None:
+            value = match.group(group)
+            after = text[match.end() : match.end() + 1]
+            if _IDENTIFIER_CHAR.match(after):
+                return None  # the "key" sat inside a string literal: "password: " + x + "y"
+            if not _is_literal_secret(value, key=key, kind=kind, quoted=True, weak_context=False):
+                return None
+            return match.start(group), match.end(group), kind
+    start = match.start("bare")
+    end = _strip_bare_punctuation(text, start, match.end("bare"))
+    value = text[start:end]
+    separator = match.group("sep")
+    weak_context = separator.strip() == ":" or separator != separator.strip()
+    if not _is_literal_secret(value, key=key, kind=kind, quoted=False, weak_context=weak_context):
+        return None
+    return start, end, kind
+
+
+_KEYED_RULES: tuple[_Rule, ...] = (
+    _Rule(_AWS_SECRET_ASSIGNMENT, _locate_aws_secret),
+    _Rule(_CONNECTION_PASSWORD, _locate_connection_password),
+    _Rule(_URL_USERINFO, _locate_url_password),
+    _Rule(_AUTH_HEADER, _locate_auth_header),
+    _Rule(_ASSIGNMENT, _locate_assignment),
+)
+
+
+def scrub_secrets(text: str) -> ScrubResult:
+    """Replace every detected secret in ``text`` by ``[REDACTED:<kind>]``; see the module limits."""
+    counts: dict[str, int] = {}
+    scrubbed = _redact_pem_blocks(text, counts)
+    for rule in (*_TOKEN_RULES, *_KEYED_RULES):
+        scrubbed = _replace_spans(scrubbed, rule, counts)
+    return ScrubResult(scrubbed, counts)

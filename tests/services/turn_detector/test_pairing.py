@@ -1,0 +1,130 @@
+"""Pure pairing rules, no broker."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import ScopeKeys
+from services.turn_detector.pairing import (
+    SessionState,
+    TurnPart,
+    apply_close,
+    apply_idle,
+    apply_message,
+    episode_id_for,
+    episodes_for,
+    plan_idle,
+    render_turn,
+)
+from tests.services.turn_detector.helpers import msg
+
+
+def feed(events: list[tuple[str, str]], session: str = "s") -> tuple[SessionState, list]:
+    state = SessionState(session_id=session)
+    done = []
+    for i, (mid, role) in enumerate(events):
+        m = msg(session, mid, role, f"text {mid}", i)
+        part = TurnPart(message_id=mid, role=role, timestamp=m.timestamp, text=m.content)
+        tr = apply_message(state, m, part, now=float(i))
+        state = tr.state
+        done += tr.completed
+    return state, done
+
+
+def ids(turn) -> list[str]:  # noqa: ANN001
+    return [p.message_id for p in turn.parts]
+
+
+def test_next_user_completes_the_turn() -> None:
+    state, done = feed([("u1", "user"), ("a1", "assistant"), ("u2", "user")])
+    assert [ids(t) for t in done] == [["u1", "a1"]]
+    assert done[0].completed_by == "next_user"
+    assert ids(state.open_turn) == ["u2"]
+
+
+def test_runs_of_one_role_merge() -> None:
+    _, done = feed([("u1", "user"), ("u2", "user"), ("a1", "assistant"), ("a2", "assistant"), ("u3", "user")])
+    assert [ids(t) for t in done] == [["u1", "u2", "a1", "a2"]]
+    text = render_turn(done[0].parts, 10_000)
+    assert text == "user: text u1\ntext u2\n\nassistant: text a1\ntext a2"
+
+
+def test_assistant_first_is_its_own_turn() -> None:
+    _, done = feed([("a0", "assistant"), ("u1", "user"), ("a1", "assistant"), ("u2", "user")])
+    assert [ids(t) for t in done] == [["a0"], ["u1", "a1"]]
+
+
+def test_tool_output_belongs_to_the_assistant_side() -> None:
+    _, done = feed([("u1", "user"), ("t1", "tool"), ("u2", "user")])
+    assert [ids(t) for t in done] == [["u1", "t1"]]
+
+
+def test_system_excluded_unless_enabled() -> None:
+    state = SessionState(session_id="s")
+    m = msg("s", "sys", "system", "rules", 0)
+    part = TurnPart(message_id="sys", role="system", timestamp=m.timestamp, text="rules")
+    assert apply_message(state, m, part, now=0).outcome == "excluded"
+    kept = apply_message(state, m, part, now=0, include_system=True)
+    assert kept.outcome == "accepted" and ids(kept.state.open_turn) == ["sys"]
+
+
+def test_duplicate_message_id_changes_nothing() -> None:
+    state, _ = feed([("u1", "user")])
+    m = msg("s", "u1", "user", "again", 5)
+    tr = apply_message(state, m, TurnPart(message_id="u1", role="user", timestamp=m.timestamp, text="x"), now=9)
+    assert tr.outcome == "duplicate" and tr.state == state
+
+
+def test_close_flushes_even_a_user_only_turn_and_is_idempotent() -> None:
+    state, _ = feed([("u1", "user")])
+    tr = apply_close(state, now=1)
+    assert [ids(t) for t in tr.completed] == [["u1"]] and tr.completed[0].completed_by == "session_closed"
+    assert apply_close(tr.state, now=2).completed == []
+
+
+def test_idle_flushes_only_after_the_timeout() -> None:
+    state, _ = feed([("u1", "user"), ("a1", "assistant")])  # last activity at t=1
+    plan_idle(state, 10)
+    assert state.idle_scheduled_for == 11
+    early = apply_idle(state, now=5, idle_timeout_s=10)
+    assert early.completed == [] and early.state.idle_scheduled_for == 11  # rescheduled
+    late = apply_idle(state, now=11, idle_timeout_s=10)
+    assert [ids(t) for t in late.completed] == [["u1", "a1"]] and late.completed[0].completed_by == "idle"
+    assert late.state.idle_scheduled_for is None
+    assert apply_idle(late.state, now=30, idle_timeout_s=10).outcome == "noop"
+
+
+def test_episode_ids_are_deterministic_per_group_and_turn() -> None:
+    _, done = feed([("u1", "user"), ("a1", "assistant"), ("u2", "user")])
+    turn = done[0]
+    turn = type(turn)(**{**turn.__dict__, "scopes": ScopeKeys(workspace="w", user="u")})
+    eps = episodes_for(turn, prefix="engram", max_chars=1000)
+    assert [e.scope for e in eps] == ["session", "workspace", "user"]
+    assert eps[0].episode_id == episode_id_for("engram_session_s", "s:u1")
+    assert episodes_for(turn, prefix="engram", max_chars=1000) == eps
+
+
+def test_turn_content_is_capped_with_a_marker() -> None:
+    part = TurnPart(message_id="u", role="user", timestamp=msg("s", "u", "user", "", 0).timestamp, text="x" * 500)
+    text = render_turn([part], 100)
+    assert text.startswith("user: ") and text.endswith("[... turn truncated: 406 chars]")
+
+
+def predicted_turns(roles: list[str]) -> int:
+    """Independent statement of the rules: every run of user messages starts a turn, and so does
+    a leading run of assistant-side messages."""
+    kept = [("user" if r == "user" else "assistant") for r in roles if r != "system"]
+    runs = [r for i, r in enumerate(kept) if i == 0 or kept[i - 1] != r]
+    return sum(1 for r in runs if r == "user") + (1 if runs and runs[0] == "assistant" else 0)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(["user", "assistant", "tool", "system"]), max_size=40))
+def test_turn_count_matches_the_rules_and_no_message_is_lost(roles: list[str]) -> None:
+    events = [(f"m{i}", r) for i, r in enumerate(roles)]
+    state, done = feed(events)
+    done += apply_close(state, now=99).completed
+    assert len(done) == predicted_turns(roles)
+    flat = [p.message_id for t in done for p in t.parts]
+    assert flat == [mid for mid, r in events if r != "system"]  # each kept message exactly once, in order
