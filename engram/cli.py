@@ -65,10 +65,12 @@ def up(data_dir: DataDir = None) -> None:
         console.print(f"data: {settings.data_dir}   logs: {settings.data_dir / 'logs'}   Ctrl-C to stop")
 
     try:
-        raise typer.Exit(asyncio.run(run_up(settings, on_ready=ready)))
+        code = asyncio.run(run_up(settings, on_ready=ready))
     except RuntimeError as exc:
         err.print(f"[red]engram up failed:[/red] {exc}")
         raise typer.Exit(1) from exc
+    console.print("engram stopped")
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -47,7 +47,7 @@ async def dead_letter(
     source_id: str,
 ) -> None:
     """Publish one dead letter and wait for the PubAck (the caller acks the source after)."""
-    out = {k: v for k, v in (headers or {}).items() if not k.startswith("Engram-Dlq-")}
+    out = {k: v for k, v in (headers or {}).items() if not _is_transport_header(k)}
     if subjects.HDR_MSG_ID in out:
         out[HDR_ORIGINAL_MSG_ID] = out.pop(subjects.HDR_MSG_ID)
     out.update(
@@ -62,6 +62,12 @@ async def dead_letter(
     )
     await js.publish(subjects.dlq(stage), payload, headers=out, stream=subjects.STREAM_DLQ)
     DLQ_MESSAGES.labels(stage=stage, reason=reason).inc()
+
+
+def _is_transport_header(name: str) -> bool:
+    """Headers that describe one publish (expected stream, schedules, our DLQ bookkeeping)
+    and must not travel with a dead letter or its replay."""
+    return name.startswith(("Engram-Dlq-", "Nats-Expected-", "Nats-Schedule"))
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ async def replay_dead_letters(nc: Client, stage: str | None = None) -> int:
     js = nc.jetstream()
     replayed = 0
     for dl in await list_dead_letters(js, stage):
-        headers = {k: v for k, v in dl.headers.items() if not k.startswith("Engram-Dlq-")}
+        headers = {k: v for k, v in dl.headers.items() if not _is_transport_header(k)}
         headers.pop(HDR_ORIGINAL_MSG_ID, None)
         headers[subjects.HDR_MSG_ID] = f"replay:{dl.seq}"
         await js.publish(dl.subject, dl.payload, headers=headers)

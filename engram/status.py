@@ -103,7 +103,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
         status["parts"]["nats"] = {
             "ok": True,
             "url": nats_url,
-            "server_version": nc.connected_server_version.__str__(),
+            "server_version": nc._server_info.get("version"),  # noqa: SLF001
             "jetstream_streams": account.streams,
         }
         for stream in (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ):

@@ -261,8 +261,9 @@ def _scan_frames(lines: list[str], start: int) -> tuple[int, str, str, int]:
 # Normalisation is applied to the whole text at once (C-speed), never across a newline, so the
 # normalised lines stay aligned with the original ones.
 _NORMALISERS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\d+(?:[.,]\d+)?[ \t]*(?:[kKMGTP]i?)?B(?:/s|ps)?\b"), "0B"),  # 1.2 MB, 950kB/s
-    (re.compile(r"\d+(?:[.,]\d+)?(?:ms|s|sec|m|min|h)\b"), "0s"),  # 12ms, 3.4s
+    # The lookbehinds start a number only at its first digit: no quadratic retries in digit runs.
+    (re.compile(r"(?<![\d.,])\d+(?:[.,]\d+)?[ \t]*(?:[kKMGTP]i?)?B(?:/s|ps)?\b"), "0B"),  # 1.2 MB, 950kB/s
+    (re.compile(r"(?<![\d.,])\d+(?:[.,]\d+)?(?:ms|s|sec|m|min|h)\b"), "0s"),  # 12ms, 3.4s
     (re.compile(r"\d+"), "0"),
     (re.compile(r"[\u2800-\u28ff\u2580-\u259f\u2500-\u257f\u25d0-\u25d3\u25f4-\u25f7|/\\\-]"), ""),  # spinners, bars
     (re.compile(r"[=#>.*·•]{2,}"), ""),  # progress bars and trailing dots
@@ -322,7 +323,8 @@ def _with_suffix(line: str, suffix: str) -> str:
 
 # --------------------------------------------------------------------------- code blocks
 
-_FENCE_OPEN = re.compile(r"( {0,3})(`{3,}|~{3,})[ \t]*([^`\s]*)[^`\r\n]*")
+# The label cannot contain whitespace and the rest must start with it: no ambiguous split.
+_FENCE_OPEN = re.compile(r"( {0,3})(`{3,}|~{3,})[ \t]*([^`\s]*)(?:[ \t][^`\r\n]*)?")
 
 
 def _fenced_blocks(lines: list[str]) -> list[tuple[int, int, str]]:

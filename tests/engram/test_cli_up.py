@@ -1,0 +1,211 @@
+"""`engram up` / `status` / `ingest` / `dlq` as a user runs them: real processes, real servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engram.embedded import pid_alive
+from engram.ingest import locomo_sessions
+from schemas import Episode
+from tests.services.turn_detector.test_pairing import predicted_turns
+
+pytestmark = pytest.mark.slow
+ENGRAM = [sys.executable, "-m", "engram.cli"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env["GRAPHITI_TELEMETRY_ENABLED"] = "false"
+    return env
+
+
+def run(*args: str, data_dir: Path, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*ENGRAM, *args, "--data-dir", str(data_dir)], capture_output=True, text=True, env=_env(),
+        timeout=timeout, check=check,
+    )
+
+
+class Up:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.log = open(data_dir.parent / f"{data_dir.name}-up.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([*ENGRAM, "up", "--data-dir", str(data_dir)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=_env())
+        deadline = time.monotonic() + 90
+        while not self.runtime_file.exists():
+            assert self.proc.poll() is None, "engram up exited early"
+            assert time.monotonic() < deadline, "engram up not ready in 90 s"
+            time.sleep(0.1)
+        self.runtime = json.loads(self.runtime_file.read_text())
+
+    @property
+    def runtime_file(self) -> Path:
+        return self.data_dir / "engram-runtime.json"
+
+    def pids(self) -> list[int]:
+        rt = json.loads(self.runtime_file.read_text()) if self.runtime_file.exists() else self.runtime
+        return [rt["supervisor_pid"], *[p for p in rt["embedded"].values() if p],
+                *[s["pid"] for s in rt["services"].values()]]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(60)
+        self.log.close()
+        return code
+
+
+def wait_idle(data_dir: Path, expect_messages: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(run("status", "--json", data_dir=data_dir, check=False).stdout)
+        consumers = status["streams"]["ENGRAM_IN"]["consumers"].values()
+        idle = all(c["pending"] == 0 and c["ack_pending"] == 0 for c in consumers)
+        if idle and status["counts"].get("messages") == expect_messages and status["counts"]["open_turns"] == 0:
+            return status
+        assert time.monotonic() < deadline, f"pipeline not idle: {status['counts']}"
+        time.sleep(0.5)
+
+
+def conv26_expectation(locomo_path: Path) -> tuple[int, int]:
+    conv = next(c for c in json.loads(locomo_path.read_text()) if c["sample_id"] == "conv-26")
+    speaker_a = conv["conversation"]["speaker_a"]
+    turns = messages = 0
+    for session in locomo_sessions(conv, "conv-26"):
+        roles = ["user" if t["speaker"] == speaker_a else "assistant" for t in session.turns]
+        turns += predicted_turns(roles)
+        messages += len(roles)
+    return messages, turns
+
+
+def test_up_ingest_locomo_status_and_clean_stop(tmp_path: Path, locomo_path: Path) -> None:
+    data = tmp_path / "engram"
+    up = Up(data)
+    try:
+        status = json.loads(run("status", "--json", data_dir=data).stdout)
+        assert status["ok"] and status["parts"]["falkordb"]["ok"] and status["services"]["turn-detector"]["ok"]
+        out = run("ingest", str(locomo_path), "--format", "locomo", "--sample", "conv-26", "--workspace", "w",
+                  data_dir=data)
+        messages, turns = conv26_expectation(locomo_path)
+        assert f"published {messages} messages in 19 sessions" in out.stdout
+        status = wait_idle(data, messages)
+        assert status["counts"]["turns"] == turns
+        assert status["counts"]["episodes"] == 2 * turns  # session + workspace scope
+        assert status["counts"]["dead_letters"] == 0
+        again = run("ingest", str(locomo_path), "--format", "locomo", "--sample", "conv-26", data_dir=data)
+        assert f"{messages + 19} already present" in again.stdout.replace("(19 session closes, ", "")
+    finally:
+        pids = up.pids()
+        code = up.stop()
+    assert code == 0
+    time.sleep(0.5)
+    assert [p for p in pids if pid_alive(p)] == []
+    assert not (data / "engram-runtime.json").exists()
+
+
+def test_sigkilled_supervisor_leaves_no_orphans(tmp_path: Path) -> None:
+    up = Up(tmp_path / "engram")
+    pids = up.pids()
+    up.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while [p for p in pids if pid_alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in pids if pid_alive(p)] == []
+
+
+def test_killing_the_turn_detector_mid_stream_loses_and_doubles_nothing(tmp_path: Path, locomo_path: Path) -> None:
+    """SIGKILL the turn-detector repeatedly while a conversation streams in; the supervisor
+    restarts it and redelivery completes the work: every message in exactly one turn."""
+    data = tmp_path / "engram"
+    up = Up(data)
+    try:
+        ingest = subprocess.Popen(
+            [*ENGRAM, "ingest", str(locomo_path), "--format", "locomo", "--sample", "conv-26", "--data-dir", str(data)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        )
+        kills = 0
+        for _ in range(3):
+            time.sleep(0.4)
+            pid = json.loads(up.runtime_file.read_text())["services"]["turn-detector"]["pid"]
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                kills += 1
+            # wait for the supervisor to bring it back
+            deadline = time.monotonic() + 30
+            while json.loads(up.runtime_file.read_text())["services"]["turn-detector"]["pid"] == pid:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert ingest.wait(120) == 0
+        messages, turns = conv26_expectation(locomo_path)
+        status = wait_idle(data, messages, timeout=120)
+        assert kills >= 1
+        assert status["counts"]["turns"] == turns
+        nats_url = json.loads(up.runtime_file.read_text())["nats_url"]
+        episodes = _read_episodes(nats_url)
+        assert len(episodes) == turns
+        seen = [m.message_id for e in episodes for m in e.messages]
+        assert len(seen) == len(set(seen)) == messages  # every message exactly once
+    finally:
+        up.stop()
+
+
+def _read_episodes(nats_url: str) -> list[Episode]:
+    import asyncio
+
+    import nats
+
+    from tests.services.turn_detector.helpers import episodes
+
+    async def go() -> list[Episode]:
+        nc = await nats.connect(nats_url)
+        try:
+            return await episodes(nc.jetstream())
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_dlq_list_and_replay(tmp_path: Path) -> None:
+    data = tmp_path / "engram"
+    up = Up(data)
+    try:
+        import asyncio
+
+        import nats
+
+        async def send_bad() -> None:
+            nc = await nats.connect(up.runtime["nats_url"])
+            await nc.jetstream().publish("engram.in.message.s1", b"{oops", headers={"Nats-Msg-Id": "bad-1"})
+            await nc.close()
+
+        asyncio.run(send_bad())
+        deadline = time.monotonic() + 20
+        while True:
+            rows = json.loads(run("dlq", "list", "--json", data_dir=data).stdout)
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert [(r["stage"], r["reason"], r["subject"]) for r in rows] == [
+            ("turn_detector", "malformed_json", "engram.in.message.s1")
+        ]
+        assert "oops" not in json.dumps(rows)  # content never shown
+        out = run("dlq", "replay", "--stage", "turn_detector", data_dir=data)
+        assert "replayed 1" in out.stdout
+        deadline = time.monotonic() + 20
+        while True:  # the replayed bad message is dead-lettered again, as a new letter
+            rows = json.loads(run("dlq", "list", "--json", data_dir=data).stdout)
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert len(rows) == 1 and rows[0]["reason"] == "malformed_json"
+    finally:
+        up.stop()
