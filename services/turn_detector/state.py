@@ -22,24 +22,25 @@ class StaleState(Exception):
 class SessionStore:
     def __init__(self, kv: KeyValue, cache_size: int = 10_000) -> None:
         self._kv = kv
-        self._cache: OrderedDict[str, tuple[SessionState, int]] = OrderedDict()
+        # Cached as the stored JSON: parsing it is cheaper than deep-copying a model, and each
+        # caller gets its own object to change.
+        self._cache: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
         self._cache_size = cache_size
 
     async def load(self, session_id: str, *, fresh: bool = False) -> tuple[SessionState, int]:
         """Return (state, revision); revision 0 means the key does not exist yet."""
         if not fresh and session_id in self._cache:
             self._cache.move_to_end(session_id)
-            state, rev = self._cache[session_id]
-            return state.model_copy(deep=True), rev
+            raw, rev = self._cache[session_id]
+            return SessionState.model_validate_json(raw), rev
         try:
             entry = await self._kv.get(session_id)
         except nats.js.errors.KeyNotFoundError:
             return SessionState(session_id=session_id), 0
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
             return SessionState(session_id=session_id), entry.revision or 0
-        state = SessionState.model_validate_json(entry.value)
-        self._remember(session_id, state, entry.revision or 0)
-        return state.model_copy(deep=True), entry.revision or 0
+        self._remember(session_id, entry.value, entry.revision or 0)
+        return SessionState.model_validate_json(entry.value), entry.revision or 0
 
     async def save(self, state: SessionState, revision: int) -> int:
         value = state.model_dump_json().encode()
@@ -47,7 +48,9 @@ class SessionStore:
             if revision == 0:
                 new_rev = await self._kv.create(state.session_id, value)
             else:
-                new_rev = await self._kv.update(state.session_id, value, last=revision)
+                # nats-py 2.16's KeyValue.update returns the PubAck although annotated int.
+                ack = await self._kv.update(state.session_id, value, last=revision)
+                new_rev = int(getattr(ack, "seq", ack))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError) as exc:
             if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or getattr(exc, "err_code", None) in (
                 10071,
@@ -56,14 +59,14 @@ class SessionStore:
                 self._cache.pop(state.session_id, None)
                 raise StaleState(state.session_id) from exc
             raise
-        self._remember(state.session_id, state, new_rev)
+        self._remember(state.session_id, value, new_rev)
         return new_rev
 
     def forget(self, session_id: str) -> None:
         self._cache.pop(session_id, None)
 
-    def _remember(self, session_id: str, state: SessionState, revision: int) -> None:
-        self._cache[session_id] = (state.model_copy(deep=True), revision)
+    def _remember(self, session_id: str, raw: bytes, revision: int) -> None:
+        self._cache[session_id] = (raw, revision)
         self._cache.move_to_end(session_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

@@ -1,0 +1,198 @@
+"""Benchmark: messages/s through the turn-detector vs a pass-through FastStream consumer.
+
+Both consume the same pre-filled ENGRAM_IN stream of an embedded nats-server, with the same
+consumer shape (one durable per partition, one message in flight, pull batch 1, explicit ack):
+- ack-only: receive and ack (the floor of what any JetStream stage costs);
+- pass-through: receive, publish to an output stream awaiting the PubAck, ack;
+- turn-detector: the real service (parse, scrub, filter, pair, KV compare-and-set, episodes).
+Rounds alternate between the variants so machine noise hits all of them alike; the table
+reports medians and the ratio turn-detector / pass-through (target >= 0.8x).
+
+    python bench/turn_detector.py [--messages 3000] [--sessions 60] [--rounds 3] [--partitions 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
+
+import nats  # noqa: E402
+import nats.js.errors  # noqa: E402
+from faststream import AckPolicy  # noqa: E402
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub  # noqa: E402
+from nats.js.api import StreamConfig  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from engram.embedded import start_nats  # noqa: E402
+from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
+from engram.topology import Topology, ensure_topology  # noqa: E402
+from schemas import ChatMessage, subjects  # noqa: E402
+from services.turn_detector import app as td_app  # noqa: E402
+
+TEXTS = [
+    "I changed the retry policy in worker.py to use exponential backoff, can you check it?",
+    "Looks right. I also set max_retries=5 in config/settings.toml and ran the tests: 48 passed.",
+    "The deploy failed with ConnectionRefusedError on port 5432, any idea?",
+    "Postgres was not up yet; I added a health check to docker-compose.yml and it deploys now.",
+]
+
+
+def conversation(n_messages: int, n_sessions: int) -> list[ChatMessage]:
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    out = []
+    for i in range(n_messages):
+        session = f"bench-{i % n_sessions}"
+        k = i // n_sessions
+        out.append(ChatMessage(message_id=f"{session}-m{k}", session_id=session,
+                               role="user" if k % 2 == 0 else "assistant", content=TEXTS[k % 4],
+                               timestamp=t0 + timedelta(seconds=k)))
+    return out
+
+
+async def fill(nats_url: str, settings: EngramSettings, messages: list[ChatMessage]) -> None:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_topology(js, Topology.from_settings(settings))
+    await js.add_stream(StreamConfig(name="BENCH_OUT", subjects=["bench.out.>"]))
+    pending = []
+    for m in messages:
+        pending.append(js.publish_async(subjects.in_message(m.session_id), m.model_dump_json().encode(),
+                                        headers={subjects.HDR_MSG_ID: m.message_id}))
+        if len(pending) >= 500:
+            await asyncio.gather(*pending)
+            pending = []
+    await asyncio.gather(*pending)
+    await js.publish_async_completed()
+    await nc.close()
+
+
+async def reset(js, durables: list[str]) -> None:  # noqa: ANN001
+    for d in durables:
+        try:
+            await js.delete_consumer(subjects.STREAM_IN, d)
+        except nats.js.errors.NotFoundError:
+            pass
+    try:
+        await js.delete_key_value(subjects.KV_TURN_SESSIONS)
+    except nats.js.errors.NotFoundError:
+        pass
+    for stream in (subjects.STREAM_EPISODES, "BENCH_OUT"):
+        await js.purge_stream(stream)
+
+
+async def wait_drained(js, durables: list[str], total: int) -> None:  # noqa: ANN001
+    while True:
+        acked = 0
+        for d in durables:
+            try:
+                ci = await js.consumer_info(subjects.STREAM_IN, d)
+            except nats.js.errors.NotFoundError:
+                break
+            if ci.num_pending or ci.num_ack_pending:
+                break
+            acked += 1
+        else:
+            if acked == len(durables):
+                return
+        await asyncio.sleep(0.01)
+
+
+async def run_passthrough(nats_url: str, topology: Topology, forward: bool, total: int) -> float:
+    broker = NatsBroker(nats_url, log_level=30)
+    durables = [f"passthrough_p{p}" for p in range(topology.partitions)]
+    for p, durable in enumerate(durables):
+        cfg = topology.turn_detector_consumer(p)
+        cfg.durable_name = durable
+
+        async def handle(msg: NatsMessage) -> None:
+            if forward:
+                raw = msg.raw_message
+                await broker.publish(raw.data, "bench.out." + raw.subject.rsplit(".", 1)[-1], stream="BENCH_OUT")
+            await msg.ack()
+
+        broker.subscriber(topology.turn_detector_filter(p), stream=JStream(subjects.STREAM_IN, declare=False),
+                          durable=durable, config=cfg, pull_sub=PullSub(batch_size=1), ack_policy=AckPolicy.MANUAL)(handle)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await reset(js, durables)
+    await broker.connect()
+    started = time.perf_counter()
+    await broker.start()
+    await wait_drained(js, durables, total)
+    elapsed = time.perf_counter() - started
+    await broker.stop()
+    await reset(js, durables)
+    await nc.close()
+    return total / elapsed
+
+
+async def run_detector(nats_url: str, settings: EngramSettings, total: int) -> float:
+    topology = Topology.from_settings(settings)
+    durables = [topology.turn_detector_durable(p) for p in range(settings.partitions)]
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await reset(js, durables)
+    service = td_app.build(settings)
+    for hook in service.on_startup:
+        await hook()
+    started = time.perf_counter()
+    await service.broker.start()
+    await wait_drained(js, durables, total)
+    elapsed = time.perf_counter() - started
+    await service.stop()
+    await reset(js, durables)
+    await nc.close()
+    return total / elapsed
+
+
+async def main(args: argparse.Namespace) -> None:
+    logging.getLogger("faststream").setLevel(logging.ERROR)
+    logging.getLogger("faststream.access.nats").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_nats(Path(tmp))
+        try:
+            settings = EngramSettings(nats_url=server.url, data_dir=Path(tmp), partitions=args.partitions,
+                                      turn=TurnDetectorSettings(idle_timeout_s=3600))
+            messages = conversation(args.messages, args.sessions)
+            await fill(server.url, settings, messages)
+            topology = Topology.from_settings(settings)
+            results: dict[str, list[float]] = {"ack-only": [], "pass-through": [], "turn-detector": []}
+            for r in range(args.rounds):
+                results["ack-only"].append(await run_passthrough(server.url, topology, False, len(messages)))
+                results["pass-through"].append(await run_passthrough(server.url, topology, True, len(messages)))
+                results["turn-detector"].append(await run_detector(server.url, settings, len(messages)))
+                print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.0f} msg/s" for k, v in results.items()),
+                      file=sys.stderr)
+        finally:
+            server.stop()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    table = Table(title=f"turn-detector throughput: {args.messages} messages, {args.sessions} sessions, "
+                        f"{args.partitions} partitions, median of {args.rounds} alternating rounds")
+    for col in ("consumer", "median msg/s", "min", "max", "ratio vs pass-through"):
+        table.add_column(col, justify="right" if col != "consumer" else "left")
+    for k, v in results.items():
+        table.add_row(k, f"{med[k]:.0f}", f"{min(v):.0f}", f"{max(v):.0f}", f"{med[k] / med['pass-through']:.2f}x")
+    Console().print(table)
+    ratio = med["turn-detector"] / med["pass-through"]
+    print(f"turn-detector / pass-through = {ratio:.2f}x (target >= 0.80x): {'MET' if ratio >= 0.8 else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--sessions", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=4)
+    asyncio.run(main(parser.parse_args()))
