@@ -18,6 +18,7 @@ import nats
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from engram.ingest import publish_events, read_jsonl, read_locomo
 from engram.settings import EngramSettings
@@ -85,7 +86,7 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
             title = f"turn {ep.turn_id}  ({ep.completed_by}, {len(ep.messages)} messages"
             title += f", {ep.stats.secrets_scrubbed} secrets scrubbed" if ep.stats.secrets_scrubbed else ""
             title += f", reduced: {', '.join(ep.stats.reductions)}" if ep.stats.reductions else ""
-            console.print(Panel(ep.content, title=title + ")", title_align="left"))
+            console.print(Panel(Text(ep.content), title=title + ")", title_align="left"))
     finally:
         await nc.close()
     status = await collect_status(EngramSettings(data_dir=settings.data_dir))
