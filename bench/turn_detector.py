@@ -23,6 +23,7 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
@@ -30,12 +31,13 @@ os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 import nats  # noqa: E402
 import nats.js.errors  # noqa: E402
 from faststream import AckPolicy  # noqa: E402
-from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub  # noqa: E402
+from faststream.nats import JStream, NatsBroker, PullSub  # noqa: E402
 from nats.js.api import StreamConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from engram.embedded import start_nats  # noqa: E402
+from engram.service import message_itself  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
 from engram.topology import Topology, ensure_topology  # noqa: E402
 from schemas import ChatMessage, subjects  # noqa: E402
@@ -116,14 +118,15 @@ async def run_passthrough(nats_url: str, topology: Topology, forward: bool, tota
         cfg = topology.turn_detector_consumer(p)
         cfg.durable_name = durable
 
-        async def handle(msg: NatsMessage) -> None:
+        async def handle(msg: Any) -> None:  # the NatsMessage, via the same decoder
             if forward:
                 raw = msg.raw_message
                 await broker.publish(raw.data, "bench.out." + raw.subject.rsplit(".", 1)[-1], stream="BENCH_OUT")
             await msg.ack()
 
         broker.subscriber(topology.turn_detector_filter(p), stream=JStream(subjects.STREAM_IN, declare=False),
-                          durable=durable, config=cfg, pull_sub=PullSub(batch_size=1), ack_policy=AckPolicy.MANUAL)(handle)
+                          durable=durable, config=cfg, pull_sub=PullSub(batch_size=1), ack_policy=AckPolicy.MANUAL,
+                          decoder=message_itself)(handle)
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await reset(js, durables)

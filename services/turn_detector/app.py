@@ -14,26 +14,27 @@ nack; after ``max_deliveries`` the event is dead-lettered with reason ``processi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import datetime, timezone
 from typing import Any
 
 from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js import JetStreamContext
 
 from engram import dlq
-from engram.service import ServiceApp, make_broker
+from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, SessionClosed, SessionIdle, subjects
+from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, subjects
 from services.turn_detector import metrics
 from services.turn_detector.intake import Rejected, parse_event, prepare_part
 from services.turn_detector.noise import NoiseSettings
 from services.turn_detector.pairing import (
+    CompletedTurn,
     SessionState,
-    Transition,
     apply_close,
     apply_idle,
     apply_message,
@@ -65,7 +66,8 @@ class TurnDetector:
         await ensure_topology(self.js, Topology.from_settings(self.settings))
         self.store = SessionStore(await self.js.key_value(subjects.KV_TURN_SESSIONS))
 
-    async def handle(self, msg: NatsMessage) -> None:
+    async def handle(self, msg: Any) -> None:
+        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
         started = time.perf_counter()
         raw = msg.raw_message
         meta = raw.metadata
@@ -102,7 +104,10 @@ class TurnDetector:
         assert self.store is not None
         state, revision = await self.store.load(event.session_id, fresh=fresh)
         if seq <= state.last_seq:
-            return "duplicate"  # applied before a crash/redelivery; effects are already out
+            # Applied before a crash or failed ack: the state was saved, but the publishes that
+            # ran beside the save may not all have landed. Repeat them (idempotent) and ack.
+            await self._publish_effects(state.outbox, state if state.idle_scheduled_for else None)
+            return "redelivered"
         now = self.clock()
         if isinstance(event, ChatMessage):
             prepared = prepare_part(event, self.noise)
@@ -123,25 +128,48 @@ class TurnDetector:
             result = apply_close(state, now=now)
         else:
             result = apply_idle(state, now=now, idle_timeout_s=self.turn.idle_timeout_s)
-        await self._publish_turns(result)
-        plan_idle(result.state, self.turn.idle_timeout_s)
-        if result.state.idle_scheduled_for not in (None, state.idle_scheduled_for):
-            await self._schedule_idle(result.state)
-        result.state.last_seq = seq
-        await self.store.save(result.state, revision)
-        return result.outcome
-
-    async def _publish_turns(self, result: Transition) -> None:
+        new = result.state
+        plan_idle(new, self.turn.idle_timeout_s)
+        schedule = new.idle_scheduled_for not in (None, state.idle_scheduled_for)
+        new.last_seq = seq
+        new.outbox = list(result.completed)
+        # The state write and the publishes run concurrently (one round trip instead of two);
+        # the ack waits for both. If either fails the event is redelivered and takes the branch
+        # above (state saved: repeat the publishes from the outbox) or is applied afresh.
+        outcomes = await asyncio.gather(
+            self.store.save(new, revision),
+            self._publish_effects(result.completed, new if schedule else None),
+            return_exceptions=True,
+        )
+        for failure in outcomes:
+            if isinstance(failure, BaseException):
+                raise failure
         for turn in result.completed:
             metrics.TURNS.labels(completed_by=turn.completed_by).inc()
-            for ep in episodes_for(turn, prefix=self.settings.group_prefix, max_chars=self.turn.max_turn_chars):
-                await self.broker.publish(
-                    ep.model_dump_json().encode(),
-                    subjects.episode(ep.group_id),
-                    headers={subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"},
-                    stream=subjects.STREAM_EPISODES,
-                )
-                metrics.EPISODES.labels(scope=ep.scope).inc()
+        return result.outcome
+
+    async def _publish_effects(self, turns: list[CompletedTurn], schedule_for: SessionState | None) -> None:
+        """Episodes of completed turns (Nats-Msg-Id = episode id) and the idle schedule."""
+        publishes = [
+            self._publish_episode(ep)
+            for turn in turns
+            for ep in episodes_for(turn, prefix=self.settings.group_prefix, max_chars=self.turn.max_turn_chars)
+        ]
+        if schedule_for is not None:
+            publishes.append(self._schedule_idle(schedule_for))
+        outcomes = await asyncio.gather(*publishes, return_exceptions=True)
+        for failure in outcomes:
+            if isinstance(failure, BaseException):
+                raise failure
+
+    async def _publish_episode(self, ep: Episode) -> None:
+        await self.broker.publish(
+            ep.model_dump_json().encode(),
+            subjects.episode(ep.group_id),
+            headers={subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"},
+            stream=subjects.STREAM_EPISODES,
+        )
+        metrics.EPISODES.labels(scope=ep.scope).inc()
 
     async def _schedule_idle(self, state: SessionState) -> None:
         """Publish the session's idle schedule (a newer one on the same subject replaces it).
@@ -151,7 +179,9 @@ class TurnDetector:
         later fire time, published here again.
         """
         assert self.js is not None and state.idle_scheduled_for is not None
-        fire_at = datetime.fromtimestamp(int(state.idle_scheduled_for) + 1, tz=timezone.utc)
+        # Whole seconds in the future (a repeat after a crash may find the planned time passed).
+        fire_epoch = max(int(state.idle_scheduled_for) + 1, int(self.clock()) + 1)
+        fire_at = datetime.fromtimestamp(fire_epoch, tz=timezone.utc)
         tick = SessionIdle(session_id=state.session_id, scheduled_for=fire_at)
         await self.js.publish(
             subjects.sched_idle(state.session_id),
@@ -197,6 +227,7 @@ def build(settings: EngramSettings | None = None) -> ServiceApp:
             config=topology.turn_detector_consumer(p),
             pull_sub=PullSub(batch_size=1, timeout=5.0),
             ack_policy=AckPolicy.MANUAL,
+            decoder=message_itself,
             title=f"turn-detector partition {p}",
         )(detector.handle)
     app = ServiceApp(name="turn-detector", broker=broker, on_startup=[detector.start])

@@ -268,6 +268,7 @@ _NORMALISERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"[\u2800-\u28ff\u2580-\u259f\u2500-\u257f\u25d0-\u25d3\u25f4-\u25f7|/\\\-]"), ""),  # spinners, bars
     (re.compile(r"[=#>.*·•]{2,}"), ""),  # progress bars and trailing dots
     (re.compile(r"[ \t\r\f\v]+"), " "),
+    (re.compile(r"\[ ?\]"), "[]"),  # what is left of a progress bar "[=====>    ]"
     (re.compile(r"(?m)^ | $"), ""),
 )
 _HAS_LETTER = re.compile(r"[^\W\d_]")
@@ -390,7 +391,7 @@ def _reduce_to_outcome(lines: list[str]) -> list[str] | None:
     last_content = len(lines)
     while last_content > 0 and not lines[last_content - 1].strip():
         last_content -= 1
-    tail = range(max(0, last_content - _TOOL_TAIL_LINES), last_content)
+    tail = range(max(0, last_content - _TOOL_TAIL_LINES), len(lines))  # trailing blank lines ride along
     kept = sorted(set(primary) | set(summary) | set(tail))
 
     out: list[str] = []

@@ -58,6 +58,17 @@ class OpenTurn(BaseModel):
         return any(p.role in ("assistant", "tool") for p in self.parts)
 
 
+class CompletedTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session_id: str
+    turn_id: str
+    parts: tuple[TurnPart, ...]
+    scopes: ScopeKeys
+    completed_by: Literal["next_user", "idle", "session_closed"]
+    source_description: str | None = None
+
+
 class SessionState(BaseModel):
     """Everything the detector remembers about one session (stored in NATS KV)."""
 
@@ -71,16 +82,12 @@ class SessionState(BaseModel):
     turns_completed: int = 0
     last_activity: float | None = Field(None, description="Wall-clock epoch of the last event.")
     idle_scheduled_for: float | None = Field(None, description="Epoch of the pending idle schedule.")
-
-
-@dataclass(frozen=True)
-class CompletedTurn:
-    session_id: str
-    turn_id: str
-    parts: tuple[TurnPart, ...]
-    scopes: ScopeKeys
-    completed_by: Literal["next_user", "idle", "session_closed"]
-    source_description: str | None = None
+    outbox: list[CompletedTurn] = Field(
+        default_factory=list,
+        description="Turns completed by the event at last_seq. Saved together with the state, so the "
+        "state write and the episode publishes can run concurrently: a redelivery of that event "
+        "re-publishes them (the server drops what already arrived).",
+    )
 
 
 @dataclass

@@ -32,10 +32,13 @@ Known limits (kept deliberately, to avoid redacting ordinary prose and code):
 - After ``:`` or a spaced ``=`` an unquoted value is only taken when it has secret texture
   (a digit, a symbol, an inner capital, or 20+ characters); so ``password: hunter`` in YAML is
   missed, while ``password: hunter2`` is caught. Quoted values are always taken (except the
-  placeholder shapes above), which may over-redact UI strings such as ``"password": "Password"``.
+  placeholder shapes above), which may over-redact UI strings such as ``"token": "Session expired"``.
 - An unquoted value ends at whitespace or one of ``"'`,;&``; trailing ``.)]}>`` is treated as
   surrounding punctuation. A password containing those characters is only partly redacted
   unless it is quoted or in an ADO/ODBC connection string.
+- For linear time the rules judge a value by its first 256 characters (an accepted value is
+  still redacted to its end); quoted values longer than 1024 characters, URL passwords longer
+  than 256 and ``{...}`` ODBC values longer than 256 are not considered at all.
 - Provider token shapes are the documented public prefixes; a provider changing its format, or
   a token split over lines, is missed. An unterminated PEM block is redacted up to the end of
   its base64 lines; text between a BEGIN line and the next END line is always removed.
@@ -178,6 +181,18 @@ def _is_literal_secret(value: str, *, key: str, kind: str, quoted: bool, weak_co
     return not weak_context or len(value) >= 20 or _SECRET_TEXTURE.search(value) is not None
 
 
+# Regexes look at most this far into an unquoted value, so a rejected candidate costs O(1) and
+# the scan stays linear; an *accepted* value that reaches the bound is then extended to its end
+# (which is consumed, so that is linear too). Quoted values are taken up to 1024 characters.
+_MAX_SCANNED_VALUE = 256
+_BARE_VALUE_REST = re.compile(r"[^\s\"'`,;&]*")
+
+
+def _extend(rest: re.Pattern[str], text: str, position: int, trim: Callable[[str], str]) -> int:
+    tail = rest.match(text, position)
+    return position + len(trim(tail.group())) if tail else position
+
+
 def _strip_bare_punctuation(text: str, start: int, end: int) -> int:
     while end > start and text[end - 1] in _BARE_TRAILING_PUNCTUATION:
         end -= 1
@@ -266,8 +281,10 @@ def _locate_aws_secret(match: re.Match[str]) -> SecretSpan | None:
 
 # ADO.NET / ODBC: ``Server=x;User Id=y;Password=p w;`` or ``PWD={p;w}``. Values may hold spaces.
 _CONNECTION_PASSWORD = re.compile(
-    r"(?i)(?<![A-Za-z0-9_.\-])(?:password|pwd)[ \t]*=(?!=)[ \t]*(?P<value>\{[^}\r\n]*\}|[^;\r\n\"'{][^;\r\n\"']*)"
+    r"(?i)(?<![A-Za-z0-9_.\-])(?:password|pwd)[ \t]*=(?!=)[ \t]*"
+    r"(?P<value>\{[^}\r\n]{0,256}\}|[^;\r\n\"'{][^;\r\n\"']{0,255})"
 )
+_CONNECTION_VALUE_REST = re.compile(r"[^;\r\n\"']*")
 _CONNECTION_FIELD = re.compile(
     r"(?i)(?:^|[;\"'\s])(?:server|data source|host|database|initial catalog|uid|user id|user|username|"
     r"driver|dsn|port|address|addr|provider)[ \t]*="
@@ -293,12 +310,14 @@ def _locate_connection_password(match: re.Match[str]) -> SecretSpan | None:
     window = text[max(0, match.start() - 300) : min(len(text), end + 300)]
     if ";" not in window or _CONNECTION_FIELD.search(window) is None:
         return None
+    if len(match.group("value")) == _MAX_SCANNED_VALUE and not value.startswith("{"):
+        end = _extend(_CONNECTION_VALUE_REST, text, match.end("value"), lambda rest: rest.rstrip(" \t"))
     return start, end, "connection_string_password"
 
 
 # ``scheme://user:password@host``; the password runs to the last ``@`` of the authority.
 _URL_USERINFO = re.compile(
-    r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>]*:(?P<value>[^\s/?#\"'<>]+)@(?=[\w\[])"
+    r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>]{0,128}:(?P<value>[^\s/?#\"'<>]{1,256})@(?=[\w\[])"
 )
 
 
@@ -341,9 +360,9 @@ _ASSIGNMENT = re.compile(
     [\"']?
     (?:[ \t]*:[ \t]*(?:str|bytes|string|SecretStr|Optional\[str\])[ \t]*(?==))?   # "password: str = ..."
     (?P<sep>[ \t]*(?::=|=>|=(?!=)|:(?![:=]))[ \t]*)
-    (?:"(?P<dq>[^"\\\r\n]*(?:\\.[^"\\\r\n]*)*)"
-      |'(?P<sq>[^'\\\r\n]*(?:\\.[^'\\\r\n]*)*)'
-      |(?P<bare>[^\s"'`,;&]+))
+    (?:"(?P<dq>(?:[^"\\\r\n]|\\.){0,1024})"
+      |'(?P<sq>(?:[^'\\\r\n]|\\.){0,1024})'
+      |(?P<bare>[^\s"'`,;&]{1,256}))
     """
 )
 
@@ -387,13 +406,15 @@ def _locate_assignment(match: re.Match[str]) -> SecretSpan | None:
             if not _is_literal_secret(value, key=key, kind=kind, quoted=True, weak_context=False):
                 return None
             return match.start(group), match.end(group), kind
-    start = match.start("bare")
-    end = _strip_bare_punctuation(text, start, match.end("bare"))
+    start, scanned_end = match.start("bare"), match.end("bare")
+    end = _strip_bare_punctuation(text, start, scanned_end)
     value = text[start:end]
     separator = match.group("sep")
     weak_context = separator.strip() == ":" or separator != separator.strip()
     if not _is_literal_secret(value, key=key, kind=kind, quoted=False, weak_context=weak_context):
         return None
+    if scanned_end - start == _MAX_SCANNED_VALUE:
+        end = _extend(_BARE_VALUE_REST, text, scanned_end, lambda rest: rest.rstrip(_BARE_TRAILING_PUNCTUATION))
     return start, end, kind
 
 

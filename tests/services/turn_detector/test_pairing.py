@@ -98,7 +98,7 @@ def test_idle_flushes_only_after_the_timeout() -> None:
 def test_episode_ids_are_deterministic_per_group_and_turn() -> None:
     _, done = feed([("u1", "user"), ("a1", "assistant"), ("u2", "user")])
     turn = done[0]
-    turn = type(turn)(**{**turn.__dict__, "scopes": ScopeKeys(workspace="w", user="u")})
+    turn = turn.model_copy(update={"scopes": ScopeKeys(workspace="w", user="u")})
     eps = episodes_for(turn, prefix="engram", max_chars=1000)
     assert [e.scope for e in eps] == ["session", "workspace", "user"]
     assert eps[0].episode_id == episode_id_for("engram_session_s", "s:u1")

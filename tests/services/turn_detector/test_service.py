@@ -176,24 +176,26 @@ async def test_bad_input_is_dead_lettered_with_reason_and_traffic_continues(dete
     assert "not json" not in first.headers[subjects.HDR_DLQ_DETAIL]
 
 
-@pytest.mark.parametrize("fail_at", ["publish", "save", "ack"])
+@pytest.mark.parametrize("fail_at", ["publish_lost", "publish", "save", "ack"])
 async def test_failure_at_any_step_loses_nothing_and_duplicates_nothing(clean_nats, tmp_path, fail_at) -> None:  # noqa: ANN001
     """Inject one failure at each step of the handler for the message that completes a turn."""
     service = td_app.build(make_settings(clean_nats, tmp_path))
     detector: td_app.TurnDetector = service.detector  # type: ignore[attr-defined]
     failed = {"n": 0}
 
-    if fail_at == "publish":
-        real = detector._publish_turns
+    if fail_at.startswith("publish"):
+        real = detector._publish_effects
 
-        async def flaky(result):  # noqa: ANN001, ANN202
-            if result.completed and not failed["n"]:
+        async def flaky(turns, schedule_for):  # noqa: ANN001, ANN202
+            if turns and not failed["n"]:
                 failed["n"] += 1
-                await real(result)  # episodes reach the stream ...
-                raise ConnectionError("crash after publishing")  # ... but the state is not saved
-            return await real(result)
+                if fail_at == "publish":
+                    await real(turns, schedule_for)  # episodes reach the stream, then a failure
+                # publish_lost: nothing reaches the stream while the state save succeeds
+                raise ConnectionError("publish failed")
+            return await real(turns, schedule_for)
 
-        detector._publish_turns = flaky  # type: ignore[method-assign]
+        detector._publish_effects = flaky  # type: ignore[method-assign]
     else:
         await_store = detector.start
 
