@@ -86,6 +86,15 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
     )
 
 
+_TRACER_PROVIDERS: list[Any] = []
+
+
+async def flush_tracing() -> None:
+    """Export buffered spans and stop exporters (called when a service stops)."""
+    while _TRACER_PROVIDERS:
+        _TRACER_PROVIDERS.pop().shutdown()
+
+
 def _tracer_provider(settings: EngramSettings, service: str) -> Any | None:
     """OTLP/HTTP tracing when ENGRAM_OTEL_ENDPOINT is set; off (no provider) otherwise."""
     if not settings.otel_endpoint:
@@ -100,6 +109,7 @@ def _tracer_provider(settings: EngramSettings, service: str) -> Any | None:
     if not endpoint.endswith("/v1/traces"):
         endpoint += "/v1/traces"
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    _TRACER_PROVIDERS.append(provider)
     return provider
 
 
@@ -126,6 +136,7 @@ class ServiceApp:
         for hook in self.on_shutdown:
             await hook()
         await self.broker.stop()
+        await flush_tracing()
 
     def asgi(self) -> AsgiFastStream:
         @get(include_in_schema=False)
@@ -143,6 +154,7 @@ class ServiceApp:
             on_startup=list(self.on_startup),
             after_startup=list(self.after_startup),
             on_shutdown=list(self.on_shutdown),
+            after_shutdown=[flush_tracing],
             asyncapi_path="/asyncapi",
         )
 

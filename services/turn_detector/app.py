@@ -133,17 +133,13 @@ class TurnDetector:
         schedule = new.idle_scheduled_for not in (None, state.idle_scheduled_for)
         new.last_seq = seq
         new.outbox = list(result.completed)
-        # The state write and the publishes run concurrently (one round trip instead of two);
-        # the ack waits for both. If either fails the event is redelivered and takes the branch
-        # above (state saved: repeat the publishes from the outbox) or is applied afresh.
-        outcomes = await asyncio.gather(
-            self.store.save(new, revision),
-            self._publish_effects(result.completed, new if schedule else None),
-            return_exceptions=True,
-        )
-        for failure in outcomes:
-            if isinstance(failure, BaseException):
-                raise failure
+        # Save first, publish second. The compare-and-set save proves the state we computed from
+        # was the latest (a replica's cache can be stale); publishing before it could put a turn
+        # built from a stale state on the stream under the right episode id, and the server would
+        # then drop the correct one as a duplicate. A crash after the save is answered by the
+        # redelivery branch above, which re-publishes the outbox.
+        await self.store.save(new, revision)
+        await self._publish_effects(result.completed, new if schedule else None)
         for turn in result.completed:
             metrics.TURNS.labels(completed_by=turn.completed_by).inc()
         return result.outcome

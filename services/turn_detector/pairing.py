@@ -84,9 +84,9 @@ class SessionState(BaseModel):
     idle_scheduled_for: float | None = Field(None, description="Epoch of the pending idle schedule.")
     outbox: list[CompletedTurn] = Field(
         default_factory=list,
-        description="Turns completed by the event at last_seq. Saved together with the state, so the "
-        "state write and the episode publishes can run concurrently: a redelivery of that event "
-        "re-publishes them (the server drops what already arrived).",
+        description="Turns completed by the event at last_seq. The state is saved before their "
+        "episodes are published; a redelivery of that event re-publishes them (the server drops "
+        "what already arrived).",
     )
 
 

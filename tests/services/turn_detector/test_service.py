@@ -261,3 +261,67 @@ async def test_poison_message_is_dead_lettered_after_max_deliveries(clean_nats, 
     finally:
         await nc.close()
         await service.stop()
+
+
+async def test_two_replicas_keep_per_session_order_and_lose_nothing(clean_nats, tmp_path) -> None:  # noqa: ANN001
+    """Two detector processes' worth of subscribers pull the same durables; sessions stay ordered."""
+    replicas = [td_app.build(make_settings(clean_nats, tmp_path / str(i))) for i in range(2)]
+    counts = [0, 0]
+    for i, r in enumerate(replicas):
+        real = r.detector._apply  # type: ignore[attr-defined]
+
+        async def counted(event, seq, *, fresh, _real=real, _i=i):  # noqa: ANN001, ANN202
+            counts[_i] += 1
+            return await _real(event, seq, fresh=fresh)
+
+        r.detector._apply = counted  # type: ignore[attr-defined]
+        await r.start()
+    nc = await nats.connect(clean_nats)
+    js = nc.jetstream()
+    sessions = [f"r{i}" for i in range(12)]
+    try:
+        for k in range(8):  # interleave sessions: u, a, u, a, ...
+            for s in sessions:
+                await publish(js, msg(s, f"{s}-m{k}", "user" if k % 2 == 0 else "assistant", f"t{k}", k))
+        for s in sessions:
+            await close(js, s)
+        eps = await _episodes_when(js, 4 * len(sessions), timeout=30)
+        await wait_for(lambda: _consumers_idle(js), 10)
+        eps = await episodes(js)
+        handled = [r.detector for r in replicas]  # type: ignore[attr-defined]
+        assert len(eps) == 4 * len(sessions)
+        for s in sessions:
+            mine = [e for e in eps if e.session_id == s]
+            assert [[m.message_id for m in e.messages] for e in mine] == [
+                [f"{s}-m{k}", f"{s}-m{k + 1}"] for k in range(0, 8, 2)
+            ]
+        assert all(h.store is not None for h in handled)
+        assert min(counts) > 0, f"both replicas should have handled events: {counts}"
+    finally:
+        await nc.close()
+        for r in replicas:
+            await r.stop()
+
+
+async def test_stale_replica_cache_never_publishes_a_wrong_turn(clean_nats, tmp_path) -> None:  # noqa: ANN001
+    """Replica A caches a session, replica B applies the next message, then A completes the turn
+    from its stale cache: the compare-and-set save must force a reload before anything is
+    published, so the episode holds every message."""
+    a, b = (td_app.build(make_settings(clean_nats, tmp_path / n)).detector for n in ("a", "b"))  # type: ignore[attr-defined]
+    await a.start()
+    await b.start()
+    nc = await nats.connect(clean_nats)
+    js = nc.jetstream()
+    try:
+        def raw(m):  # noqa: ANN001, ANN202
+            return "engram.in.0.message.st", m.model_dump_json().encode(), None
+
+        assert await a._handle(*raw(msg("st", "u1", "user", "q", 0)), 1) == "accepted"
+        assert await b._handle(*raw(msg("st", "a1", "assistant", "r", 1)), 2) == "accepted"
+        assert await a._handle(*raw(msg("st", "u2", "user", "q2", 2)), 3) == "accepted"  # A's cache lacks a1
+        eps = await episodes(js)
+        assert [[m.message_id for m in e.messages] for e in eps] == [["u1", "a1"]]
+    finally:
+        await nc.close()
+        await a.broker.stop()
+        await b.broker.stop()
