@@ -22,6 +22,7 @@ from typing import Any
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
+import nats.js.errors
 from nats.js import JetStreamContext
 
 from engram import dlq
@@ -35,6 +36,7 @@ from services.turn_detector.noise import NoiseSettings
 from services.turn_detector.pairing import (
     CompletedTurn,
     SessionState,
+    Transition,
     apply_close,
     apply_idle,
     apply_message,
@@ -44,6 +46,12 @@ from services.turn_detector.pairing import (
 from services.turn_detector.state import SessionStore, StaleState
 
 STAGE = "turn_detector"
+Event = ChatMessage | SessionClosed | SessionIdle
+
+
+def _partition_of(subject: str) -> int | None:
+    tokens = subject.split(".")
+    return int(tokens[2]) if len(tokens) == 5 and tokens[2].isdigit() else None
 log = logging.getLogger("engram.turn_detector")
 
 
@@ -72,9 +80,9 @@ class TurnDetector:
         raw = msg.raw_message
         meta = raw.metadata
         try:
-            outcome = await self._handle(raw.subject, raw.data, raw.headers, meta.sequence.stream)
+            outcome = await self._handle(raw.subject, raw.data, raw.headers, meta.sequence.stream, meta.sequence.consumer)
         except Exception as exc:  # noqa: BLE001 - every failure is retried, then dead-lettered
-            if meta.num_delivered >= self.turn.max_deliveries:
+            if meta.num_delivered >= self.turn.max_deliveries and await self._skip(raw.subject, raw.data, meta.sequence.stream):
                 log.error("giving up on seq=%s after %s deliveries: %s", meta.sequence.stream, meta.num_delivered, type(exc).__name__)
                 await self._dead_letter(raw, "processing_failed", f"{type(exc).__name__} after {meta.num_delivered} deliveries")
                 metrics.MESSAGES.labels(outcome="dead_lettered").inc()
@@ -88,26 +96,50 @@ class TurnDetector:
         await msg.ack()
         metrics.HANDLE_SECONDS.observe(time.perf_counter() - started)
 
-    async def _handle(self, subject: str, data: bytes, headers: dict[str, str] | None, seq: int) -> str:
+    async def _handle(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, seq: int, delivery_seq: int | None = None
+    ) -> str:
+        assert self.store is not None
+        partition = _partition_of(subject)
+        if partition is not None:
+            self.store.observe_delivery(partition, delivery_seq)
         event = parse_event(subject, data, max_bytes=self.turn.max_message_bytes)
         if isinstance(event, Rejected):
             await self._dead_letter_raw(subject, data, headers, seq, event.reason, event.detail)
             return "dead_lettered"
+        assert partition is not None  # parse_event accepted the subject shape
         for attempt in range(5):
             try:
-                return await self._apply(event, seq, fresh=attempt > 0)
+                return await self._apply(event, seq, partition, fresh=attempt > 0)
             except StaleState:
-                continue  # another replica wrote this session since we cached it: reload
+                continue  # another replica checkpointed this session since we read it: reload
         raise RuntimeError("session state kept changing under us")
 
-    async def _apply(self, event: ChatMessage | SessionClosed | SessionIdle, seq: int, *, fresh: bool) -> str:
+    async def _skip(self, subject: str, data: bytes, seq: int) -> bool:
+        """Checkpoint the session past ``seq`` without applying it, so a message about to be
+        dead-lettered is never replayed into a turn from the stream. False if that fails too
+        (the message is then retried instead of dead-lettered: nothing is dropped silently)."""
         assert self.store is not None
-        state, revision = await self.store.load(event.session_id, fresh=fresh)
-        if seq <= state.last_seq:
-            # Applied before a crash or failed ack: the state was saved, but the publishes that
-            # ran beside the save may not all have landed. Repeat them (idempotent) and ack.
-            await self._publish_effects(state.outbox, state if state.idle_scheduled_for else None)
-            return "redelivered"
+        partition = _partition_of(subject)
+        event = parse_event(subject, data, max_bytes=self.turn.max_message_bytes)
+        if isinstance(event, Rejected) or partition is None:
+            return True
+        try:
+            hit = self.store.cached(event.session_id)
+            state, revision = hit if hit is not None else await self._load(event.session_id, partition, seq)
+            state = state.model_copy(deep=True)  # the cached object is shared: change a copy
+            if state.last_seq < seq:
+                state.last_seq = seq
+                state.outbox = []
+                await self.store.persist(partition, state, revision)
+        except Exception:  # noqa: BLE001
+            log.exception("cannot checkpoint past seq=%s; will retry instead of dead-lettering", seq)
+            self.store.forget(event.session_id)
+            return False
+        return True
+
+    def _transition(self, state: SessionState, event: Event, *, count: bool = True) -> Transition:
+        """Apply one event (pure pairing plus the message's scrub/filter), with metrics."""
         now = self.clock()
         if isinstance(event, ChatMessage):
             prepared = prepare_part(event, self.noise)
@@ -119,7 +151,7 @@ class TurnDetector:
                 include_system=self.turn.include_system,
                 recent_ids_kept=self.turn.recent_ids_kept,
             )
-            if result.outcome in ("accepted", "late"):
+            if count and result.outcome in ("accepted", "late"):
                 for kind, n in prepared.secrets.items():
                     metrics.SECRETS.labels(kind=kind).inc(n)
                 for kind in prepared.part.reductions:
@@ -128,20 +160,64 @@ class TurnDetector:
             result = apply_close(state, now=now)
         else:
             result = apply_idle(state, now=now, idle_timeout_s=self.turn.idle_timeout_s)
+        plan_idle(result.state, self.turn.idle_timeout_s)
+        return result
+
+    async def _load(self, session_id: str, partition: int, seq: int) -> tuple[SessionState, int]:
+        """Checkpoint from KV, then the session's events after it that were applied in memory
+        only (by this or another replica) and are still in the input stream, up to ``seq``."""
+        assert self.store is not None and self.js is not None
+        state, revision = await self.store.load(session_id)
+        session_subjects = f"engram.in.{partition}.*.{session_id}"
+        next_seq = state.last_seq + 1
+        while True:
+            try:
+                stored = await self.js.get_msg(subjects.STREAM_IN, seq=next_seq, subject=session_subjects, next=True)
+            except nats.js.errors.NotFoundError:
+                break
+            if stored.seq is None or stored.seq >= seq:
+                break
+            event = parse_event(stored.subject or "", stored.data or b"", max_bytes=self.turn.max_message_bytes)
+            if not isinstance(event, Rejected):
+                result = self._transition(state, event, count=False)
+                state = result.state
+                state.last_seq = stored.seq
+                state.outbox = list(result.completed)
+                # Events that complete a turn are checkpointed, so this is not expected; if it
+                # happens the publish is idempotent anyway.
+                await self._publish_effects(result.completed, None)
+            next_seq = stored.seq + 1
+        return state, revision
+
+    async def _apply(self, event: Event, seq: int, partition: int, *, fresh: bool) -> str:
+        assert self.store is not None
+        hit = None if fresh else self.store.cached(event.session_id)
+        state, revision = hit if hit is not None else await self._load(event.session_id, partition, seq)
+        if seq <= state.last_seq:
+            # Applied before a crash or a failed ack. If it was checkpointed, its publishes may
+            # not all have landed: repeat them (idempotent) and ack.
+            if seq == state.last_seq:
+                await self._publish_effects(state.outbox, state if state.idle_scheduled_for else None)
+            return "redelivered"
+        result = self._transition(state, event)
         new = result.state
-        plan_idle(new, self.turn.idle_timeout_s)
         schedule = new.idle_scheduled_for not in (None, state.idle_scheduled_for)
         new.last_seq = seq
         new.outbox = list(result.completed)
-        # Save first, publish second. The compare-and-set save proves the state we computed from
-        # was the latest (a replica's cache can be stale); publishing before it could put a turn
-        # built from a stale state on the stream under the right episode id, and the server would
-        # then drop the correct one as a duplicate. A crash after the save is answered by the
-        # redelivery branch above, which re-publishes the outbox.
-        await self.store.save(new, revision)
-        await self._publish_effects(result.completed, new if schedule else None)
-        for turn in result.completed:
-            metrics.TURNS.labels(completed_by=turn.completed_by).inc()
+        if result.completed or schedule or not isinstance(event, ChatMessage):
+            # Checkpoint first, publish second. The compare-and-set proves the state we computed
+            # from was the latest; publishing first could put a turn built from a stale state
+            # on the stream under the right episode id, and the server would then drop the
+            # correct one as a duplicate. After a crash between the two, the redelivery branch
+            # above re-publishes the outbox.
+            await self.store.persist(partition, new, revision)
+            await self._publish_effects(result.completed, new if schedule else None)
+            for turn in result.completed:
+                metrics.TURNS.labels(completed_by=turn.completed_by).inc()
+        else:
+            # Only a message added to an open turn: it stays in the input stream, so memory is
+            # enough until the next checkpoint (see state.py).
+            self.store.keep(partition, new, revision)
         return result.outcome
 
     async def _publish_effects(self, turns: list[CompletedTurn], schedule_for: SessionState | None) -> None:

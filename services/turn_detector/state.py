@@ -1,8 +1,15 @@
-"""Session state in NATS KV, with a revision-checked write so replicas never overwrite each other.
+"""Session state: persisted in NATS KV at the points that matter, cached in memory in between.
 
-Replicas keep a small cache of (state, revision). With one in-flight message per partition a
-session is only ever handled by one replica at a time, but which replica changes over time; a
-stale cache shows up as a failed compare-and-set, after which the caller reloads and re-applies.
+The input stream is the log; KV holds a checkpoint. A session's state is written to KV (with a
+revision check, so replicas never overwrite each other) when an event completes a turn, changes
+the idle schedule, or closes/ticks the session. An event that only adds a message to an open
+turn updates the in-memory cache and is acked: the message stays in the input stream, and a
+replica that has no current cache for the session rebuilds it from the checkpoint plus the
+session's messages after it (see ``TurnDetector._load``).
+
+A cache is only trusted while the replica saw every delivery of the partition: with one message
+in flight per partition, delivery (consumer) sequences are consecutive, so a gap means another
+replica handled messages of this partition and every cached session of it is dropped.
 """
 
 from __future__ import annotations
@@ -22,27 +29,52 @@ class StaleState(Exception):
 class SessionStore:
     def __init__(self, kv: KeyValue, cache_size: int = 10_000) -> None:
         self._kv = kv
-        # Cached as the stored JSON: parsing it is cheaper than deep-copying a model, and each
-        # caller gets its own object to change.
-        self._cache: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
+        # session -> (partition, state, KV revision of the checkpoint it builds on). The pairing
+        # functions never mutate their input, so the cached object is shared, not copied; a
+        # caller that changes a state it got from here must keep() or persist() it afterwards.
+        self._cache: OrderedDict[str, tuple[int, SessionState, int]] = OrderedDict()
         self._cache_size = cache_size
+        self._last_delivery: dict[int, int] = {}
 
-    async def load(self, session_id: str, *, fresh: bool = False) -> tuple[SessionState, int]:
-        """Return (state, revision); revision 0 means the key does not exist yet."""
-        if not fresh and session_id in self._cache:
-            self._cache.move_to_end(session_id)
-            raw, rev = self._cache[session_id]
-            return SessionState.model_validate_json(raw), rev
+    # --- cache ---------------------------------------------------------------------------
+    def observe_delivery(self, partition: int, delivery_seq: int | None) -> None:
+        """Drop the partition's cache unless this delivery directly follows the previous one."""
+        last = self._last_delivery.get(partition)
+        if delivery_seq is None or last is None or delivery_seq != last + 1:
+            self.forget_partition(partition)
+        if delivery_seq is not None:
+            self._last_delivery[partition] = delivery_seq
+
+    def cached(self, session_id: str) -> tuple[SessionState, int] | None:
+        hit = self._cache.get(session_id)
+        if hit is None:
+            return None
+        self._cache.move_to_end(session_id)
+        return hit[1], hit[2]
+
+    def keep(self, partition: int, state: SessionState, revision: int) -> None:
+        """Remember a state in memory only (its messages remain in the input stream)."""
+        self._remember(partition, state.session_id, state, revision)
+
+    def forget_partition(self, partition: int) -> None:
+        for session in [s for s, (p, _, _) in self._cache.items() if p == partition]:
+            del self._cache[session]
+
+    def forget(self, session_id: str) -> None:
+        self._cache.pop(session_id, None)
+
+    # --- KV ------------------------------------------------------------------------------
+    async def load(self, session_id: str) -> tuple[SessionState, int]:
+        """The checkpoint in KV as (state, revision); revision 0 means none yet."""
         try:
             entry = await self._kv.get(session_id)
         except nats.js.errors.KeyNotFoundError:
             return SessionState(session_id=session_id), 0
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
             return SessionState(session_id=session_id), entry.revision or 0
-        self._remember(session_id, entry.value, entry.revision or 0)
         return SessionState.model_validate_json(entry.value), entry.revision or 0
 
-    async def save(self, state: SessionState, revision: int) -> int:
+    async def persist(self, partition: int, state: SessionState, revision: int) -> int:
         value = state.model_dump_json().encode()
         try:
             if revision == 0:
@@ -59,14 +91,11 @@ class SessionStore:
                 self._cache.pop(state.session_id, None)
                 raise StaleState(state.session_id) from exc
             raise
-        self._remember(state.session_id, value, new_rev)
+        self._remember(partition, state.session_id, state, new_rev)
         return new_rev
 
-    def forget(self, session_id: str) -> None:
-        self._cache.pop(session_id, None)
-
-    def _remember(self, session_id: str, raw: bytes, revision: int) -> None:
-        self._cache[session_id] = (raw, revision)
+    def _remember(self, partition: int, session_id: str, state: SessionState, revision: int) -> None:
+        self._cache[session_id] = (partition, state, revision)
         self._cache.move_to_end(session_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

@@ -201,18 +201,18 @@ async def test_failure_at_any_step_loses_nothing_and_duplicates_nothing(clean_na
 
         async def start_and_patch() -> None:
             await await_store()
-            real_save = detector.store.save
+            real_save = detector.store.persist
 
-            async def flaky_save(state, revision):  # noqa: ANN001, ANN202
+            async def flaky_save(partition, state, revision):  # noqa: ANN001, ANN202
                 if state.turns_completed == 1 and not failed["n"]:
                     failed["n"] += 1
                     if fail_at == "save":
                         raise ConnectionError("crash before saving")
-                    await real_save(state, revision)
+                    await real_save(partition, state, revision)
                     raise ConnectionError("crash after saving, before the ack")
-                return await real_save(state, revision)
+                return await real_save(partition, state, revision)
 
-            detector.store.save = flaky_save  # type: ignore[method-assign]
+            detector.store.persist = flaky_save  # type: ignore[method-assign]
 
         service.on_startup = [start_and_patch]
     await service.start()
@@ -240,10 +240,10 @@ async def test_poison_message_is_dead_lettered_after_max_deliveries(clean_nats, 
     detector: td_app.TurnDetector = service.detector  # type: ignore[attr-defined]
     real_apply = detector._apply
 
-    async def boom(event, seq, *, fresh):  # noqa: ANN001, ANN202
+    async def boom(event, seq, partition, *, fresh):  # noqa: ANN001, ANN202
         if getattr(event, "message_id", None) == "poison":
             raise ValueError("bug")
-        return await real_apply(event, seq, fresh=fresh)
+        return await real_apply(event, seq, partition, fresh=fresh)
 
     detector._apply = boom  # type: ignore[method-assign]
     await service.start()
@@ -270,9 +270,9 @@ async def test_two_replicas_keep_per_session_order_and_lose_nothing(clean_nats, 
     for i, r in enumerate(replicas):
         real = r.detector._apply  # type: ignore[attr-defined]
 
-        async def counted(event, seq, *, fresh, _real=real, _i=i):  # noqa: ANN001, ANN202
+        async def counted(event, seq, partition, *, fresh, _real=real, _i=i):  # noqa: ANN001, ANN202
             counts[_i] += 1
-            return await _real(event, seq, fresh=fresh)
+            return await _real(event, seq, partition, fresh=fresh)
 
         r.detector._apply = counted  # type: ignore[attr-defined]
         await r.start()
@@ -313,12 +313,18 @@ async def test_stale_replica_cache_never_publishes_a_wrong_turn(clean_nats, tmp_
     nc = await nats.connect(clean_nats)
     js = nc.jetstream()
     try:
-        def raw(m):  # noqa: ANN001, ANN202
-            return "engram.in.0.message.st", m.model_dump_json().encode(), None
+        stored_subject: list[str] = []
 
-        assert await a._handle(*raw(msg("st", "u1", "user", "q", 0)), 1) == "accepted"
-        assert await b._handle(*raw(msg("st", "a1", "assistant", "r", 1)), 2) == "accepted"
-        assert await a._handle(*raw(msg("st", "u2", "user", "q2", 2)), 3) == "accepted"  # A's cache lacks a1
+        def raw(m):  # noqa: ANN001, ANN202
+            return stored_subject[0], m.model_dump_json().encode(), None
+
+        # stream seqs 1..3 and the partition's delivery seqs 1..3, split between the replicas
+        for m in (msg("st", "u1", "user", "q", 0), msg("st", "a1", "assistant", "r", 1), msg("st", "u2", "user", "q2", 2)):
+            await publish(js, m)
+        stored_subject.append((await read_all(js, subjects.STREAM_IN))[0].subject)  # engram.in.<p>.message.st
+        assert await a._handle(*raw(msg("st", "u1", "user", "q", 0)), 1, 1) == "accepted"
+        assert await b._handle(*raw(msg("st", "a1", "assistant", "r", 1)), 2, 2) == "accepted"
+        assert await a._handle(*raw(msg("st", "u2", "user", "q2", 2)), 3, 3) == "accepted"  # A's cache lacks a1
         eps = await episodes(js)
         assert [[m.message_id for m in e.messages] for e in eps] == [["u1", "a1"]]
     finally:
