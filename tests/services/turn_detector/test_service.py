@@ -3,6 +3,7 @@ letters, redelivery after failures at every step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,18 @@ def make_settings(nats_url: str, tmp_path: Path, **turn) -> EngramSettings:  # n
         partitions=2,
         turn=TurnDetectorSettings(**{"idle_timeout_s": 120, "max_deliveries": 3, **turn}),
     )
+
+
+@contextlib.asynccontextmanager
+async def running(service, nats_url: str) -> AsyncIterator:  # noqa: ANN001
+    """Start a service, yield a JetStream context of a separate client, stop both."""
+    await service.start()
+    nc = await nats.connect(nats_url)
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+        await service.stop()
 
 
 @pytest.fixture
@@ -131,18 +144,12 @@ async def test_system_excluded_by_default_and_secrets_scrubbed(detector, js) -> 
 
 async def test_idle_timeout_flushes_the_last_turn(clean_nats, tmp_path) -> None:  # noqa: ANN001
     service = td_app.build(make_settings(clean_nats, tmp_path, idle_timeout_s=1.0))
-    await service.start()
-    nc = await nats.connect(clean_nats)
-    js = nc.jetstream()
-    try:
+    async with running(service, clean_nats) as js:
         await publish(js, msg("s6", "u1", "user", "question", 0))
         await publish(js, msg("s6", "a1", "assistant", "answer", 1))
         eps = await _episodes_when(js, 1, timeout=20)
         assert len(eps) == 1 and eps[0].completed_by == "idle"
         assert [m.message_id for m in eps[0].messages] == ["u1", "a1"]
-    finally:
-        await nc.close()
-        await service.stop()
 
 
 BAD_INPUTS = [
@@ -215,10 +222,7 @@ async def test_failure_at_any_step_loses_nothing_and_duplicates_nothing(clean_na
             detector.store.persist = flaky_save  # type: ignore[method-assign]
 
         service.on_startup = [start_and_patch]
-    await service.start()
-    nc = await nats.connect(clean_nats)
-    js = nc.jetstream()
-    try:
+    async with running(service, clean_nats) as js:
         await publish(js, msg("s8", "u1", "user", "q1", 0))
         await publish(js, msg("s8", "a1", "assistant", "r1", 1))
         await publish(js, msg("s8", "u2", "user", "q2", 2))  # completes turn 1: the failure hits here
@@ -230,9 +234,6 @@ async def test_failure_at_any_step_loses_nothing_and_duplicates_nothing(clean_na
         assert failed["n"] == 1
         assert [e.turn_id for e in eps] == ["s8:u1", "s8:u2"]
         assert [[m.message_id for m in e.messages] for e in eps] == [["u1", "a1"], ["u2", "a2"]]
-    finally:
-        await nc.close()
-        await service.stop()
 
 
 async def test_poison_message_is_dead_lettered_after_max_deliveries(clean_nats, tmp_path) -> None:  # noqa: ANN001
@@ -246,10 +247,7 @@ async def test_poison_message_is_dead_lettered_after_max_deliveries(clean_nats, 
         return await real_apply(event, seq, partition, fresh=fresh)
 
     detector._apply = boom  # type: ignore[method-assign]
-    await service.start()
-    nc = await nats.connect(clean_nats)
-    js = nc.jetstream()
-    try:
+    async with running(service, clean_nats) as js:
         await publish(js, msg("s9", "poison", "user", "x", 0))
         await publish(js, msg("s9", "u1", "user", "fine", 1))
         await publish(js, msg("s9", "a1", "assistant", "ok", 2))
@@ -258,9 +256,6 @@ async def test_poison_message_is_dead_lettered_after_max_deliveries(clean_nats, 
         assert [m.message_id for m in eps[0].messages] == ["u1", "a1"]
         letters = await read_all(js, subjects.STREAM_DLQ)
         assert [m.headers[subjects.HDR_DLQ_REASON] for m in letters] == ["processing_failed"]
-    finally:
-        await nc.close()
-        await service.stop()
 
 
 async def test_two_replicas_keep_per_session_order_and_lose_nothing(clean_nats, tmp_path) -> None:  # noqa: ANN001
