@@ -58,26 +58,46 @@ async def count_filtered(js, stream: str, filter_subject: str) -> int:  # noqa: 
 
 
 async def _turn_totals(js) -> dict[str, int]:  # noqa: ANN001
-    """Sum per-session counters kept in the turn-detector's KV state."""
+    """Sum per-session counters from the turn-detector's KV checkpoints.
+
+    Reads the bucket's backing stream (last value per key) until every key was seen, rather than
+    KeyValue.keys(), whose end-of-listing detection can return early on a loaded server.
+    """
+    stream = f"KV_{subjects.KV_TURN_SESSIONS}"
+    totals = {"sessions": 0, "turns": 0, "open_turns": 0}
     try:
-        kv = await js.key_value(subjects.KV_TURN_SESSIONS)
-    except nats.js.errors.BucketNotFoundError:
-        return {"sessions": 0, "turns": 0, "open_turns": 0}
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {"sessions": 0, "turns": 0, "open_turns": 0}
-    totals = {"sessions": len(keys), "turns": 0, "open_turns": 0}
-    if len(keys) > MAX_SESSIONS_SCANNED:
-        totals["turns"] = -1  # too many sessions to sum on demand
+        await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
         return totals
-    for key in keys:
-        entry = await kv.get(key)
-        if not entry.value:
-            continue
-        state = json.loads(entry.value)
-        totals["turns"] += int(state.get("turns_completed", 0))
-        totals["open_turns"] += 1 if state.get("open_turn") else 0
+    # An ephemeral pull consumer over the last value of every key: its num_pending before the
+    # first fetch is exactly the number of keys, so the read knows when it has seen them all.
+    psub = await js.pull_subscribe(
+        f"$KV.{subjects.KV_TURN_SESSIONS}.>",
+        stream=stream,
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        ),
+    )
+    try:
+        expected = (await psub.consumer_info()).num_pending
+        totals["sessions"] = expected
+        if expected > MAX_SESSIONS_SCANNED:
+            totals["turns"] = totals["open_turns"] = -1  # too many sessions to sum on demand
+            return totals
+        seen = 0
+        while seen < expected:
+            for msg in await psub.fetch(min(500, expected - seen), timeout=10):
+                seen += 1
+                if not msg.data:
+                    continue
+                state = json.loads(msg.data)
+                totals["turns"] += int(state.get("turns_completed", 0))
+                totals["open_turns"] += 1 if state.get("open_turn") else 0
+    finally:
+        await psub.unsubscribe()
     return totals
 
 

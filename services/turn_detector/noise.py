@@ -77,6 +77,16 @@ class NoiseResult:
 
 def filter_noise(text: str, *, role: str, settings: NoiseSettings = NoiseSettings()) -> NoiseResult:
     """Apply the noise rules to one message; ``role == "tool"`` also reduces output to its outcome."""
+    # Every line rule needs at least two lines and the size rules a long text: most chat
+    # messages are one short line (a test checks this shortcut changes no result).
+    if "\n" not in text and len(text) <= settings.max_chars and (
+        role != "tool" or len(text) <= settings.max_tool_output_chars
+    ):
+        return NoiseResult(text, ())
+    return _apply_all_rules(text, role, settings)
+
+
+def _apply_all_rules(text: str, role: str, settings: NoiseSettings) -> NoiseResult:
     reductions: list[str] = []
     lines = text.split("\n")
 

@@ -374,3 +374,12 @@ def test_one_megabyte_adversarial_input_is_linear(name: str, role: str) -> None:
     result = filter_noise(text, role=role)
     assert time.perf_counter() - started < 5.0
     assert len(result.text) <= NoiseSettings().max_chars
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=3000).map(lambda t: t.replace("\n", " ")), st.sampled_from(["user", "assistant", "tool"]))
+def test_single_line_shortcut_never_changes_the_result(text: str, role: str) -> None:
+    from services.turn_detector.noise import _apply_all_rules
+
+    small = NoiseSettings(max_tool_output_chars=100, max_chars=2000)
+    assert filter_noise(text, role=role, settings=small) == _apply_all_rules(text, role, small)

@@ -128,3 +128,24 @@ def test_turn_count_matches_the_rules_and_no_message_is_lost(roles: list[str]) -
     assert len(done) == predicted_turns(roles)
     flat = [p.message_id for t in done for p in t.parts]
     assert flat == [mid for mid, r in events if r != "system"]  # each kept message exactly once, in order
+
+
+@settings(max_examples=200)
+@given(st.lists(st.sampled_from(["user", "assistant", "tool", "close", "idle"]), max_size=25))
+def test_apply_functions_never_change_their_input(events: list[str]) -> None:
+    """The service shares cached states between calls: applying must leave the input as it was."""
+    state = SessionState(session_id="s")
+    for i, kind in enumerate(events):
+        before = state.model_dump_json()
+        if kind == "close":
+            tr = apply_close(state, now=float(i))
+        elif kind == "idle":
+            tr = apply_idle(state, now=float(i), idle_timeout_s=0.5)
+        else:
+            m = msg("s", f"m{i}", kind, f"t{i}", i)
+            tr = apply_message(state, m, TurnPart(message_id=m.message_id, role=kind, timestamp=m.timestamp,
+                                                  text=m.content), now=float(i))
+        assert state.model_dump_json() == before
+        plan_idle(tr.state, 5.0)
+        assert state.model_dump_json() == before
+        state = tr.state

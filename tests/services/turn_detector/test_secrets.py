@@ -358,3 +358,19 @@ def test_one_megabyte_adversarial_input_is_linear(adversarial: str) -> None:
     started = time.perf_counter()
     scrub_secrets(adversarial)
     assert time.perf_counter() - started < 5.0
+
+
+_FRAGMENTS = st.sampled_from([
+    "sk-proj-", "ghp_", "github_pat_", "glpat-", "xoxb-", "sk_live_", "AIza", "hf_", "npm_", "AKIA", "eyJ",
+    "-----BEGIN RSA PRIVATE KEY-----", "password", "Pwd=", "token", "api_key", "://", "user:", "@host",
+    "Bearer ", "Authorization: ", "=", ": ", "\"", "'", ";", " ", "\n", "0123456789", "ABCDEFGHIJKLMNOPQRST",
+    "abcdefghijklmnopqrstuvwxyz012345", "secret", "-----END RSA PRIVATE KEY-----", ".", "/", "+",
+])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_FRAGMENTS, st.text(max_size=12)), max_size=30).map("".join))
+def test_trigger_shortcut_never_changes_the_result(text: str) -> None:
+    from services.turn_detector.secrets import _scrub_all_rules
+
+    assert scrub_secrets(text) == _scrub_all_rules(text)
