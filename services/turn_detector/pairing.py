@@ -175,8 +175,13 @@ def apply_message(
     return Transition(state, completed, outcome="late" if part.late else "accepted")
 
 
+_DEFAULT_SCOPES = ScopeKeys()
+
+
 def _merge_scopes(current: ScopeKeys, incoming: ScopeKeys) -> ScopeKeys:
     # A later message may name the workspace or user when the first one did not.
+    if incoming == current or incoming == _DEFAULT_SCOPES:
+        return current  # nothing new: skip building (and validating) an equal object
     return ScopeKeys(
         session=current.session and incoming.session,
         workspace=incoming.workspace or current.workspace,

@@ -101,6 +101,24 @@ class _Rule:
     locate: Locator
 
 
+_PLACEHOLDER_RE = re.compile(r"\[REDACTED:([a-z_]+)\]")
+
+
+def _widen_over_placeholders(text: str, start: int, end: int, counts: dict[str, int]) -> tuple[int, int]:
+    """A later rule's span may cover part of an earlier rule's placeholder (``_authToken=`` whose
+    value runs into a redacted Google key): take such placeholders whole into the new span and
+    stop counting them, so one secret is one placeholder and one count."""
+    for m in _PLACEHOLDER_RE.finditer(text, max(0, start - 64), min(len(text), end + 64)):
+        if m.start() < end and m.end() > start:
+            start, end = min(start, m.start()), max(end, m.end())
+            kind = m.group(1)
+            if counts.get(kind, 0) > 0:
+                counts[kind] -= 1
+                if counts[kind] == 0:
+                    del counts[kind]
+    return start, end
+
+
 def _replace_spans(text: str, rule: _Rule, counts: dict[str, int]) -> str:
     pieces: list[str] = []
     copied_up_to = 0
@@ -114,6 +132,7 @@ def _replace_spans(text: str, rule: _Rule, counts: dict[str, int]) -> str:
             search_from = match.start() + 1
             continue
         start, end, kind = span
+        start, end = _widen_over_placeholders(text, max(start, copied_up_to), end, counts)
         pieces.append(text[copied_up_to:start])
         pieces.append(placeholder(kind))
         copied_up_to = end

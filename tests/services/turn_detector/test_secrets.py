@@ -374,3 +374,12 @@ def test_trigger_shortcut_never_changes_the_result(text: str) -> None:
     from services.turn_detector.secrets import _scrub_all_rules
 
     assert scrub_secrets(text) == _scrub_all_rules(text)
+
+
+def test_a_later_rule_running_into_an_earlier_placeholder_counts_one_secret() -> None:
+    key = "AIza" + "aB3dE5fG7hJ9kL2mN4pQ6rS8tU0vW1xYaB3"
+    text = "//registry.npmjs.org/:_authToken=npm_aB3dE5fG7hJ9kL2mN4pQ6rS8tU0vW1xYaB3d" + key
+    out = scrub_secrets(text)
+    assert key not in out.text and "npm_aB3" not in out.text
+    assert out.text.count("[REDACTED:") == sum(out.counts.values()) == 1
+    assert "]]" not in out.text
