@@ -2,6 +2,7 @@
 
 Both consume the same pre-filled ENGRAM_IN stream of an embedded nats-server, with the same
 consumer shape (one durable per partition, one message in flight, pull batch 1, explicit ack):
+All three use engram's broker set-up (engram.service.make_broker: Prometheus middleware etc.):
 - ack-only: receive and ack (the floor of what any JetStream stage costs);
 - pass-through: receive, publish to an output stream awaiting the PubAck, ack;
 - turn-detector: the real service (parse, scrub, filter, pair, KV compare-and-set, episodes).
@@ -31,13 +32,13 @@ os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 import nats  # noqa: E402
 import nats.js.errors  # noqa: E402
 from faststream import AckPolicy  # noqa: E402
-from faststream.nats import JStream, NatsBroker, PullSub  # noqa: E402
+from faststream.nats import JStream, PullSub  # noqa: E402
 from nats.js.api import StreamConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from engram.embedded import start_nats  # noqa: E402
-from engram.service import message_itself  # noqa: E402
+from engram.service import make_broker, message_itself  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
 from engram.topology import Topology, ensure_topology  # noqa: E402
 from schemas import ChatMessage, subjects  # noqa: E402
@@ -111,8 +112,12 @@ async def wait_drained(js, durables: list[str], total: int) -> None:  # noqa: AN
         await asyncio.sleep(0.01)
 
 
-async def run_passthrough(nats_url: str, topology: Topology, forward: bool, total: int) -> float:
-    broker = NatsBroker(nats_url, log_level=30)
+async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -> float:
+    # The same broker set-up as the service (engram.service.make_broker: Prometheus middleware,
+    # collapsed subject labels), so the comparison isolates what the turn-detector itself does.
+    nats_url = settings.resolved_nats_url()
+    topology = Topology.from_settings(settings)
+    broker = make_broker(settings, service="bench-passthrough")
     durables = [f"passthrough_p{p}" for p in range(topology.partitions)]
     for p, durable in enumerate(durables):
         cfg = topology.turn_detector_consumer(p)
@@ -170,11 +175,10 @@ async def main(args: argparse.Namespace) -> None:
                                       turn=TurnDetectorSettings(idle_timeout_s=3600))
             messages = conversation(args.messages, args.sessions)
             await fill(server.url, settings, messages)
-            topology = Topology.from_settings(settings)
             results: dict[str, list[float]] = {"ack-only": [], "pass-through": [], "turn-detector": []}
             for r in range(args.rounds):
-                results["ack-only"].append(await run_passthrough(server.url, topology, False, len(messages)))
-                results["pass-through"].append(await run_passthrough(server.url, topology, True, len(messages)))
+                results["ack-only"].append(await run_passthrough(settings, False, len(messages)))
+                results["pass-through"].append(await run_passthrough(settings, True, len(messages)))
                 results["turn-detector"].append(await run_detector(server.url, settings, len(messages)))
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.0f} msg/s" for k, v in results.items()),
                       file=sys.stderr)

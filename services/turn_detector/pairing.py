@@ -259,7 +259,8 @@ def scope_groups(prefix: str, session_id: str, scopes: ScopeKeys) -> list[tuple[
 def episodes_for(turn: CompletedTurn, *, prefix: str, max_chars: int) -> list[Episode]:
     content = render_turn(turn.parts, max_chars)
     messages = [
-        EpisodeMessage(message_id=p.message_id, role=p.role, name=p.name, timestamp=p.timestamp)
+        # fields of validated TurnParts: no need to validate them again
+        EpisodeMessage.model_construct(message_id=p.message_id, role=p.role, name=p.name, timestamp=p.timestamp)
         for p in turn.parts
     ]
     reductions = sorted({r for p in turn.parts for r in p.reductions})
