@@ -1,0 +1,1 @@
+"""Model factories shared by services: embedders (and, with the extractor, LLM clients)."""
