@@ -49,6 +49,8 @@ class EngramSettings(BaseSettings):
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
     ack_wait_s: float = Field(30.0, gt=0)
+    nats_port: int = Field(0, ge=0, le=65535, description="Port of the embedded nats-server; 0 = random.")
+    graph_port: int = Field(0, ge=0, le=65535, description="Port of the embedded FalkorDB; 0 = random.")
     http_host: str = "127.0.0.1"
     http_port: int = Field(0, ge=0, le=65535, description="Port for /metrics and health; 0 = random.")
     otel_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; tracing is off when unset.")

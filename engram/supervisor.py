@@ -60,18 +60,19 @@ class Supervisor:
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            self.nats = start_nats(self.data_dir)
+            self.nats = start_nats(self.data_dir, port=self.settings.nats_port or None)
             self.nats_url = self.nats.url
         if not self.graph_url and self.settings.graph_backend == "falkordb":
-            self.falkordb = start_falkordb(self.data_dir)
+            self.falkordb = start_falkordb(self.data_dir, port=self.settings.graph_port or None)
             self.graph_url = self.falkordb.url
         nc = await nats.connect(self.nats_url, name="engram-up")
         try:
             await ensure_topology(nc.jetstream(), Topology.from_settings(self.settings))
         finally:
             await nc.close()
-        for name in self.service_names:
-            svc = ServiceProcess(name, self.settings.http_port or free_port())
+        for i, name in enumerate(self.service_names):
+            # ENGRAM_HTTP_PORT is the first service's port; the next ones follow it.
+            svc = ServiceProcess(name, self.settings.http_port + i if self.settings.http_port else free_port())
             self.services.append(svc)
             self._spawn(svc)
         await asyncio.gather(*(self._wait_healthy(s) for s in self.services))

@@ -35,11 +35,11 @@ def run(*args: str, data_dir: Path, check: bool = True, timeout: float = 120) ->
 
 
 class Up:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.log = open(data_dir.parent / f"{data_dir.name}-up.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([*ENGRAM, "up", "--data-dir", str(data_dir)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=_env())
+                                     stderr=subprocess.STDOUT, env={**_env(), **(env or {})})
         deadline = time.monotonic() + 90
         while not self.runtime_file.exists():
             assert self.proc.poll() is None, "engram up exited early"
@@ -209,3 +209,17 @@ def test_dlq_list_and_replay(tmp_path: Path) -> None:
         assert len(rows) == 1 and rows[0]["reason"] == "malformed_json"
     finally:
         up.stop()
+
+
+def test_up_honours_configured_ports(tmp_path: Path) -> None:
+    from engram.embedded import free_port
+
+    ports = {"ENGRAM_NATS_PORT": free_port(), "ENGRAM_GRAPH_PORT": free_port(), "ENGRAM_HTTP_PORT": free_port()}
+    up = Up(tmp_path / "engram", env={k: str(v) for k, v in ports.items()})
+    try:
+        rt = up.runtime
+        assert rt["nats_url"] == f"nats://127.0.0.1:{ports['ENGRAM_NATS_PORT']}"
+        assert rt["graph_url"] == f"falkor://127.0.0.1:{ports['ENGRAM_GRAPH_PORT']}"
+        assert rt["services"]["turn-detector"]["url"] == f"http://127.0.0.1:{ports['ENGRAM_HTTP_PORT']}"
+    finally:
+        assert up.stop() == 0

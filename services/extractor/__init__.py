@@ -1,0 +1,1 @@
+"""Extractor service: turns Episodes into graphiti-core knowledge-graph updates."""

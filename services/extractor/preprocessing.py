@@ -1,0 +1,208 @@
+"""Preprocessing prompts: extra guidance handed to graphiti's entity/fact extraction.
+
+graphiti-core's ``add_episode(custom_extraction_instructions=...)`` injects free text into its
+extraction prompts. Engram uses it to tell the single extraction pass what matters in a chat
+turn (intent, decisions, errors and fixes ...) and what to reduce to an outcome, so no separate
+summarisation pass over the turn is needed.
+
+``preprocessing_prompt`` (setting ``ENGRAM_EXTRACTION_PREPROCESSING_PROMPT`` or an Episode's
+own ``extraction`` override) takes one of these forms:
+
+* ``None``, ``False`` or ``""`` -- no preprocessing (plain graphiti behaviour);
+* ``True`` -- the default template, ``default-session-turn.md``;
+* a file name ending in ``.md`` with no whitespace -- a template looked up by name in, first
+  match wins:
+
+  1. project  ``<project_dir>/.graphiti/templates/<name>``
+  2. global   ``<global_dir>/<name>`` (``~/.graphiti/templates`` by default)
+  3. built-in ``<builtin_dir>/<name>`` (the repository's ``templates/`` directory)
+
+  A name found nowhere logs a warning and means no preprocessing; a template that is found
+  but empty or longer than ``max_template_chars`` is a :class:`TemplateError`;
+* any other text -- the prompt itself (inline), stripped.
+
+The preprocessing text and other per-episode hints are joined by a blank line, preprocessing
+first (``prepend``) or last (``append``). Everything here is pure apart from reading template
+files and logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas import ExtractionOverride
+
+log = logging.getLogger("engram.extractor")
+
+Mode = Literal["prepend", "append"]
+DEFAULT_TEMPLATE = "default-session-turn.md"
+TEMPLATE_SUFFIX = ".md"
+BUILTIN_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+
+# Environment variables are always strings, so without this an env value of "false" would
+# become an inline prompt reading "false" rather than switching preprocessing off.
+_ENV_WORDS: dict[str, bool | None] = {"true": True, "false": False, "none": None, "null": None}
+
+
+class ExtractionSettings(BaseSettings):
+    """Preprocessing configuration of the extractor, from ENGRAM_EXTRACTION_* variables."""
+
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_EXTRACTION_", extra="ignore")
+
+    preprocessing_prompt: str | bool | None = Field(
+        DEFAULT_TEMPLATE,
+        description="None/False: off; True: the default template; '<name>.md': a template; other text: inline.",
+    )
+    preprocessing_mode: Mode = Field("prepend", description="Preprocessing before ('prepend') or after other hints.")
+    max_template_chars: int = Field(8000, gt=0, description="Longer templates or inline prompts are rejected.")
+    project_dir: Path = Field(default_factory=Path.cwd, description="Holds the project's ./.graphiti/templates/.")
+    global_dir: Path = Field(default_factory=lambda: Path.home() / ".graphiti" / "templates")
+    builtin_dir: Path = Field(default_factory=lambda: BUILTIN_TEMPLATES_DIR)
+
+    @field_validator("preprocessing_prompt", mode="before")
+    @classmethod
+    def _env_words(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in _ENV_WORDS:
+            return _ENV_WORDS[value.strip().lower()]
+        return value
+
+
+class TemplateError(ValueError):
+    """A preprocessing template or inline prompt that must not be used (unsafe, empty, too long)."""
+
+
+def template_dirs(settings: ExtractionSettings) -> list[Path]:
+    """The template directories in lookup order: project, global, built-in."""
+    return [settings.project_dir / ".graphiti" / "templates", settings.global_dir, settings.builtin_dir]
+
+
+def _check_name(name: str) -> None:
+    # A template name is a bare file name: anything that could walk out of the template
+    # directories (separators, "..", NUL) is refused rather than normalised.
+    separators = {"/", "\\", os.sep, os.altsep or "/"}
+    if not name or name != name.strip() or "\0" in name or ".." in name or any(s in name for s in separators):
+        raise TemplateError(f"unsafe template name {name!r}: expected a bare file name such as {DEFAULT_TEMPLATE!r}")
+
+
+def _check_size(text: str, what: str, settings: ExtractionSettings) -> str:
+    text = text.strip()
+    if not text:
+        raise TemplateError(f"{what} is empty")
+    if len(text) > settings.max_template_chars:
+        limit = settings.max_template_chars
+        raise TemplateError(f"{what} has {len(text)} characters, more than max_template_chars={limit}")
+    return text
+
+
+def resolve_template(name: str, settings: ExtractionSettings) -> tuple[str, Path] | None:
+    """Text (stripped) and path of template ``name``, first match of project > global > built-in.
+
+    None when no directory has it. A template that exists but is unreadable, empty or oversized
+    raises :class:`TemplateError` instead of falling through: a broken override should be fixed,
+    not silently replaced by a lower level.
+    """
+    _check_name(name)
+    for directory in template_dirs(settings):
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TemplateError(f"template {path} cannot be read: {exc}") from exc
+        return _check_size(text, f"template {path}", settings), path
+    return None
+
+
+def is_template_name(value: str) -> bool:
+    """Whether ``value`` names a template rather than being an inline prompt.
+
+    Whitespace excludes it: an inline prompt may well end in a file name ("... see README.md").
+    """
+    value = value.strip()
+    return value.lower().endswith(TEMPLATE_SUFFIX) and not any(c.isspace() for c in value)
+
+
+def resolve_preprocessing(value: str | bool | None, settings: ExtractionSettings) -> str | None:
+    """Preprocessing text for a ``preprocessing_prompt`` value, or None for no preprocessing.
+
+    Raises :class:`TemplateError` for an unsafe template name, an empty or oversized template
+    and an oversized inline prompt. A template found nowhere only logs a warning.
+    """
+    if value is None or value is False:
+        return None
+    name = DEFAULT_TEMPLATE if value is True else value.strip()
+    if not name:
+        return None
+    if not is_template_name(name):
+        return _check_size(name, "inline preprocessing prompt", settings)
+    found = resolve_template(name, settings)
+    if found is None:
+        log.warning(
+            "preprocessing template %r not found in %s; extracting without preprocessing",
+            name,
+            ", ".join(str(d) for d in template_dirs(settings)),
+        )
+        return None
+    text, path = found
+    log.debug("preprocessing template %r loaded from %s", name, path)
+    return text
+
+
+def validate_at_startup(settings: ExtractionSettings) -> str | None:
+    """Resolve the configured prompt once, when the service starts.
+
+    A :class:`TemplateError` propagates so a misconfigured service fails at start-up instead of
+    on every episode. The returned text is the ``configured`` argument of
+    :func:`instructions_for_episode`.
+    """
+    text = resolve_preprocessing(settings.preprocessing_prompt, settings)
+    if text is None:
+        log.info("extraction preprocessing: off")
+    else:
+        log.info("extraction preprocessing: %d characters, mode %s", len(text), settings.preprocessing_mode)
+    return text
+
+
+def combine_instructions(preprocessing: str | None, hints: str | None, mode: Mode) -> str:
+    """The ``custom_extraction_instructions`` text: preprocessing and hints joined by a blank line.
+
+    ``prepend`` puts preprocessing first, ``append`` last; empty parts are left out and two
+    empty parts give "".
+    """
+    if mode not in ("prepend", "append"):
+        raise ValueError(f"unknown preprocessing_mode {mode!r}: expected 'prepend' or 'append'")
+    pre = (preprocessing or "").strip()
+    other = (hints or "").strip()
+    parts = [pre, other] if mode == "prepend" else [other, pre]
+    return "\n\n".join(part for part in parts if part)
+
+
+def instructions_for_episode(
+    override: ExtractionOverride | None,
+    configured: str | None,
+    settings: ExtractionSettings,
+    hints: str | None = None,
+) -> str:
+    """Extraction instructions for one Episode.
+
+    ``configured`` is the text :func:`validate_at_startup` resolved. An Episode's ``extraction``
+    override replaces it: ``preprocessing_prompt`` None keeps the configured text, False turns
+    preprocessing off for this episode, any other value is resolved like the setting (so it may
+    raise :class:`TemplateError`). The override's mode applies only when it was set explicitly,
+    because the schema gives it a default that cannot otherwise be told from a choice.
+    """
+    preprocessing = configured
+    mode: Mode = settings.preprocessing_mode
+    if override is not None:
+        if override.preprocessing_prompt is not None:
+            preprocessing = resolve_preprocessing(override.preprocessing_prompt, settings)
+        if "preprocessing_mode" in override.model_fields_set:
+            mode = override.preprocessing_mode
+    return combine_instructions(preprocessing, hints, mode)
