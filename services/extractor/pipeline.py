@@ -1,0 +1,583 @@
+"""Extraction pipeline: one Episode -> entities, facts and invalidations in its group's graph.
+
+graphiti's ``add_episode`` cannot be used as is (see shared/PLATFORM-NOTES.md): it cannot
+create an episode under a uuid we choose, and it always runs ``extract_attributes_from_nodes``
+(inline summaries, which belong to engram's separate summary service). So this module composes
+graphiti-core 0.31's stage functions itself, as plain async functions over pydantic models:
+
+1. idempotency: ``EpisodicNode.get_by_uuid(Episode.episode_id)``; a stored episode returns
+   ``already_present=True`` with no LLM call (:func:`deltas_for_existing_episode` rebuilds
+   its NodeDeltas from the stored graph so the caller can re-publish them);
+2. previous episodes: ``retrieve_episodes`` (``previous_window`` before reference_time);
+3. extraction, ONE pass by default (``mode="combined"``): ``extract_nodes_and_edges``
+   (graphiti's combined node+edge prompt, the one ``add_episode_bulk`` uses). Why combined:
+   the product goal is a single extraction LLM pass per turn, and this prompt is that pass --
+   one large prompt instead of ``extract_nodes`` + ``extract_edges`` (which each repeat ~1.9k
+   tokens of fixed instructions and the previous-episodes block), the custom instructions are
+   applied to entities and facts together, and every entity it returns has at least one fact
+   (orphans are dropped upstream). Its cost: one extra *small* call that dates all facts in a
+   batch (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt
+   dates facts inline. ``mode="separate"`` runs add_episode's two-prompt path
+   (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
+   materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
+   ``custom_instructions`` go to both prompts there;
+4. unsafe entity names ("It", "Is", "Will", punctuation) are dropped -- with the edges that
+   use them as endpoints -- BEFORE anything queries the database: FalkorDB 4.16 segfaults on
+   graphiti's exact-name lookup when a name equals a stopword of graphiti's fulltext index;
+5. ``resolve_extracted_nodes`` (dedupe), ``resolve_edge_pointers``, ``resolve_extracted_edges``
+   (dedupe + contradiction -> invalidated edges, with graphiti's ``invalidated_by`` mapping);
+6. NO ``extract_attributes_from_nodes``: no summaries, no attribute extraction;
+7. embeddings: ``create_entity_node_embeddings`` for new nodes (edges are embedded by
+   resolve_extracted_edges; any edge still without a vector is embedded here);
+8. save with ``build_episodic_edges`` + ``add_nodes_and_edges_bulk`` in two steps -- new
+   entity nodes and all touched entity edges first, then the EpisodicNode and its MENTIONS
+   edges -- so the episode node, the idempotency marker, is written only after its facts.
+
+Partial / known gaps:
+
+* no custom entity or edge types (graphiti's default ``Entity`` / free relation names), no
+  sagas, no communities, no chunking of long episodes;
+* FalkorDB runs no multi-query transactions: a crash between the two save steps, or between
+  the episode node and its MENTIONS edges, is possible. A crash before the episode node is
+  written means a redelivery extracts again (and dedupes against the facts already written,
+  so deltas may then show fewer new facts/nodes); a crash after it leaves an episode with
+  missing MENTIONS edges, which :func:`deltas_for_existing_episode` covers by also taking the
+  endpoints of the episode's facts;
+* existing entity nodes are never re-written (so a concurrently written summary is not
+  clobbered); label promotion of existing nodes, which only custom entity types can cause,
+  is therefore not persisted;
+* unsafe names are dropped, not renamed: a person called just "Will" is lost (the name
+  crashes FalkorDB 4.16); "Will Smith" is kept;
+* ``llm_calls`` counts calls made through ``clients.llm_client``; with a graphiti
+  ``llm_runtime`` configured the calls bypass it and are not counted;
+* the driver must be a FalkorDriver for the episode's group (``database=group_id``) -- it is
+  checked; other backends are untested here, and the stored-graph read in
+  :func:`deltas_for_existing_episode` uses Cypher that Kuzu/Neptune do not run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from time import perf_counter
+from typing import Any, Literal, NamedTuple
+
+from graphiti_core.driver.driver import GraphProvider
+from graphiti_core.driver.falkordb import STOPWORDS as FALKOR_FULLTEXT_STOPWORDS
+from graphiti_core.edges import EntityEdge, EpisodicEdge, create_entity_edge_embeddings, get_entity_edge_from_record
+from graphiti_core.errors import NodeNotFoundError
+from graphiti_core.graphiti_types import GraphitiClients
+from graphiti_core.llm_client import LLMClient
+from graphiti_core.llm_client.config import ModelSize
+from graphiti_core.models.edges.edge_db_queries import get_entity_edge_return_query
+from graphiti_core.nodes import EntityNode, EpisodeType, EpisodicNode, create_entity_node_embeddings
+from graphiti_core.search.search_utils import get_mentioned_nodes
+from graphiti_core.utils.bulk_utils import add_nodes_and_edges_bulk, resolve_edge_pointers
+from graphiti_core.utils.datetime_utils import ensure_utc, utc_now
+from graphiti_core.utils.maintenance.combined_extraction import extract_nodes_and_edges
+from graphiti_core.utils.maintenance.dedup_helpers import _normalize_string_exact
+from graphiti_core.utils.maintenance.edge_operations import (
+    build_episodic_edges,
+    extract_edges,
+    resolve_extracted_edges,
+)
+from graphiti_core.utils.maintenance.graph_data_operations import retrieve_episodes
+from graphiti_core.utils.maintenance.node_operations import extract_nodes, resolve_extracted_nodes
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import Episode, NodeDelta
+from services.extractor.deltas import build_node_deltas
+
+log = logging.getLogger("engram.extractor")
+
+ExtractionMode = Literal["combined", "separate"]
+DEFAULT_EDGE_TYPE_MAP: dict[tuple[str, str], list[str]] = {("Entity", "Entity"): []}
+
+# Names made only of these words are not entities. The explicit list of the brief, graphiti's
+# FalkorDB fulltext stopwords (an entity named exactly one of them -- "Is", "No", "Will" --
+# segfaults FalkorDB 4.16 in graphiti's exact-name lookup), and the remaining pronouns.
+UNSAFE_NAME_WORDS: frozenset[str] = frozenset(
+    {
+        "is", "it", "this", "that", "the", "a", "an", "i", "we", "you", "he", "she", "they",
+        "me", "my", "our", "and", "or", "of", "to", "in", "on", "at",
+        "him", "her", "us", "them", "its", "it's", "his", "hers", "their", "theirs", "your",
+        "yours", "mine", "ours", "myself", "yourself", "himself", "herself", "itself",
+        "ourselves", "themselves", "these", "those", "here", "there",
+    }
+    | {w.lower() for w in FALKOR_FULLTEXT_STOPWORDS}
+)
+_NAME_TOKEN = re.compile(r"[\w']+", re.UNICODE)
+
+
+def safe_entity_name(name: str | None) -> bool:
+    """False for names that are empty, only punctuation, or only stopwords/pronouns.
+
+    Case-insensitive; curly apostrophes count as straight ones ("It’s" is unsafe).
+    """
+    if not name or not name.strip():
+        return False
+    tokens = _NAME_TOKEN.findall(name.replace("\u2019", "'").casefold())
+    tokens = [t.strip("'") for t in tokens if t.strip("'")]
+    if not tokens:
+        return False
+    return not all(t in UNSAFE_NAME_WORDS for t in tokens)
+
+
+def drop_unsafe_entities(nodes: list[EntityNode]) -> list[EntityNode]:
+    """``nodes`` without unsafe names (see :func:`safe_entity_name`); logs a count, never a name."""
+    kept = [n for n in nodes if safe_entity_name(n.name)]
+    if len(kept) != len(nodes):
+        log.warning("dropped %d extracted entities with unsafe names", len(nodes) - len(kept))
+    return kept
+
+
+def _without_endpoints(edges: list[EntityEdge], node_uuids: set[str]) -> list[EntityEdge]:
+    return [e for e in edges if e.source_node_uuid not in node_uuids and e.target_node_uuid not in node_uuids]
+
+
+class ExtractionResult(BaseModel):
+    """What one :func:`extract_episode` call did to the group's graph."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    episode_id: str
+    group_id: str
+    already_present: bool = False
+    mode: ExtractionMode | None = None
+    episode: EpisodicNode | None = None
+    nodes: list[EntityNode] = Field(default_factory=list, description="Entities the episode mentions (resolved).")
+    context_nodes: list[EntityNode] = Field(
+        default_factory=list, description="Endpoints of invalidated facts that the episode does not mention."
+    )
+    new_node_uuids: list[str] = Field(default_factory=list, description="Entities created by this episode.")
+    resolved_edges: list[EntityEdge] = Field(
+        default_factory=list, description="All facts of the episode, incl. re-used duplicates."
+    )
+    new_edges: list[EntityEdge] = Field(default_factory=list, description="Facts new to the graph.")
+    invalidated_edges: list[EntityEdge] = Field(default_factory=list)
+    invalidated_by: dict[str, list[str]] = Field(
+        default_factory=dict, description="invalidated edge uuid -> uuids of the episode's edges that invalidated it."
+    )
+    episodic_edges: list[EpisodicEdge] = Field(default_factory=list)
+    dropped_entities: int = 0
+    dropped_edges: int = 0
+    previous_episodes: int = 0
+    llm_calls: dict[str, int] = Field(default_factory=dict, description="LLM calls by graphiti prompt name.")
+    timings: dict[str, float] = Field(default_factory=dict, description="Milliseconds per stage.")
+
+    @property
+    def llm_call_count(self) -> int:
+        return sum(self.llm_calls.values())
+
+
+class _CountingLLMClient(LLMClient):
+    """Per-call wrapper that counts LLM calls by prompt name and delegates everything."""
+
+    def __init__(self, inner: LLMClient) -> None:
+        super().__init__(inner.config, cache=False)
+        self.inner = inner
+        self.tracer = inner.tracer
+        self.token_tracker = inner.token_tracker
+        self.calls: dict[str, int] = {}
+
+    async def generate_response(  # type: ignore[override]
+        self,
+        messages: list[Any],
+        response_model: type[BaseModel] | None = None,
+        max_tokens: int | None = None,
+        model_size: ModelSize = ModelSize.medium,
+        group_id: str | None = None,
+        prompt_name: str | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        key = prompt_name or (response_model.__name__ if response_model is not None else "unnamed")
+        self.calls[key] = self.calls.get(key, 0) + 1
+        return await self.inner.generate_response(
+            messages, response_model, max_tokens, model_size, group_id, prompt_name, **kwargs
+        )
+
+    async def _generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # pragma: no cover
+        return await self.inner._generate_response(*args, **kwargs)
+
+
+class _Extracted(NamedTuple):
+    nodes: list[EntityNode]  # resolved, unique by uuid
+    edges: list[EntityEdge]  # endpoints already pointing at resolved nodes
+    generated_uuids: set[str]  # uuids minted by this run's extraction
+    dropped_entities: int
+    dropped_edges: int
+
+
+def _ms(start: float) -> float:
+    return round((perf_counter() - start) * 1000, 3)
+
+
+def _unique_nodes(nodes: Iterable[EntityNode]) -> list[EntityNode]:
+    seen: dict[str, EntityNode] = {}
+    for node in nodes:
+        seen.setdefault(node.uuid, node)
+    return list(seen.values())
+
+
+def _unique_edges(edges: Iterable[EntityEdge]) -> list[EntityEdge]:
+    seen: dict[str, EntityEdge] = {}
+    for edge in edges:
+        seen.setdefault(edge.uuid, edge)
+    return list(seen.values())
+
+
+def check_driver_for_group(clients: GraphitiClients, group_id: str) -> None:
+    """A FalkorDriver must target the group's own graph (``database=group_id``)."""
+    driver = clients.driver
+    if driver.provider == GraphProvider.FALKORDB:
+        database = getattr(driver, "_database", None)
+        if database != group_id:
+            raise ValueError(f"FalkorDriver targets graph {database!r}, episode belongs to group {group_id!r}")
+
+
+async def find_episode(clients: GraphitiClients, episode_id: str) -> EpisodicNode | None:
+    """The stored EpisodicNode with uuid ``episode_id``, or None."""
+    try:
+        return await EpisodicNode.get_by_uuid(clients.driver, episode_id)
+    except NodeNotFoundError:
+        return None
+
+
+def build_episodic_node(episode: Episode, now: datetime) -> EpisodicNode:
+    """The EpisodicNode of ``episode``: uuid = episode_id, valid_at = reference_time in UTC.
+
+    FalkorDB stores datetimes as ISO strings that graphiti compares as strings
+    (``retrieve_episodes``: ``e.valid_at <= $reference_time``); graphiti's FalkorDriver already
+    converts to UTC when it writes, and normalising here keeps the node we return (and the
+    previous-episodes query) in UTC whatever the driver does.
+    """
+    return EpisodicNode(
+        uuid=episode.episode_id,
+        name=episode.turn_id,
+        group_id=episode.group_id,
+        labels=[],
+        source=EpisodeType.message,
+        content=episode.content,
+        source_description=episode.source_description or f"engram {episode.kind} ({episode.scope} scope)",
+        created_at=now,
+        valid_at=episode.reference_time.astimezone(timezone.utc),
+    )
+
+
+async def previous_episodes_for(clients: GraphitiClients, episode: Episode, window: int) -> list[EpisodicNode]:
+    """Up to ``window`` stored message episodes at or before the episode's reference time."""
+    if window <= 0:
+        return []
+    return await retrieve_episodes(
+        clients.driver,
+        episode.reference_time.astimezone(timezone.utc),
+        last_n=window,
+        group_ids=[episode.group_id],
+        source=EpisodeType.message,
+    )
+
+
+async def _extract_combined(
+    clients: GraphitiClients,
+    episode_node: EpisodicNode,
+    previous: list[EpisodicNode],
+    instructions: str,
+    timings: dict[str, float],
+) -> _Extracted:
+    start = perf_counter()
+    nodes, edges, _ = await extract_nodes_and_edges(
+        clients, episode_node, previous, custom_extraction_instructions=instructions or None
+    )
+    timings["extract_ms"] = _ms(start)
+
+    kept = drop_unsafe_entities(nodes)
+    unsafe = {n.uuid for n in nodes} - {n.uuid for n in kept}
+    kept_edges = _without_endpoints(edges, unsafe)
+    # The combined prompt keeps only entities with a fact; keep that true after the guard.
+    connected = {u for e in kept_edges for u in (e.source_node_uuid, e.target_node_uuid)}
+    orphans = [n for n in kept if n.uuid not in connected]
+    kept = [n for n in kept if n.uuid in connected]
+    if orphans:
+        log.info("dropped %d entities left without facts by the unsafe-name guard", len(orphans))
+
+    start = perf_counter()
+    resolved, uuid_map, _ = await resolve_extracted_nodes(clients, kept, episode_node, previous)
+    timings["resolve_nodes_ms"] = _ms(start)
+    return _Extracted(
+        nodes=_unique_nodes(resolved),
+        edges=resolve_edge_pointers(kept_edges, uuid_map),
+        generated_uuids={n.uuid for n in kept},
+        dropped_entities=len(unsafe) + len(orphans),
+        dropped_edges=len(edges) - len(kept_edges),
+    )
+
+
+async def _merge_materialized_endpoints(
+    clients: GraphitiClients,
+    materialized: list[EntityNode],
+    episode_node: EpisodicNode,
+    previous: list[EpisodicNode],
+    nodes: list[EntityNode],
+    uuid_map: dict[str, str],
+) -> None:
+    """graphiti's ``Graphiti._merge_materialized_endpoint_nodes`` as a function.
+
+    Endpoints that extract_edges materialised never went through node extraction: match
+    them by name against this episode's resolved nodes, resolve the rest against the graph.
+    ``nodes`` and ``uuid_map`` are updated in place.
+    """
+    by_name = {_normalize_string_exact(n.name): n for n in nodes}
+    known = {n.uuid for n in nodes}
+    unresolved: list[EntityNode] = []
+    for node in materialized:
+        if node.uuid in known:
+            continue
+        existing = by_name.get(_normalize_string_exact(node.name))
+        if existing is not None:
+            uuid_map[node.uuid] = existing.uuid
+            continue
+        unresolved.append(node)
+    if not unresolved:
+        return
+    resolved, more_map, _ = await resolve_extracted_nodes(clients, unresolved, episode_node, previous)
+    uuid_map.update(more_map)
+    for node in resolved:
+        if node.uuid not in known:
+            nodes.append(node)
+            known.add(node.uuid)
+
+
+async def _extract_separate(
+    clients: GraphitiClients,
+    episode_node: EpisodicNode,
+    previous: list[EpisodicNode],
+    instructions: str,
+    timings: dict[str, float],
+) -> _Extracted:
+    start = perf_counter()
+    extracted, _ = await extract_nodes(clients, episode_node, previous, None, None, instructions or None)
+    timings["extract_nodes_ms"] = _ms(start)
+    kept = drop_unsafe_entities(extracted)
+    dropped_entities = len(extracted) - len(kept)
+
+    start = perf_counter()
+    resolved, uuid_map, _ = await resolve_extracted_nodes(clients, kept, episode_node, previous)
+    resolved = _unique_nodes(resolved)
+    timings["resolve_nodes_ms"] = _ms(start)
+
+    start = perf_counter()
+    edge_nodes = list(kept)  # extract_edges appends materialised endpoints to this list
+    edges, materialized = await extract_edges(
+        clients,
+        episode_node,
+        edge_nodes,
+        previous,
+        DEFAULT_EDGE_TYPE_MAP,
+        episode_node.group_id,
+        None,
+        False,
+        instructions or None,
+    )
+    timings["extract_edges_ms"] = _ms(start)
+    safe_materialized = drop_unsafe_entities(materialized)
+    unsafe = {n.uuid for n in materialized} - {n.uuid for n in safe_materialized}
+    kept_edges = _without_endpoints(edges, unsafe)
+
+    start = perf_counter()
+    await _merge_materialized_endpoints(clients, safe_materialized, episode_node, previous, resolved, uuid_map)
+    timings["resolve_nodes_ms"] += _ms(start)
+    return _Extracted(
+        nodes=_unique_nodes(resolved),
+        edges=resolve_edge_pointers(kept_edges, uuid_map),
+        generated_uuids={n.uuid for n in kept} | {n.uuid for n in safe_materialized},
+        dropped_entities=dropped_entities + len(unsafe),
+        dropped_edges=len(edges) - len(kept_edges),
+    )
+
+
+async def _context_nodes(
+    clients: GraphitiClients, invalidated: list[EntityEdge], known: set[str], group_id: str
+) -> list[EntityNode]:
+    """Entity nodes at the ends of invalidated facts that are not in ``known``."""
+    missing = sorted({u for e in invalidated for u in (e.source_node_uuid, e.target_node_uuid)} - known)
+    if not missing:
+        return []
+    return await EntityNode.get_by_uuids(clients.driver, missing, group_id=group_id)
+
+
+async def extract_episode(
+    clients: GraphitiClients,
+    episode: Episode,
+    *,
+    custom_instructions: str,
+    previous_window: int,
+    mode: ExtractionMode = "combined",
+) -> ExtractionResult:
+    """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
+
+    ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
+    (and does nothing else, no LLM call) when the episode's node is already stored.
+    """
+    if mode not in ("combined", "separate"):
+        raise ValueError(f"unknown extraction mode {mode!r}: expected 'combined' or 'separate'")
+    check_driver_for_group(clients, episode.group_id)
+    total = perf_counter()
+    timings: dict[str, float] = {}
+
+    start = perf_counter()
+    stored = await find_episode(clients, episode.episode_id)
+    timings["lookup_ms"] = _ms(start)
+    if stored is not None:
+        log.info("episode already in the graph; skipping extraction")
+        timings["total_ms"] = _ms(total)
+        return ExtractionResult(
+            episode_id=episode.episode_id, group_id=episode.group_id, already_present=True, episode=stored, timings=timings
+        )
+
+    now = utc_now()
+    counting = _CountingLLMClient(clients.llm_client)
+    run = clients.model_copy(update={"llm_client": counting})
+    episode_node = build_episodic_node(episode, now)
+
+    start = perf_counter()
+    previous = await previous_episodes_for(run, episode, previous_window)
+    timings["previous_episodes_ms"] = _ms(start)
+
+    stage = _extract_combined if mode == "combined" else _extract_separate
+    extracted = await stage(run, episode_node, previous, custom_instructions, timings)
+    nodes = extracted.nodes
+
+    start = perf_counter()
+    invalidated_by: dict[str, list[str]] = {}
+    resolved_edges, invalidated_edges, new_edges = await resolve_extracted_edges(
+        run, extracted.edges, episode_node, nodes, {}, DEFAULT_EDGE_TYPE_MAP, invalidated_by=invalidated_by
+    )
+    timings["resolve_edges_ms"] = _ms(start)
+
+    new_nodes = [n for n in nodes if n.uuid in extracted.generated_uuids]
+    entity_edges = _unique_edges([*resolved_edges, *invalidated_edges])
+
+    start = perf_counter()
+    await create_entity_node_embeddings(run.embedder, [n for n in new_nodes if n.name_embedding is None])
+    await create_entity_edge_embeddings(run.embedder, [e for e in entity_edges if e.fact_embedding is None])
+    timings["embed_ms"] = _ms(start)
+
+    start = perf_counter()
+    context_nodes = await _context_nodes(run, invalidated_edges, {n.uuid for n in nodes}, episode.group_id)
+    episode_node.entity_edges = [e.uuid for e in entity_edges]
+    episodic_edges = build_episodic_edges(nodes, episode_node.uuid, now)
+    # Facts first, the episode (the idempotency marker) last; existing nodes are not re-written.
+    await add_nodes_and_edges_bulk(run.driver, [], [], new_nodes, entity_edges, run.embedder)
+    await add_nodes_and_edges_bulk(run.driver, [episode_node], episodic_edges, [], [], run.embedder)
+    timings["save_ms"] = _ms(start)
+    timings["total_ms"] = _ms(total)
+
+    result = ExtractionResult(
+        episode_id=episode.episode_id,
+        group_id=episode.group_id,
+        mode=mode,
+        episode=episode_node,
+        nodes=nodes,
+        context_nodes=context_nodes,
+        new_node_uuids=[n.uuid for n in new_nodes],
+        resolved_edges=resolved_edges,
+        new_edges=new_edges,
+        invalidated_edges=invalidated_edges,
+        invalidated_by=invalidated_by,
+        episodic_edges=episodic_edges,
+        dropped_entities=extracted.dropped_entities,
+        dropped_edges=extracted.dropped_edges,
+        previous_episodes=len(previous),
+        llm_calls=dict(counting.calls),
+        timings=timings,
+    )
+    log.info(
+        "episode extracted: %d nodes (%d new), %d new facts, %d invalidated, %d LLM calls, %.0f ms",
+        len(nodes),
+        len(new_nodes),
+        len(new_edges),
+        len(invalidated_edges),
+        result.llm_call_count,
+        timings["total_ms"],
+    )
+    return result
+
+
+async def _episode_edges(clients: GraphitiClients, stored: EpisodicNode) -> list[EntityEdge]:
+    """Entity edges listed on the stored episode or carrying its uuid in ``episodes``, with vectors."""
+    driver = clients.driver
+    records, _, _ = await driver.execute_query(
+        """
+        MATCH (n:Entity)-[e:RELATES_TO]->(m:Entity)
+        WHERE e.uuid IN $uuids OR $episode_uuid IN e.episodes
+        RETURN
+        """
+        + get_entity_edge_return_query(driver.provider)
+        + ", e.fact_embedding AS fact_embedding",
+        uuids=list(stored.entity_edges),
+        episode_uuid=stored.uuid,
+        routing_="r",
+    )
+    edges = [get_entity_edge_from_record(record, driver.provider) for record in records]
+    for edge, record in zip(edges, records, strict=True):
+        vector = record.get("fact_embedding")
+        edge.fact_embedding = [float(x) for x in vector] if vector is not None else None
+    return _unique_edges(edges)
+
+
+async def stored_extraction(clients: GraphitiClients, episode: Episode, stored: EpisodicNode) -> ExtractionResult:
+    """An ExtractionResult rebuilt from the stored graph (no LLM), for re-publishing deltas.
+
+    Mentioned nodes: MENTIONS targets plus endpoints of the episode's facts. The episode's
+    facts: edges whose ``episodes`` contain it; new ones are those it created (first in
+    ``episodes``). Invalidated: edges on the episode's ``entity_edges`` list that are not its
+    own facts. New nodes: created at or after the episode node (extraction runs strictly one
+    episode at a time per group). ``invalidated_by`` is left empty: the deltas infer it.
+    """
+    check_driver_for_group(clients, episode.group_id)
+    driver = clients.driver
+    mentioned = await get_mentioned_nodes(driver, [stored])
+    edges = await _episode_edges(clients, stored)
+    own = [e for e in edges if stored.uuid in (e.episodes or [])]
+    listed = set(stored.entity_edges)
+    invalidated = [e for e in edges if stored.uuid not in (e.episodes or []) and e.uuid in listed]
+    new_edges = [e for e in own if e.episodes and e.episodes[0] == stored.uuid]
+
+    known = {n.uuid for n in mentioned}
+    endpoint_uuids = sorted({u for e in own for u in (e.source_node_uuid, e.target_node_uuid)} - known)
+    if endpoint_uuids:
+        mentioned = [*mentioned, *await EntityNode.get_by_uuids(driver, endpoint_uuids, group_id=episode.group_id)]
+    nodes = _unique_nodes(mentioned)
+    context = await _context_nodes(clients, invalidated, {n.uuid for n in nodes}, episode.group_id)
+    episode_created = ensure_utc(stored.created_at)
+    new_node_uuids = [
+        n.uuid
+        for n in nodes
+        if episode_created is not None and (ensure_utc(n.created_at) or episode_created) >= episode_created
+    ]
+    return ExtractionResult(
+        episode_id=episode.episode_id,
+        group_id=episode.group_id,
+        already_present=True,
+        episode=stored,
+        nodes=nodes,
+        context_nodes=context,
+        new_node_uuids=new_node_uuids,
+        resolved_edges=own,
+        new_edges=new_edges,
+        invalidated_edges=invalidated,
+    )
+
+
+async def deltas_for_existing_episode(clients: GraphitiClients, episode: Episode) -> list[NodeDelta]:
+    """The NodeDeltas of an already extracted episode, rebuilt from the stored graph.
+
+    Raises NodeNotFoundError when the episode is not stored. See :func:`stored_extraction`
+    for what can differ from the first run (``invalidated_by`` is inferred).
+    """
+    stored = await find_episode(clients, episode.episode_id)
+    if stored is None:
+        raise NodeNotFoundError(episode.episode_id)
+    return build_node_deltas(episode, await stored_extraction(clients, episode, stored))
