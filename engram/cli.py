@@ -162,7 +162,7 @@ def ingest(
         raise typer.Exit(1)
 
     async def run() -> object:
-        nc = await nats.connect(settings.resolved_nats_url(), name="engram-ingest")
+        nc = await nats.connect(settings.resolved_nats_url(), name="engram-ingest", **settings.nats_options())
         try:
             with Progress(TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=False) as progress:
@@ -196,7 +196,7 @@ def dlq_list(
     settings = _settings(data_dir)
 
     async def run() -> list:
-        nc = await nats.connect(settings.resolved_nats_url())
+        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
         try:
             return await list_dead_letters(nc.jetstream(), stage)
         finally:
@@ -232,7 +232,7 @@ def dlq_replay(
     settings = _settings(data_dir)
 
     async def run() -> int:
-        nc = await nats.connect(settings.resolved_nats_url())
+        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
         try:
             return await replay_dead_letters(nc, stage)
         finally:

@@ -69,7 +69,7 @@ async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
 
 async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, console: Console) -> None:
     fresh = EngramSettings(data_dir=settings.data_dir)  # re-reads the runtime file
-    nc = await nats.connect(fresh.resolved_nats_url())
+    nc = await nats.connect(fresh.resolved_nats_url(), **fresh.nats_options())
     try:
         js = nc.jetstream()
         scopes = ScopeKeys(workspace="examples/engram", user="demo-user")

@@ -83,6 +83,7 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
         name=f"engram-{service}",
         max_reconnect_attempts=-1,
         log_level=logging.DEBUG,
+        **settings.nats_options(),
     )
 
 

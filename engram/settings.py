@@ -40,6 +40,7 @@ class EngramSettings(BaseSettings):
 
     data_dir: Path = Field(default_factory=default_data_dir)
     nats_url: str | None = None
+    nats_creds: Path | None = Field(None, description="NATS credentials file (JWT + NKey seed), e.g. a mounted Secret.")
     graph_backend: Literal["falkordb", "neo4j"] = "falkordb"
     graph_url: str | None = Field(None, description="falkor://host:port (or redis://) of a FalkorDB server.")
     neo4j_uri: str | None = None
@@ -77,6 +78,10 @@ class EngramSettings(BaseSettings):
                 f"(looked for {self.runtime_file})"
             )
         return url
+
+    def nats_options(self) -> dict:
+        """Connection options every engram NATS client uses (nats-py / FastStream keywords)."""
+        return {"user_credentials": str(self.nats_creds)} if self.nats_creds else {}
 
     def resolved_graph_url(self) -> str | None:
         return self.graph_url or self._runtime.get("graph_url")

@@ -112,7 +112,9 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
         status["ok"] = False
         return status
     try:
-        nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)
+        nc = await nats.connect(
+            nats_url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False, **settings.nats_options()
+        )
     except Exception as exc:  # noqa: BLE001
         status["parts"]["nats"] = {"ok": False, "url": nats_url, "detail": type(exc).__name__}
         status["ok"] = False

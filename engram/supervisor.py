@@ -65,7 +65,7 @@ class Supervisor:
         if not self.graph_url and self.settings.graph_backend == "falkordb":
             self.falkordb = start_falkordb(self.data_dir, port=self.settings.graph_port or None)
             self.graph_url = self.falkordb.url
-        nc = await nats.connect(self.nats_url, name="engram-up")
+        nc = await nats.connect(self.nats_url, name="engram-up", **self.settings.nats_options())
         try:
             await ensure_topology(nc.jetstream(), Topology.from_settings(self.settings))
         finally:
