@@ -14,7 +14,8 @@ Response models answered (dispatched on ``response_model.__name__``):
   never extracted from (previous messages only teach speaker names, to type them Person).
 * ``ExtractedEntities`` (``extract_nodes.extract_message`` / ``extract_text`` / ``extract_json``)
   and ``ExtractedEdges`` (``extract_edges.edge``; endpoints are only names from the prompt's
-  ``<ENTITIES>`` list): the same logic split in two.
+  ``<ENTITIES>`` list, ``valid_at``/``invalid_at`` by the timestamp rules against
+  ``<REFERENCE_TIME>``): the same logic split in two.
 * ``NodeResolutions`` (``dedupe_nodes.nodes``) and ``NodeDuplicate`` (``dedupe_nodes.node``):
   a duplicate is an existing candidate whose name equals the new name case-insensitively after
   stripping punctuation, or differs only by a trailing "s" on the last word; two names whose
@@ -43,16 +44,24 @@ per block and ``max_entities`` per prompt):
   message: ``OSError: [Errno 98]``, ``KeyError: 'group_id'``), errno codes, ``Segmentation
   fault``, HTTP status phrases, ``Traceback`` when no error type is named;
 * code identifiers: CamelCase class names and backticked identifiers (``Concept``);
-* people, places, organisations: runs of capitalised words (a run at the start of a sentence
-  loses leading common words, and a lone capitalised sentence starter is dropped if the same
-  word also occurs in lower case); speakers from ``role (Name):`` and ``Name:`` prefixes (the
-  form engram's ``render_turn`` writes; unnamed ``user:``/``assistant:`` become "User" and
-  "Assistant"); "my dad" -> "Caroline's dad"; "<Capitalised> ... group/club/center" phrases
-  ("LGBTQ support group"); short lower-case objects of a few verbs ("loves painting",
-  "went to a pottery class"). Person/Place/Organization come from cues (speaker names, "with",
-  "met", "in"/"from", "works at", suffixes like "University", "Park", "Inc") and short lists;
+* people, places, organisations: runs of capitalised words, split at stopwords. At the start
+  of a sentence a run loses leading common words and verb forms, and a lone capitalised word
+  there is kept only with support (a speaker or known name, or the same word capitalised
+  mid-sentence elsewhere): chat is full of "Wow", "Got", "Lost" sentence starters. Speakers come
+  from ``role (Name):`` and ``Name:`` prefixes (the form engram's ``render_turn`` writes;
+  unnamed ``user:``/``assistant:`` become "User" (Person) and "Assistant" (Entity)); "my dad"
+  -> "Caroline's dad"; "<Capitalised> ... group/club/center" phrases ("LGBTQ support group");
+  quoted titles ("Finding Freedom"); short lower-case objects of a few verbs ("loves
+  painting", "painted a lake sunrise"). Person/Place/Organization come from cues (speaker
+  names, "with", "met", "in"/"from", "works at", suffixes like "University", "Park", "Inc") and
+  short lists of well-known places and organisations, else the default type;
 * dates: ISO dates, "8 May 2023", "May 8, 2023", "May 2023" (type ``Entity``; as fact targets
   they get ``OCCURRED_ON``); a ``Decision`` entity ("decided to X") only when that type exists.
+
+``entity_type_id``: the id of the first custom type in ``<ENTITY TYPES>`` named for the
+entity's category (case-insensitive): File; Tool; Concept, else Tool, for libraries and
+versions; Error; Person; Place or Location; Organization or Organisation; Decision; Concept
+for code identifiers. Otherwise the default ``Entity`` type's id.
 
 A name that is empty, one character, longer than 80 characters, or made only of stopwords
 and pronouns ("Is", "It", "This", "The", "I", "We", "It Is"...) is never emitted:
@@ -63,7 +72,10 @@ Facts: each sentence is split into clauses (at ";", and at "when", "because", "b
 A clause with two or more entity mentions (a first-person pronoun counts as the speaker)
 gives facts from its actor (the subject before the first mapped verb, co-subjects joined by
 "and", the speaker for "I"/"we", the agent after a passive "caused by"/"fixed by") to each
-other mention (at most 5). A clause with one entity gives speaker -> entity. The relation
+other mention (at most 5); a mention right before a mapped verb starts a new subject ("I love
+painting and my kids love pottery" -> Melanie LIKES painting, Melanie's kids LIKES pottery).
+A clause with one entity gives speaker -> entity; a package gets ``USES_VERSION`` to its
+version entity; a date target gets ``OCCURRED_ON``. The relation
 is the SCREAMING_SNAKE_CASE of the nearest mapped verb before the target (see
 :data:`VERB_RELATIONS`: USES, FIXES, DEPENDS_ON, DECIDED, CAUSES, TESTED_BY, LIVES_IN, WORKS_AT,
 LIKES, ATTENDED, CREATED, USES_VERSION, INSTALLED, RAISES, RUNS, IMPORTS), prefixed ``NOT_``
@@ -101,15 +113,16 @@ module is importable; otherwise, and when that counter itself falls back, with
 Known limits (heuristics, not language understanding):
 
 * no coreference ("she", "it", "the city" are never resolved; only "I/me/my/we" -> speaker);
-* capitalised-word detection misses lower-case names and takes capitalised common words
-  mid-sentence ("the Best day") and sentence-initial names that also occur in lower case;
+* capitalised-word detection misses lower-case names, takes capitalised common words
+  mid-sentence ("the Best day"), and drops a name that only ever starts sentences ("Jordan
+  went home."); nicknames are separate entities ("Mel" vs "Melanie");
   person/place/organisation typing is cue-based and often falls back to ``Entity``;
 * the tool/library vocabulary is fixed; unknown tools are found only in backticks or install
   commands; lower-case objects are taken only after a few verbs;
 * relations come from the nearest mapped verb, so long sentences with several verbs, lists,
   or nested clauses get coarse or wrong relations and actors; "and" between two clauses is not
   split; the third-person rewrite of "I <verb>" is a suffix rule;
-* dates: no times of day, no ranges other than "from X to Y"/"until X", no "next week" (future
+* dates: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X", no "next week" (future
   dates are left to graphiti's own normalisation), years alone only after "in/since/..."
 * contradictions are lexical: paraphrases ("resides in" vs "lives in" work, "left Boston for
   Austin" does not), and the 75% overlap threshold can both miss and over-fire;
@@ -195,6 +208,8 @@ COMMON_WORDS: frozenset[str] = frozenset(
     question answer summary status solution problem issue reason cause context goal todo errno
     episode
     something anything everything nothing everyone someone anyone nobody everybody
+    got gonna wanna gotta woah whoa man dude yay aww ugh oops ooh yup totally super lost found
+    wait listen honestly seriously gosh jeez geez bro sis folks guys hey! hi! thx
     """.split()
 )
 
@@ -408,7 +423,8 @@ VERB_RELATIONS: list[tuple[str, str, bool]] = [
     (r"(?:moved|moving|moves|move|relocated|relocating|relocates?) (?:back )?to", "LIVES_IN", False),
     (r"(?:lives?|lived|living|resides?|resided|residing|(?:is|am|are|was) based) in|(?:is|am|are|was) from|grew up in", "LIVES_IN", False),
     (r"(?:works?|worked|working|employed|interning|interns?) (?:at|for|with)|joined|joins|hired (?:at|by)", "WORKS_AT", False),
-    (r"likes?|liked|loves?|loved|loving|enjoys?|enjoyed|enjoying|prefers?|preferred|(?:a )?(?:big |huge )?fan of|adores?|adored|passionate about", "LIKES", False),
+    (r"(?<!looks )(?<!look )(?<!seems )(?<!sounds )(?<!feels )(?<!feel )(?<!just )(?<!more )(?<!would )(?<!'d )"
+     r"(?:likes?|liked|loves?|loved|loving|enjoys?|enjoyed|enjoying|prefers?|preferred|(?:a )?(?:big |huge )?fan of|adores?|adored|passionate about)", "LIKES", False),
     (r"went to|goes to|go to|gone to|going to(?= (?:a|an|the|my|our|this|that|(?-i:[A-Z])))|attended|attends?|attending|visited|visits?|visiting|took part in|participated in|joined in", "ATTENDED", False),
     (r"painted|paints?|made|makes|making|created|creates?|creating|built|builds|wrote|writes|written|drew|draws|drawn|designed|designs|baked|knitted|composed|published", "CREATED", False),
     (r"(?:pinned|pins?|pinning|upgraded|upgrades?|upgrading|downgraded|downgrades?|downgrading|bumped|bumps?|bumping)", "USES_VERSION", False),
@@ -421,7 +437,6 @@ VERB_RELATIONS: list[tuple[str, str, bool]] = [
 ]
 _VERB_RES = [(re.compile(rf"(?<![\w#'-])(?:{rx})(?![\w#])", re.I), rel, passive) for rx, rel, passive in VERB_RELATIONS]
 _OBJECT_RELATIONS = {"LIKES", "ATTENDED", "CREATED", "USES", "LIVES_IN", "WORKS_AT"}
-_SINGLE_VALUED = {"LIVES_IN", "WORKS_AT"}
 
 _NEG_NOT = re.compile(r"(?<![\w'])(?:not|never|n't|cannot|no)(?![\w'])|\w+n't\b", re.I)
 _NEG_STOP = re.compile(r"\b(?:no longer|stopped|stops|stop|quit|quits|gave up|give up|not anymore|no more)\b", re.I)
@@ -439,7 +454,6 @@ _SWITCH_RES = [
 # Small helpers
 # ---------------------------------------------------------------------------------------------
 
-_WORD_SPLIT = re.compile(r"[^\w]+", re.UNICODE)
 
 
 def _norm_key(name: str) -> str:
@@ -673,7 +687,6 @@ def find_dates(text: str, reference: datetime | None = None) -> list[_DateHit]:
 
 
 _UNTIL = re.compile(r"\b(?:until|till|through|thru|up to)\s+$", re.I)
-_FROM = re.compile(r"\b(?:from|between|since)\s+$", re.I)
 
 
 def fact_timestamps(fact: str, reference: datetime | None) -> tuple[str | None, str | None]:
@@ -714,7 +727,8 @@ _CODE_LINE = re.compile(
     r'^\s*(?:Traceback \(most recent call last\):|File "[^"]+", line \d+|\$ |>>> |at [\w.$<>]+\(|\^+\s*$|\.\.\. )'
     r"|^(?: {4,}|\t)\S"
 )
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9`/~.\[])|(?<=[!?])\s+")
+#: a sentence ends after . ! ? … (and closing quotes/brackets) before a capital, digit, quote...
+_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*(?=\s+[\"'“‘(\[]?[A-Z0-9`/~.\[])|[!?][\"'”’)\]]*(?=\s)")
 _CLAUSE_SPLIT = re.compile(
     r";\s+|,\s+(?=(?:and|but|so|then|when|because|while|which|after|before|although|though|if|since)\b)"
     r"|\s+(?=(?:when|because|while|although|though|whereas|but|so that|unless)\s)",
@@ -743,6 +757,8 @@ class _Doc:
     known_people: set[str]  # lower-case speaker names seen anywhere (incl. previous messages)
     lower_words: set[str]  # words that occur in lower case somewhere in the content
     n_blocks: int = 0
+    #: lower-cased words that occur capitalised after a lower-case word (not a sentence start)
+    mid_caps: set[str] = field(default_factory=set)
 
 
 def _speaker_of(line: str) -> tuple[str | None, int, bool] | None:
@@ -794,9 +810,14 @@ def _split_sentences(text: str) -> list[tuple[str, bool]]:
             out.append((line.strip(), True))
             continue
         line = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s+", "", line)
-        for piece in _SENTENCE_SPLIT.split(line.strip()):
-            if piece and piece.strip():
-                out.append((piece.strip(), False))
+        line = line.strip()
+        last = 0
+        for m in _SENTENCE_END.finditer(line):
+            if line[last : m.end()].strip():
+                out.append((line[last : m.end()].strip(), False))
+            last = m.end()
+        if line[last:].strip():
+            out.append((line[last:].strip(), False))
     out.extend((f, True) for f in fence if f.strip())
     return out
 
@@ -861,7 +882,8 @@ def _analyse(content: str, previous: str | None = None, reference: datetime | No
     known = {s.lower() for s in speakers} | {s.split()[0].lower() for s in speakers} | _speaker_names(previous)
     known -= {"user", "assistant"}
     lower_words = set(re.findall(r"(?<![\w'])[a-z][a-z'-]+", content))
-    return _Doc(sentences, speakers, known, lower_words, block + 1)
+    mid_caps = {w.lower() for s in sentences if not s.code for w in re.findall(r"(?<=[a-z0-9,] )[A-Z][\w'-]+", s.text)}
+    return _Doc(sentences, speakers, known, lower_words, block + 1, mid_caps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1117,6 +1139,15 @@ class _Extractor:
     def errors(self, text: str) -> list[_Cand]:
         return [_Cand(m.group(0), "error", m.start(), m.end()) for m in _ERROR_PHRASE.finditer(text)]
 
+    def titles(self, text: str) -> list[_Cand]:
+        """Quoted titles of works: "Finding Freedom", “The Night Circus”."""
+        out = []
+        for m in re.finditer(r"[\"“]([A-Z][\w'’&:!?-]*(?: (?:[A-Z0-9][\w'’&:!?-]*|of|the|a|an|and|in|on|to|for|with)){0,6})[.,!?]?[\"”]", text):
+            title = m.group(1).rstrip(".,!?:")
+            if " " in title and is_safe_entity_name(title):
+                out.append(_Cand(title, "thing", m.start(1), m.start(1) + len(title), kind="group"))
+        return out
+
     def dates(self, text: str) -> list[_Cand]:
         return [_Cand(text[h.start : h.end], "date", h.start, h.end) for h in find_dates(text) if h.absolute]
 
@@ -1186,8 +1217,10 @@ class _Extractor:
                     run.pop()
                 if not run:
                     continue
-                # sentence-initial common words and capitalised ordinary words are not names
-                while run and at_start(run[0][1]) and self._ordinary(run[0][0]):
+                # sentence-initial common words and capitalised ordinary words are not names; a
+                # lone capitalised sentence starter needs support (a known name, or the same word
+                # capitalised mid-sentence somewhere else)
+                while run and at_start(run[0][1]) and (self._ordinary(run[0][0]) or (len(run) == 1 and not self._supported(run[0][0]))):
                     run.pop(0)
                     while run and run[0][0].lower() in _CONNECTORS:
                         run.pop(0)
@@ -1204,6 +1237,13 @@ class _Extractor:
                 out.append(_Cand(name, self._classify(name, text, start, end), start, end, kind="person"))
         return out
 
+    def _supported(self, word: str) -> bool:
+        low = re.sub(r"['’]s$", "", word.rstrip(".,")).lower()
+        if low in self.doc.known_people or low in KNOWN_ORGS or low in KNOWN_PLACES or low in self.doc.mid_caps:
+            return True
+        bare = word.rstrip(".,")
+        return len(bare) >= 2 and bare.isupper() and bare not in GENERIC_ACRONYMS and low not in COMMON_WORDS
+
     def _ordinary(self, word: str) -> bool:
         low = word.rstrip(".,").lower().replace("’", "'")
         if low in COMMON_WORDS or low in STOPWORDS or low in GENERIC_NOUNS:
@@ -1211,6 +1251,8 @@ class _Extractor:
         if low in self.doc.known_people or low in KNOWN_ORGS or low in KNOWN_PLACES:
             return False
         if low in self.doc.lower_words:
+            return True
+        if any(rx.fullmatch(low) for rx, _, _ in _VERB_RES) or low in _IRREGULAR_PAST:
             return True
         return bool(re.search(r"(?:ing|ed|ly)$", low)) and not word.isupper()
 
@@ -1719,6 +1761,7 @@ def _extract(doc: _Doc, types_present: set[str], *, max_per_message: int, max_en
             prose = _mask(masked_urls, code_spans, " ")
             cands += ex.kin(prose, s.speaker)
             cands += ex.groups(prose, 0)
+            cands += ex.titles(prose)
             # text after an error name is its message ("Address already in use"): no names there
             messages = [(c.end, len(prose)) for c in cands if c.category == "error"]
             taken = _mask(prose, [(c.start, c.end) for c in cands if c.category in ("file", "version", "error", "date", "tool", "library") or c.kind in ("kin", "group")] + messages, " ")
@@ -2091,7 +2134,7 @@ def _default_token_counter() -> tuple[CountTokens, str]:
         counter = token_counter()
         if callable(counter):
             name = getattr(counter, "__name__", "")
-            return counter, ("cl100k" if name == "count_cl100k" else f"chunking.{name or 'counter'}")
+            return counter, ("cl100k" if name == "count_cl100k" else "chars/4")
     except Exception as exc:  # not importable here, or its set-up failed
         logger.debug("token_counter unavailable (%s); estimating tokens as characters/4", exc)
     return _estimate_tokens, "chars/4"
