@@ -36,9 +36,10 @@ def _settings(data_dir: Path | None = None) -> EngramSettings:
 
 class Service(str, Enum):
     turn_detector = "turn-detector"
+    extractor = "extractor"
 
 
-SERVICE_MODULES = {Service.turn_detector: "services.turn_detector.app"}
+SERVICE_MODULES = {Service.turn_detector: "services.turn_detector.app", Service.extractor: "services.extractor.app"}
 
 
 @app.command()

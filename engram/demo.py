@@ -41,19 +41,35 @@ def _wait_up(settings: EngramSettings, proc: subprocess.Popen, timeout: float = 
     raise RuntimeError("`engram up` did not become ready in time")
 
 
-async def _wait_idle(nc: nats.NATS, timeout: float = 120.0) -> None:
+async def _wait_idle(nc: nats.NATS, stream: str, timeout: float = 300.0) -> None:
     js = nc.jetstream()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        infos = await js.consumers_info(subjects.STREAM_IN)
+        infos = await js.consumers_info(stream)
         if all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.config.durable_name):
             return
         await asyncio.sleep(0.25)
 
 
+def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str], list[str]]:
+    """Entity names and current facts of one group's graph (FalkorDB, one graph per group)."""
+    from urllib.parse import urlparse
+
+    from falkordb import FalkorDB
+
+    url = urlparse(graph_url)
+    graph = FalkorDB(host=url.hostname, port=url.port).select_graph(group)
+    names = [r[0] for r in graph.query("MATCH (n:Entity) RETURN n.name ORDER BY n.name").result_set]
+    facts = [r[0] for r in graph.query(
+        "MATCH ()-[e:RELATES_TO]->() WHERE e.expired_at IS NULL RETURN e.fact LIMIT $n", {"n": limit}
+    ).result_set]
+    return names, facts
+
+
 async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
     js = nc.jetstream()
-    sub = await js.subscribe(subjects.episode(group), stream=subjects.STREAM_EPISODES, ordered_consumer=True)
+    # stored as engram.episode.<partition>.<group> (see engram/topology.py)
+    sub = await js.subscribe(f"engram.episode.*.{group}", stream=subjects.STREAM_EPISODES, ordered_consumer=True)
     out = []
     try:
         while True:
@@ -81,12 +97,20 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
                 f"ingested LoCoMo conv-26: {report.messages} messages in {report.sessions} sessions "
                 "(speaker_a = user, speaker_b = assistant)"
             )
-        await _wait_idle(nc)
+        await _wait_idle(nc, subjects.STREAM_IN)
         for ep in await _session_episodes(nc, subjects.session_group(fresh.group_prefix, "coding-1")):
             title = f"turn {ep.turn_id}  ({ep.completed_by}, {len(ep.messages)} messages"
             title += f", {ep.stats.secrets_scrubbed} secrets scrubbed" if ep.stats.secrets_scrubbed else ""
             title += f", reduced: {', '.join(ep.stats.reductions)}" if ep.stats.reductions else ""
             console.print(Panel(Text(ep.content), title=title + ")", title_align="left"))
+        console.print("extracting the knowledge graph (offline rules extractor, no model) ...")
+        await _wait_idle(nc, subjects.STREAM_EPISODES)
+        graph_url = fresh.resolved_graph_url()
+        if graph_url:
+            group = subjects.session_group(fresh.group_prefix, "coding-1")
+            names, facts = await asyncio.to_thread(_graph_sample, graph_url, group)
+            console.print(Panel(Text("entities: " + ", ".join(names) + "\n\nfacts:\n" + "\n".join(f"- {f}" for f in facts)),
+                                title=f"graph {group}", title_align="left"))
     finally:
         await nc.close()
     status = await collect_status(EngramSettings(data_dir=settings.data_dir))

@@ -28,10 +28,13 @@ HDR_ORIGINAL_MSG_ID = "Engram-Original-Msg-Id"
 
 
 def publish_subject_of(stored_subject: str) -> str:
-    """Undo the input partition transform: engram.in.<p>.<kind>.<s> -> engram.in.<kind>.<s>."""
+    """Undo the partition transforms: engram.in.<p>.<kind>.<s> -> engram.in.<kind>.<s> and
+    engram.<episode|delta>.<p>.<group> -> engram.<episode|delta>.<group>."""
     tokens = stored_subject.split(".")
     if len(tokens) == 5 and tokens[:2] == ["engram", "in"] and tokens[2].isdigit():
         return ".".join(tokens[:2] + tokens[3:])
+    if len(tokens) == 4 and tokens[0] == "engram" and tokens[1] in ("episode", "delta") and tokens[2].isdigit():
+        return ".".join([tokens[0], tokens[1], tokens[3]])
     return stored_subject
 
 

@@ -31,6 +31,8 @@ def collapse_subject(subject: str) -> str:
     tokens = subject.split(".")
     if tokens[:2] == ["engram", "in"] and len(tokens) == 5:
         return f"engram.in.{tokens[3]}"
+    if tokens and tokens[0] == "engram" and len(tokens) == 4 and tokens[2].isdigit():
+        return f"engram.{tokens[1]}"  # engram.episode.<p>.<group>
     if tokens and tokens[0] == "engram" and len(tokens) >= 3:
         return ".".join(tokens[:-1])
     if tokens and tokens[0] == "_INBOX":

@@ -128,7 +128,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
             "server_version": nc._server_info.get("version"),  # noqa: SLF001
             "jetstream_streams": account.streams,
         }
-        for stream in (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ):
+        for stream in (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DELTAS, subjects.STREAM_DLQ):
             try:
                 info = await js.stream_info(stream)
             except nats.js.errors.NotFoundError:
@@ -150,6 +150,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
             counts["messages"] = await count_filtered(js, subjects.STREAM_IN, "engram.in.*.message.*")
             counts["session_closes"] = await count_filtered(js, subjects.STREAM_IN, "engram.in.*.close.*")
         counts["episodes"] = (status["streams"].get(subjects.STREAM_EPISODES) or {}).get("messages", 0)
+        counts["node_deltas"] = (status["streams"].get(subjects.STREAM_DELTAS) or {}).get("messages", 0)
         counts["dead_letters"] = (status["streams"].get(subjects.STREAM_DLQ) or {}).get("messages", 0)
         counts.update(await _turn_totals(js))
         status["counts"] = counts

@@ -27,7 +27,7 @@ from engram.topology import Topology, ensure_topology
 
 log = logging.getLogger("engram.up")
 
-SERVICES: tuple[str, ...] = ("turn-detector",)
+SERVICES: tuple[str, ...] = ("turn-detector", "extractor")
 """Services `engram up` runs, in start order. Each later step adds its service here."""
 
 

@@ -74,11 +74,32 @@ class Topology:
             allow_msg_schedules=True,
         )
 
+    def _group_partitioned(self, kind: str) -> SubjectTransform:
+        # engram.<kind>.<group> is stored as engram.<kind>.<p>.<group>: per-group order with one
+        # durable per partition, as for the input stream.
+        return SubjectTransform(
+            src=f"engram.{kind}.*",
+            dest=f"engram.{kind}.{{{{partition({self.partitions},1)}}}}.{{{{wildcard(1)}}}}",
+        )
+
     def episode_stream(self) -> StreamConfig:
         return StreamConfig(
             name=subjects.STREAM_EPISODES,
-            description="Completed turns per scope group.",
+            description="Completed turns per scope group, partitioned by group.",
             subjects=["engram.episode.*"],
+            subject_transform=self._group_partitioned("episode"),
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.episode_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+        )
+
+    def delta_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_DELTAS,
+            description="NodeDeltas per group (what each episode changed on each entity), partitioned by group.",
+            subjects=["engram.delta.*"],
+            subject_transform=self._group_partitioned("delta"),
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=self.episode_max_age_s,
@@ -97,7 +118,7 @@ class Topology:
         )
 
     def streams(self) -> list[StreamConfig]:
-        return [self.input_stream(), self.episode_stream(), self.dlq_stream()]
+        return [self.input_stream(), self.episode_stream(), self.delta_stream(), self.dlq_stream()]
 
     # --- consumers -------------------------------------------------------------------------
     @staticmethod
@@ -123,8 +144,32 @@ class Topology:
             max_deliver=-1,
         )
 
+    @staticmethod
+    def extractor_durable(partition: int) -> str:
+        return f"extractor_p{partition}"
+
+    @staticmethod
+    def extractor_filter(partition: int) -> str:
+        return f"engram.episode.{partition}.*"
+
+    def extractor_consumer(self, partition: int) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=self.extractor_durable(partition),
+            description=f"extractor, episode partition {partition}",
+            filter_subject=self.extractor_filter(partition),
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            # LLM calls are slow: the handler also reports progress while it works.
+            ack_wait=max(self.ack_wait_s, 120.0),
+            max_ack_pending=1,  # graphiti needs a group's episodes in order
+            max_deliver=-1,
+        )
+
     def consumers(self) -> list[tuple[str, ConsumerConfig]]:
-        return [(subjects.STREAM_IN, self.turn_detector_consumer(p)) for p in range(self.partitions)]
+        return [
+            *((subjects.STREAM_IN, self.turn_detector_consumer(p)) for p in range(self.partitions)),
+            *((subjects.STREAM_EPISODES, self.extractor_consumer(p)) for p in range(self.partitions)),
+        ]
 
     # --- key-value -------------------------------------------------------------------------
     def kv_buckets(self) -> list[KeyValueConfig]:

@@ -735,6 +735,8 @@ _CLAUSE_SPLIT = re.compile(
 )
 _FIRST_PERSON = re.compile(r"(?<![\w'’-])(?:I(?:'m|’m|'ve|’ve|'ll|’ll|'d|’d)?|[Mm]e|[Mm]y|[Mm]ine|[Mm]yself|[Ww]e|[Uu]s|[Oo]ur|[Oo]urs|[Oo]urselves)(?![\w'’-])")
 _URL = re.compile(r"\b(?:https?|ftp|file|ssh|git)://\S+|\bwww\.\S+", re.I)
+# engram's turn-detector replaces secrets by typed placeholders: never entities.
+_REDACTED = re.compile(r"\[REDACTED:[a-z_]+\]")
 _EMAIL = re.compile(r"^[\w.+-]+@[\w-]+\.[\w.-]+$")
 _INLINE_CODE = re.compile(r"`([^`\n]{1,200})`")
 
@@ -1748,7 +1750,9 @@ def _extract(doc: _Doc, types_present: set[str], *, max_per_message: int, max_en
 
     for i, s in enumerate(doc.sentences):
         text = s.text
-        masked_urls = _mask(text, [(m.start(), m.end()) for m in _URL.finditer(text)], " ")
+        masked_urls = _mask(
+            text, [(m.start(), m.end()) for pattern in (_URL, _REDACTED) for m in pattern.finditer(text)], " "
+        )
         cands: list[_Cand] = []
         cands += ex.tokens(text, masked_urls, s.code)
         cands += ex.installs(masked_urls)

@@ -647,3 +647,15 @@ async def test_graphiti_extract_nodes_and_edges_end_to_end() -> None:
     assert [c.response_model for c in llm.calls] == ["CombinedExtraction", "BatchEdgeTimestamps"]
     assert [c.prompt_name for c in llm.calls] == ["extract_nodes_and_edges.extract_message", "extract_edges.extract_timestamps_batch"]
     assert llm.failures == {} and llm.unhandled == {}
+
+
+async def test_redaction_placeholders_never_become_entities() -> None:
+    turn = ("user (Ada): Deploy it to staging with DATABASE_URL=postgres://app:[REDACTED:url_password]@db:5432/x "
+            "and the key [REDACTED:openai_key] please.\n\nassistant: Deployed to staging with Terraform.")
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CODING_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    names = [e["name"] for e in response["extracted_entities"]]
+    assert names, "nothing extracted"
+    assert not [n for n in names if "REDACTED" in n.upper()], names

@@ -1,0 +1,202 @@
+"""extractor service: a thin FastStream app around pipeline.py and deltas.py.
+
+Per episode (strictly in order per group: one durable per episode partition, one in flight):
+1. parse the Episode; a bad payload goes to ``engram.dlq.extractor`` with its reason;
+2. extract it into the group's graph (one FalkorDB graph per group, one driver per group) with
+   the resolved preprocessing instructions; an episode already in the graph costs no LLM call;
+3. publish one NodeDelta per touched entity to ``engram.delta.<group>`` (Nats-Msg-Id =
+   episode id + node uuid, so re-publishing after a crash between graph write and publish
+   duplicates nothing); then ack.
+Failures are retried with a delayed nack and dead-lettered after ``max_deliveries``.
+
+Partial (step 2 in progress, see docs/architecture.md): the LLM is the offline
+RulesExtractorClient and the embedder the hashing embedder — OpenAI-compatible providers, the
+MiniLM embedder, Neo4j, chunking of large episodes, and LLM accounting metrics are not wired
+yet. `engram up` does not start this service yet; `engram serve extractor` runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import urllib.parse
+from typing import Any
+
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from graphiti_core.cross_encoder.client import CrossEncoderClient
+from graphiti_core.driver.falkordb_driver import FalkorDriver
+from graphiti_core.graphiti_types import GraphitiClients
+from graphiti_core.llm_client.client import LLMClient
+from graphiti_core.tracer import NoOpTracer
+from nats.js import JetStreamContext
+from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
+
+from engram import dlq
+from engram.models.hashing_embedder import HashingEmbedder
+from engram.models.rules_llm import RulesExtractorClient
+from engram.service import ServiceApp, make_broker, message_itself
+from engram.settings import EngramSettings
+from engram.topology import Topology, ensure_topology
+from schemas import Episode, NodeDelta, subjects
+from services.extractor.deltas import build_node_deltas, delta_message_id
+from services.extractor.pipeline import deltas_for_existing_episode, extract_episode
+from services.extractor.preprocessing import ExtractionSettings, instructions_for_episode, validate_at_startup
+
+STAGE = "extractor"
+log = logging.getLogger("engram.extractor")
+
+EPISODES = Counter("engram_extractor_episodes_total", "Episodes handled, by outcome.", ["outcome"])
+DELTAS = Counter("engram_extractor_deltas_total", "NodeDeltas published.")
+EPISODE_SECONDS = Histogram(
+    "engram_extractor_episode_seconds",
+    "Time to extract one episode and publish its deltas.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+
+
+class NoRerank(CrossEncoderClient):
+    """Extraction never reranks; graphiti's clients bundle still needs a cross encoder."""
+
+    async def rank(self, query: str, passages: list[str]) -> list[tuple[str, float]]:
+        return [(p, 0.0) for p in passages]
+
+
+class Extractor:
+    def __init__(self, settings: EngramSettings, broker: NatsBroker, llm: LLMClient | None = None) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.extraction = ExtractionSettings()
+        self.llm = llm or RulesExtractorClient()
+        self.embedder = HashingEmbedder(dim=256)
+        self.drivers: dict[str, FalkorDriver] = {}
+        self.js: JetStreamContext | None = None
+        self.configured_prompt: str | None = None
+        self.previous_window = 4
+        self.max_deliveries = settings.turn.max_deliveries
+
+    async def start(self) -> None:
+        if self.settings.graph_backend != "falkordb":
+            raise RuntimeError("the extractor supports FalkorDB only so far (ENGRAM_GRAPH_BACKEND=falkordb)")
+        if not self.settings.resolved_graph_url():
+            raise RuntimeError("no graph database: set ENGRAM_GRAPH_URL or start one with `engram up`")
+        self.configured_prompt = validate_at_startup(self.extraction)  # fail fast on a bad template
+        await self.broker.connect()
+        self.js = self.broker.config.connection_state.stream
+        await ensure_topology(self.js, Topology.from_settings(self.settings))
+
+    async def stop(self) -> None:
+        for driver in self.drivers.values():
+            with contextlib.suppress(Exception):
+                await driver.close()
+        self.drivers.clear()
+
+    async def _clients(self, group_id: str) -> GraphitiClients:
+        driver = self.drivers.get(group_id)
+        if driver is None:
+            url = urllib.parse.urlparse(self.settings.resolved_graph_url())
+            # One driver per group (database = group id): graphiti otherwise clones a driver and
+            # re-creates indices on every call.
+            driver = FalkorDriver(
+                host=url.hostname or "127.0.0.1", port=url.port or 6379,
+                password=url.password, database=group_id,
+            )
+            if getattr(driver, "_init_task", None) is not None:
+                await driver._init_task  # noqa: SLF001 - index creation scheduled by the constructor
+            self.drivers[group_id] = driver
+        return GraphitiClients(
+            driver=driver, llm_client=self.llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=NoOpTracer()
+        )
+
+    async def handle(self, msg: Any) -> None:
+        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
+        raw = msg.raw_message
+        meta = raw.metadata
+        started = time.perf_counter()
+        try:
+            episode = Episode.model_validate_json(raw.data)
+        except ValidationError as exc:
+            await self._dead_letter(raw, "schema", "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10]))
+            EPISODES.labels(outcome="dead_lettered").inc()
+            await msg.ack()
+            return
+        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        try:
+            outcome = await self._process(episode)
+        except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
+            if meta.num_delivered >= self.max_deliveries:
+                log.error("giving up on episode seq=%s: %s", meta.sequence.stream, type(exc).__name__)
+                await self._dead_letter(raw, "processing_failed", f"{type(exc).__name__} after {meta.num_delivered} deliveries")
+                EPISODES.labels(outcome="dead_lettered").inc()
+                await msg.ack()
+            else:
+                log.warning("retrying episode seq=%s (delivery %s): %s", meta.sequence.stream, meta.num_delivered,
+                            type(exc).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
+                await msg.nack(delay=min(60.0, 1.0 * 2 ** (meta.num_delivered - 1)))
+            return
+        finally:
+            heartbeat.cancel()
+        EPISODES.labels(outcome=outcome).inc()
+        EPISODE_SECONDS.observe(time.perf_counter() - started)
+        await msg.ack()
+
+    async def _keep_alive(self, msg: Any) -> None:
+        while True:  # an LLM call may outlast ack_wait: tell the server we are still working
+            await asyncio.sleep(15)
+            await msg.in_progress()
+
+    async def _process(self, episode: Episode) -> str:
+        clients = await self._clients(episode.group_id)
+        instructions = instructions_for_episode(episode.extraction, self.configured_prompt, self.extraction)
+        result = await extract_episode(
+            clients, episode, custom_instructions=instructions, previous_window=self.previous_window
+        )
+        if result.already_present:
+            # Written before a crash or redelivery: its deltas may not all have been published.
+            deltas = await deltas_for_existing_episode(clients, episode)
+        else:
+            deltas = build_node_deltas(episode, result)
+        await self._publish(deltas)
+        return "already_present" if result.already_present else "extracted"
+
+    async def _publish(self, deltas: list[NodeDelta]) -> None:
+        for delta in deltas:
+            await self.broker.publish(
+                delta.model_dump_json().encode(),
+                subjects.delta(delta.group_id),
+                headers={subjects.HDR_MSG_ID: delta_message_id(delta), "content-type": "application/json"},
+                stream=subjects.STREAM_DELTAS,
+            )
+            DELTAS.inc()
+
+    async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:
+        assert self.js is not None
+        await dlq.dead_letter(
+            self.js, stage=STAGE, reason=reason, detail=detail, subject=raw.subject, payload=raw.data,
+            headers=raw.headers, source_id=f"{subjects.STREAM_EPISODES}:{raw.metadata.sequence.stream}",
+        )
+
+
+def build(settings: EngramSettings | None = None, llm: LLMClient | None = None) -> ServiceApp:
+    settings = settings or EngramSettings()
+    broker = make_broker(settings, service="extractor")
+    extractor = Extractor(settings, broker, llm)
+    topology = Topology.from_settings(settings)
+    stream = JStream(name=subjects.STREAM_EPISODES, declare=False)
+    for p in range(settings.partitions):
+        broker.subscriber(
+            topology.extractor_filter(p),
+            stream=stream,
+            durable=topology.extractor_durable(p),
+            config=topology.extractor_consumer(p),
+            pull_sub=PullSub(batch_size=1, timeout=5.0),
+            ack_policy=AckPolicy.MANUAL,
+            decoder=message_itself,
+            title=f"extractor partition {p}",
+        )(extractor.handle)
+    app = ServiceApp(name="extractor", broker=broker, on_startup=[extractor.start], on_shutdown=[extractor.stop])
+    app.extractor = extractor  # type: ignore[attr-defined]
+    return app
