@@ -69,8 +69,6 @@ from graphiti_core.driver.falkordb import STOPWORDS as FALKOR_FULLTEXT_STOPWORDS
 from graphiti_core.edges import EntityEdge, EpisodicEdge, create_entity_edge_embeddings, get_entity_edge_from_record
 from graphiti_core.errors import NodeNotFoundError
 from graphiti_core.graphiti_types import GraphitiClients
-from graphiti_core.llm_client import LLMClient
-from graphiti_core.llm_client.config import ModelSize
 from graphiti_core.models.edges.edge_db_queries import get_entity_edge_return_query
 from graphiti_core.nodes import EntityNode, EpisodeType, EpisodicNode, create_entity_node_embeddings
 from graphiti_core.search.search_utils import get_mentioned_nodes
@@ -87,6 +85,7 @@ from graphiti_core.utils.maintenance.graph_data_operations import retrieve_episo
 from graphiti_core.utils.maintenance.node_operations import extract_nodes, resolve_extracted_nodes
 from pydantic import BaseModel, ConfigDict, Field
 
+from engram.models.accounting import AccountingLLMClient
 from schemas import Episode, NodeDelta
 from services.extractor.deltas import build_node_deltas
 
@@ -165,41 +164,14 @@ class ExtractionResult(BaseModel):
     dropped_edges: int = 0
     previous_episodes: int = 0
     llm_calls: dict[str, int] = Field(default_factory=dict, description="LLM calls by graphiti prompt name.")
+    llm_tokens: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="cl100k tokens by prompt name: {'input': n, 'output': n}."
+    )
     timings: dict[str, float] = Field(default_factory=dict, description="Milliseconds per stage.")
 
     @property
     def llm_call_count(self) -> int:
         return sum(self.llm_calls.values())
-
-
-class _CountingLLMClient(LLMClient):
-    """Per-call wrapper that counts LLM calls by prompt name and delegates everything."""
-
-    def __init__(self, inner: LLMClient) -> None:
-        super().__init__(inner.config, cache=False)
-        self.inner = inner
-        self.tracer = inner.tracer
-        self.token_tracker = inner.token_tracker
-        self.calls: dict[str, int] = {}
-
-    async def generate_response(  # type: ignore[override]
-        self,
-        messages: list[Any],
-        response_model: type[BaseModel] | None = None,
-        max_tokens: int | None = None,
-        model_size: ModelSize = ModelSize.medium,
-        group_id: str | None = None,
-        prompt_name: str | None = None,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        key = prompt_name or (response_model.__name__ if response_model is not None else "unnamed")
-        self.calls[key] = self.calls.get(key, 0) + 1
-        return await self.inner.generate_response(
-            messages, response_model, max_tokens, model_size, group_id, prompt_name, **kwargs
-        )
-
-    async def _generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # pragma: no cover
-        return await self.inner._generate_response(*args, **kwargs)
 
 
 class _Extracted(NamedTuple):
@@ -437,7 +409,7 @@ async def extract_episode(
         )
 
     now = utc_now()
-    counting = _CountingLLMClient(clients.llm_client)
+    counting = AccountingLLMClient(clients.llm_client, stage="extractor")
     run = clients.model_copy(update={"llm_client": counting})
     episode_node = build_episodic_node(episode, now)
 
@@ -491,6 +463,7 @@ async def extract_episode(
         dropped_edges=extracted.dropped_edges,
         previous_episodes=len(previous),
         llm_calls=dict(counting.calls),
+        llm_tokens={k: dict(v) for k, v in counting.tokens.items()},
         timings=timings,
     )
     log.info(
