@@ -9,10 +9,10 @@ Per episode (strictly in order per group: one durable per episode partition, one
    duplicates nothing); then ack.
 Failures are retried with a delayed nack and dead-lettered after ``max_deliveries``.
 
-Partial (step 2 in progress, see docs/architecture.md): the LLM is the offline
-RulesExtractorClient and the embedder the hashing embedder — OpenAI-compatible providers, the
-MiniLM embedder, Neo4j, chunking of large episodes, and LLM accounting metrics are not wired
-yet. `engram up` does not start this service yet; `engram serve extractor` runs it.
+Models come from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* (engram/models/factory.py): the offline rules
+extractor and hashing embedder by default, any OpenAI-compatible endpoint by settings.
+Partial (step 2 in progress, see docs/architecture.md): the MiniLM embedder, Neo4j, and chunking
+of large episodes are not wired yet.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
 from engram import dlq
-from engram.models.hashing_embedder import HashingEmbedder
-from engram.models.rules_llm import RulesExtractorClient
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
@@ -70,8 +69,8 @@ class Extractor:
         self.settings = settings
         self.broker = broker
         self.extraction = ExtractionSettings()
-        self.llm = llm or RulesExtractorClient()
-        self.embedder = HashingEmbedder(dim=256)
+        self.llm = llm or build_llm(LLMSettings())
+        self.embedder = build_embedder(EmbedderSettings())
         self.drivers: dict[str, FalkorDriver] = {}
         self.js: JetStreamContext | None = None
         self.configured_prompt: str | None = None

@@ -1,0 +1,124 @@
+"""LLM and embedder factories from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* settings.
+
+- ``rules`` (default): RulesExtractorClient, deterministic and offline; no model server needed.
+- ``openai``: any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM, Ollama,
+  llama.cpp server, xllamacpp) through graphiti's OpenAIGenericClient. Retries are the OpenAI
+  SDK's (they honour ``Retry-After`` on 429/503), then graphiti's own backoff on rate limits;
+  a call that still fails makes the extractor nack the episode with a delay, so no episode is
+  lost. A client-side rate limit (aiolimiter) keeps a shared quota from being overrun.
+Embedders: ``hashing`` (default, lexical only) or ``openai`` (any OpenAI-compatible
+``/embeddings``). The local MiniLM embedder is not wired yet (it needs torch; see
+EXTRACTION-MODELS.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from aiolimiter import AsyncLimiter
+from graphiti_core.embedder.client import EmbedderClient
+from graphiti_core.llm_client.client import LLMClient
+from graphiti_core.llm_client.config import LLMConfig, ModelSize
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class LLMSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_LLM_", extra="ignore")
+
+    provider: Literal["rules", "openai"] = "rules"
+    base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1; None = api.openai.com")
+    model: str = "gpt-4.1-mini"
+    small_model: str | None = None
+    api_key: SecretStr = SecretStr("unused")
+    max_retries: int = Field(4, ge=0, description="SDK retries per call (Retry-After is honoured).")
+    timeout_s: float = Field(120.0, gt=0)
+    requests_per_second: float = Field(10.0, gt=0, description="Client-side rate limit per process.")
+    max_tokens: int = Field(8192, gt=0)
+    structured_output: Literal["json_schema", "json_object"] = "json_schema"
+
+
+class EmbedderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_EMBEDDER_", extra="ignore")
+
+    provider: Literal["hashing", "openai"] = "hashing"
+    dim: int = Field(256, ge=8)
+    base_url: str | None = None
+    model: str = "text-embedding-3-small"
+    api_key: SecretStr = SecretStr("unused")
+
+
+class RateLimitedLLMClient(LLMClient):
+    """Waits for a token of a shared limiter before each call to ``inner``."""
+
+    def __init__(self, inner: LLMClient, requests_per_second: float) -> None:
+        super().__init__(inner.config, cache=False)
+        self.inner = inner
+        self.tracer = inner.tracer
+        self.token_tracker = inner.token_tracker
+        # Capacity 1 per 1/rps seconds: smooth, no bursts beyond the rate.
+        self.limiter = AsyncLimiter(1, 1.0 / requests_per_second)
+
+    async def generate_response(  # type: ignore[override]
+        self,
+        messages: list[Any],
+        response_model: type[BaseModel] | None = None,
+        max_tokens: int | None = None,
+        model_size: ModelSize = ModelSize.medium,
+        group_id: str | None = None,
+        prompt_name: str | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        async with self.limiter:
+            return await self.inner.generate_response(
+                messages, response_model, max_tokens, model_size, group_id, prompt_name, **kwargs
+            )
+
+    async def _generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # pragma: no cover
+        return await self.inner._generate_response(*args, **kwargs)  # noqa: SLF001
+
+
+def build_llm(settings: LLMSettings | None = None) -> LLMClient:
+    settings = settings or LLMSettings()
+    if settings.provider == "rules":
+        from engram.models.rules_llm import RulesExtractorClient
+
+        return RulesExtractorClient()
+    from graphiti_core.llm_client.openai_generic_client import OpenAIGenericClient
+    from openai import AsyncOpenAI
+
+    config = LLMConfig(
+        api_key=settings.api_key.get_secret_value(),
+        base_url=settings.base_url,
+        model=settings.model,
+        small_model=settings.small_model or settings.model,
+        max_tokens=settings.max_tokens,
+    )
+    sdk = AsyncOpenAI(
+        api_key=settings.api_key.get_secret_value(),
+        base_url=settings.base_url,
+        max_retries=settings.max_retries,
+        timeout=settings.timeout_s,
+    )
+    inner = OpenAIGenericClient(
+        config, client=sdk, max_tokens=settings.max_tokens, structured_output_mode=settings.structured_output
+    )
+    return RateLimitedLLMClient(inner, settings.requests_per_second)
+
+
+def build_embedder(settings: EmbedderSettings | None = None) -> EmbedderClient:
+    settings = settings or EmbedderSettings()
+    if settings.provider == "hashing":
+        from engram.models.hashing_embedder import HashingEmbedder
+
+        return HashingEmbedder(dim=settings.dim)
+    from graphiti_core.embedder.openai import OpenAIEmbedder, OpenAIEmbedderConfig
+
+    return OpenAIEmbedder(
+        OpenAIEmbedderConfig(
+            embedding_model=settings.model,
+            api_key=settings.api_key.get_secret_value(),
+            base_url=settings.base_url,
+            embedding_dim=settings.dim,
+        )
+    )
