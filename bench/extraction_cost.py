@@ -93,7 +93,7 @@ async def upstream(url: str, messages: list[ChatMessage]) -> AccountingLLMClient
     return llm
 
 
-async def engram(url: str, episodes: list[Episode], dual_pass: bool) -> AccountingLLMClient:
+async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int) -> AccountingLLMClient:
     llm = AccountingLLMClient(RulesExtractorClient(), stage="engram_dual" if dual_pass else "engram")
     instructions = validate_at_startup(ExtractionSettings()) or ""
     drivers: dict[str, FalkorDriver] = {}
@@ -106,7 +106,7 @@ async def engram(url: str, episodes: list[Episode], dual_pass: bool) -> Accounti
         clients = GraphitiClients(driver=d, llm_client=llm, embedder=HashingEmbedder(256),
                                   cross_encoder=NoRerank(), tracer=NoOpTracer())
         await extract_episode(clients, ep.model_copy(update={"group_id": group}),
-                              custom_instructions=instructions, previous_window=4)
+                              custom_instructions=instructions, previous_window=window)
     return llm
 
 
@@ -119,13 +119,13 @@ async def main(args: argparse.Namespace) -> None:
         try:
             results = {
                 "upstream REST": await upstream(server.url, messages),
-                "engram dual-pass": await engram(server.url, episodes, dual_pass=True),
-                "engram single-pass": await engram(server.url, episodes, dual_pass=False),
+                "engram dual-pass": await engram(server.url, episodes, dual_pass=True, window=args.window),
+                "engram single-pass": await engram(server.url, episodes, dual_pass=False, window=args.window),
             }
         finally:
             server.stop()
     table = Table(title=f"LLM cost per turn: LoCoMo {args.sample}, {args.sessions} sessions, "
-                        f"{len(messages)} messages, {turns} turns (cl100k tokens)")
+                        f"{len(messages)} messages, {turns} turns, window {args.window} (cl100k tokens)")
     for col in ("variant", "calls/turn", "input tok/turn", "output tok/turn", "total tok/turn", "vs upstream"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     base = None
@@ -135,17 +135,18 @@ async def main(args: argparse.Namespace) -> None:
         tout = sum(t["output"] for t in llm.tokens.values()) / turns
         base = base or (tin + tout)
         table.add_row(name, f"{calls:.2f}", f"{tin:,.0f}", f"{tout:,.0f}", f"{tin + tout:,.0f}", f"{(tin + tout) / base:.2f}x")
-    Console().print(table)
+    Console(width=140).print(table)
     for name, llm in results.items():
         top = sorted(llm.tokens.items(), key=lambda kv: -(kv[1]["input"] + kv[1]["output"]))[:6]
         print(f"{name}: " + ", ".join(f"{p} {llm.calls[p]} calls/{t['input'] + t['output']:,} tok" for p, t in top))
     single = list(results.values())[2]
     ratio = sum(t["input"] + t["output"] for t in single.tokens.values()) / turns / base
-    print(f"engram single-pass / upstream = {ratio:.2f}x tokens per turn (target <= 0.35x): {'MET' if ratio <= 0.35 else 'NOT MET'}")
+    print(f"engram single-pass / upstream = {ratio:.3f}x tokens per turn (target <= 0.35x): {'MET' if ratio <= 0.35 else 'NOT MET'}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sample", default="conv-26")
     parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--window", type=int, default=2, help="previous episodes shown to extraction")
     asyncio.run(main(parser.parse_args()))

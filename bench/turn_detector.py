@@ -191,7 +191,7 @@ async def main(args: argparse.Namespace) -> None:
         table.add_column(col, justify="right" if col != "consumer" else "left")
     for k, v in results.items():
         table.add_row(k, f"{med[k]:.0f}", f"{min(v):.0f}", f"{max(v):.0f}", f"{med[k] / med['pass-through']:.2f}x")
-    Console().print(table)
+    Console(width=140).print(table)
     ratio = med["turn-detector"] / med["pass-through"]
     print(f"turn-detector / pass-through = {ratio:.2f}x (target >= 0.80x): {'MET' if ratio >= 0.8 else 'NOT MET'}")
 
