@@ -31,14 +31,12 @@ os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
 import nats  # noqa: E402
 import nats.js.errors  # noqa: E402
-from faststream import AckPolicy  # noqa: E402
-from faststream.nats import JStream, PullSub  # noqa: E402
 from nats.js.api import StreamConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from engram.embedded import start_nats  # noqa: E402
-from engram.service import make_broker, message_itself  # noqa: E402
+from engram.service import make_broker, subscribe_partitions  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
 from engram.topology import Topology, ensure_topology  # noqa: E402
 from schemas import ChatMessage, subjects  # noqa: E402
@@ -119,19 +117,20 @@ async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -
     topology = Topology.from_settings(settings)
     broker = make_broker(settings, service="bench-passthrough")
     durables = [f"passthrough_p{p}" for p in range(topology.partitions)]
+    configs = []
     for p, durable in enumerate(durables):
         cfg = topology.turn_detector_consumer(p)
         cfg.durable_name = durable
+        configs.append(cfg)
 
-        async def handle(msg: Any) -> None:  # the NatsMessage, via the same decoder
-            if forward:
-                raw = msg.raw_message
-                await broker.publish(raw.data, "bench.out." + raw.subject.rsplit(".", 1)[-1], stream="BENCH_OUT")
-            await msg.ack()
+    async def handle(msg: Any) -> None:  # the NatsMessage, as the services receive it
+        if forward:
+            raw = msg.raw_message
+            await broker.publish(raw.data, "bench.out." + raw.subject.rsplit(".", 1)[-1], stream="BENCH_OUT")
+        await msg.ack()
 
-        broker.subscriber(topology.turn_detector_filter(p), stream=JStream(subjects.STREAM_IN, declare=False),
-                          durable=durable, config=cfg, pull_sub=PullSub(batch_size=1), ack_policy=AckPolicy.MANUAL,
-                          decoder=message_itself)(handle)
+    # exactly the services' subscription shape (engram.service.subscribe_partitions)
+    subscribe_partitions(broker, subjects.STREAM_IN, configs, handle, title="passthrough")
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await reset(js, durables)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
-from faststream.nats import NatsBroker
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
@@ -65,6 +66,31 @@ async def message_itself(message: Any) -> Any:
     the handler takes one untyped argument and this decoder supplies the message.
     """
     return message
+
+
+def subscribe_partitions(
+    broker: NatsBroker,
+    stream: str,
+    consumers: Sequence[Any],
+    handler: Callable[[Any], Awaitable[None]],
+    *,
+    title: str,
+) -> None:
+    """One pull subscriber per partition durable (``consumers``: nats ConsumerConfig objects
+    with durable_name and filter_subject), one message at a time, manual acks, and the handler
+    receiving the NatsMessage itself (see :func:`message_itself`)."""
+    js_stream = JStream(name=stream, declare=False)
+    for p, config in enumerate(consumers):
+        broker.subscriber(
+            config.filter_subject,
+            stream=js_stream,
+            durable=config.durable_name,
+            config=config,
+            pull_sub=PullSub(batch_size=1, timeout=5.0),
+            ack_policy=AckPolicy.MANUAL,
+            decoder=message_itself,
+            title=f"{title} partition {p}",
+        )(handler)
 
 
 def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:

@@ -16,9 +16,9 @@ import json
 from typing import Any
 
 from graphiti_core.llm_client.client import LLMClient
-from graphiti_core.llm_client.config import ModelSize
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel
+
+from engram.models.delegating import DelegatingLLMClient, Forward
 
 LLM_CALLS = Counter("engram_llm_calls_total", "LLM calls by pipeline stage and graphiti prompt.", ["stage", "prompt"])
 LLM_TOKENS = Counter(
@@ -37,34 +37,19 @@ def _count_tokens() -> Any:
     return token_counter()
 
 
-class AccountingLLMClient(LLMClient):
-    """Delegates every call to ``inner`` and accounts for it; holds no other state."""
+class AccountingLLMClient(DelegatingLLMClient):
+    """Delegates every call to ``inner`` and accounts for it."""
 
     def __init__(self, inner: LLMClient, stage: str) -> None:
-        super().__init__(inner.config, cache=False)
-        self.inner = inner
+        super().__init__(inner)
         self.stage = stage
-        self.tracer = inner.tracer
-        self.token_tracker = inner.token_tracker
         self.calls: dict[str, int] = {}
         self.tokens: dict[str, dict[str, int]] = {}
         self._count = _count_tokens()
 
-    async def generate_response(  # type: ignore[override]
-        self,
-        messages: list[Any],
-        response_model: type[BaseModel] | None = None,
-        max_tokens: int | None = None,
-        model_size: ModelSize = ModelSize.medium,
-        group_id: str | None = None,
-        prompt_name: str | None = None,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        prompt = prompt_name or (response_model.__name__ if response_model is not None else "unnamed")
+    async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
         with LLM_SECONDS.labels(stage=self.stage).time():
-            response = await self.inner.generate_response(
-                messages, response_model, max_tokens, model_size, group_id, prompt_name, **kwargs
-            )
+            response = await forward()
         n_in = self._count("\n".join(str(getattr(m, "content", m)) for m in messages))
         n_out = self._count(json.dumps(response, default=str))
         self.calls[prompt] = self.calls.get(prompt, 0) + 1
@@ -75,6 +60,3 @@ class AccountingLLMClient(LLMClient):
         LLM_TOKENS.labels(stage=self.stage, prompt=prompt, direction="input").inc(n_in)
         LLM_TOKENS.labels(stage=self.stage, prompt=prompt, direction="output").inc(n_out)
         return response
-
-    async def _generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # pragma: no cover
-        return await self.inner._generate_response(*args, **kwargs)  # noqa: SLF001

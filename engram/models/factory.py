@@ -18,9 +18,11 @@ from typing import Any, Literal
 from aiolimiter import AsyncLimiter
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
-from graphiti_core.llm_client.config import LLMConfig, ModelSize
-from pydantic import BaseModel, Field, SecretStr
+from graphiti_core.llm_client.config import LLMConfig
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engram.models.delegating import DelegatingLLMClient, Forward
 
 
 class LLMSettings(BaseSettings):
@@ -48,34 +50,17 @@ class EmbedderSettings(BaseSettings):
     api_key: SecretStr = SecretStr("unused")
 
 
-class RateLimitedLLMClient(LLMClient):
+class RateLimitedLLMClient(DelegatingLLMClient):
     """Waits for a token of a shared limiter before each call to ``inner``."""
 
     def __init__(self, inner: LLMClient, requests_per_second: float) -> None:
-        super().__init__(inner.config, cache=False)
-        self.inner = inner
-        self.tracer = inner.tracer
-        self.token_tracker = inner.token_tracker
+        super().__init__(inner)
         # Capacity 1 per 1/rps seconds: smooth, no bursts beyond the rate.
         self.limiter = AsyncLimiter(1, 1.0 / requests_per_second)
 
-    async def generate_response(  # type: ignore[override]
-        self,
-        messages: list[Any],
-        response_model: type[BaseModel] | None = None,
-        max_tokens: int | None = None,
-        model_size: ModelSize = ModelSize.medium,
-        group_id: str | None = None,
-        prompt_name: str | None = None,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
+    async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
         async with self.limiter:
-            return await self.inner.generate_response(
-                messages, response_model, max_tokens, model_size, group_id, prompt_name, **kwargs
-            )
-
-    async def _generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # pragma: no cover
-        return await self.inner._generate_response(*args, **kwargs)  # noqa: SLF001
+            return await forward()
 
 
 def build_llm(settings: LLMSettings | None = None) -> LLMClient:

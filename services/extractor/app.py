@@ -24,8 +24,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import NatsBroker
 from graphiti_core.cross_encoder.client import CrossEncoderClient
 from graphiti_core.driver.falkordb_driver import FalkorDriver
 from graphiti_core.graphiti_types import GraphitiClients
@@ -37,7 +36,7 @@ from pydantic import ValidationError
 
 from engram import dlq
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
-from engram.service import ServiceApp, make_broker, message_itself
+from engram.service import ServiceApp, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
@@ -188,18 +187,8 @@ def build(settings: EngramSettings | None = None, llm: LLMClient | None = None) 
     broker = make_broker(settings, service="extractor")
     extractor = Extractor(settings, broker, llm)
     topology = Topology.from_settings(settings)
-    stream = JStream(name=subjects.STREAM_EPISODES, declare=False)
-    for p in range(settings.partitions):
-        broker.subscriber(
-            topology.extractor_filter(p),
-            stream=stream,
-            durable=topology.extractor_durable(p),
-            config=topology.extractor_consumer(p),
-            pull_sub=PullSub(batch_size=1, timeout=5.0),
-            ack_policy=AckPolicy.MANUAL,
-            decoder=message_itself,
-            title=f"extractor partition {p}",
-        )(extractor.handle)
+    consumers = [topology.extractor_consumer(p) for p in range(settings.partitions)]
+    subscribe_partitions(broker, subjects.STREAM_EPISODES, consumers, extractor.handle, title="extractor")
     app = ServiceApp(name="extractor", broker=broker, on_startup=[extractor.start], on_shutdown=[extractor.stop])
     app.extractor = extractor  # type: ignore[attr-defined]
     return app

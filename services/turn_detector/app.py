@@ -20,13 +20,12 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import NatsBroker
 import nats.js.errors
 from nats.js import JetStreamContext
 
 from engram import dlq
-from engram.service import ServiceApp, make_broker, message_itself
+from engram.service import ServiceApp, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, subjects
@@ -290,18 +289,8 @@ def build(settings: EngramSettings | None = None) -> ServiceApp:
     broker = make_broker(settings, service="turn-detector")
     detector = TurnDetector(settings, broker)
     topology = Topology.from_settings(settings)
-    stream = JStream(name=subjects.STREAM_IN, declare=False)
-    for p in range(settings.partitions):
-        broker.subscriber(
-            topology.turn_detector_filter(p),
-            stream=stream,
-            durable=topology.turn_detector_durable(p),
-            config=topology.turn_detector_consumer(p),
-            pull_sub=PullSub(batch_size=1, timeout=5.0),
-            ack_policy=AckPolicy.MANUAL,
-            decoder=message_itself,
-            title=f"turn-detector partition {p}",
-        )(detector.handle)
+    consumers = [topology.turn_detector_consumer(p) for p in range(settings.partitions)]
+    subscribe_partitions(broker, subjects.STREAM_IN, consumers, detector.handle, title="turn-detector")
     app = ServiceApp(name="turn-detector", broker=broker, on_startup=[detector.start])
     app.detector = detector  # type: ignore[attr-defined]
     return app
