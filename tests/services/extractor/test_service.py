@@ -108,3 +108,41 @@ async def test_unsupported_backend_fails_at_start_with_a_clear_error(clean_nats,
     with pytest.raises(RuntimeError, match="FalkorDB only"):
         await service.start()
     await service.broker.stop()
+
+
+async def test_two_replicas_keep_each_groups_episodes_in_order(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2)
+    replicas = [ex_app.build(settings, llm=RulesExtractorClient()) for _ in range(2)]
+    handled: list[tuple[int, str, str]] = []  # (replica, group, turn id) in the order processing started
+    for i, r in enumerate(replicas):
+        real = r.extractor._process  # type: ignore[attr-defined]
+
+        async def traced(episode, _real=real, _i=i):  # noqa: ANN001, ANN202
+            handled.append((_i, episode.group_id, episode.turn_id))
+            return await _real(episode)
+
+        r.extractor._process = traced  # type: ignore[attr-defined]
+        await r.start()
+    nc = await nats.connect(clean_nats)
+    js = nc.jetstream()
+    groups = [f"engram_session_o{g}" for g in range(6)]
+    try:
+        for k in range(4):
+            for g, group in enumerate(groups):
+                ep = Episode(episode_id=f"00000000-0000-4000-8000-{g:06d}{k:06d}", group_id=group, scope="session",
+                             turn_id=f"o{g}:m{k}", session_id=f"o{g}", reference_time="2026-01-01T00:00:00Z",
+                             content=f"user (Ada): Step {k}: Ada deployed service{g} with Terraform.", messages=[])
+                await js.publish(subjects.episode(group), ep.model_dump_json().encode(), headers={"Nats-Msg-Id": ep.episode_id})
+        done = await wait_for(lambda: _all_handled(js, handled, 24), 60)
+        assert done, f"only {len(handled)} of 24 episodes handled"
+        for g, group in enumerate(groups):
+            assert [t for _, grp, t in handled if grp == group] == [f"o{g}:m{k}" for k in range(4)]
+        assert {i for i, _, _ in handled} == {0, 1}, "both replicas should have worked"
+    finally:
+        await nc.close()
+        for r in replicas:
+            await r.stop()
+
+
+async def _all_handled(js, handled: list, n: int) -> bool:  # noqa: ANN001
+    return len(handled) >= n and await _extractors_idle(js)
