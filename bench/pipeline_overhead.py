@@ -1,0 +1,126 @@
+"""Benchmark: end-to-end turns/s through engram (turn-detector + extractor over NATS JetStream)
+vs an in-process loop of graphiti ``add_episode`` per turn, on the same embedded FalkorDB, with a
+zero-latency LLM (engram's deterministic RulesExtractorClient answers graphiti's prompts) and
+the hashing embedder. Rounds alternate; the table reports medians and the ratio.
+
+What differs besides transport: engram runs graphiti's combined single-pass extraction and no
+inline summaries; add_episode runs separate node/edge extraction and inline summaries — the
+loop is what a user would write with graphiti alone. Target (issue 3): engram >= 0.85x.
+
+    python bench/pipeline_overhead.py [--sample conv-26] [--sessions 3] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
+
+import nats  # noqa: E402
+from graphiti_core import Graphiti  # noqa: E402
+from graphiti_core.driver.falkordb_driver import FalkorDriver  # noqa: E402
+from graphiti_core.nodes import EpisodeType  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.extraction_cost import LOCOMO, load  # noqa: E402
+from engram.embedded import start_falkordb, start_nats  # noqa: E402
+from engram.ingest import publish_events, read_locomo  # noqa: E402
+from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
+from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
+from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
+from schemas import ScopeKeys, subjects  # noqa: E402
+from services.extractor import app as ex_app  # noqa: E402
+from services.extractor.app import NoRerank  # noqa: E402
+from services.turn_detector import app as td_app  # noqa: E402
+
+
+async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sessions: int, turns: int, rnd: int) -> float:
+    settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp, group_prefix=f"r{rnd}",
+                              turn=TurnDetectorSettings(idle_timeout_s=3600))
+    detector, extractor = td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient())
+    await detector.start()
+    await extractor.start()
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    before = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages
+    events = list(read_locomo(LOCOMO, ScopeKeys(), [sample], max_sessions=sessions))
+    # fresh message ids per round, so the server's dedupe window does not drop them
+    events = [e.model_copy(update={"message_id": f"r{rnd}-{e.message_id}"}) if hasattr(e, "message_id") else e
+              for e in events]
+    events = [e.model_copy(update={"session_id": f"r{rnd}-{e.session_id}"}) for e in events]
+    started = time.perf_counter()
+    await publish_events(js, events)
+    while True:
+        done = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages - before >= turns
+        infos = await js.consumers_info(subjects.STREAM_EPISODES)
+        idle = all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.name.startswith("extractor_"))
+        if done and idle:
+            break
+        await asyncio.sleep(0.02)
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    await extractor.stop()
+    await detector.stop()
+    return turns / elapsed
+
+
+async def run_graphiti_loop(graph_url: str, episodes: list, rnd: int) -> float:
+    host, port = graph_url.split("://", 1)[1].rsplit(":", 1)
+    group = f"loop_r{rnd}"
+    graphiti = Graphiti(graph_driver=FalkorDriver(host=host, port=int(port), database=group),
+                        llm_client=RulesExtractorClient(), embedder=HashingEmbedder(256), cross_encoder=NoRerank())
+    started = time.perf_counter()
+    for ep in episodes:
+        await graphiti.add_episode(name=ep.turn_id, episode_body=ep.content, source=EpisodeType.message,
+                                   source_description=ep.source_description or "", reference_time=ep.reference_time,
+                                   group_id=group)
+    elapsed = time.perf_counter() - started
+    await graphiti.close()
+    return len(episodes) / elapsed
+
+
+async def main(args: argparse.Namespace) -> None:
+    logging.disable(logging.WARNING)
+    _, episodes = load(args.sample, args.sessions)
+    results: dict[str, list[float]] = {"graphiti add_episode loop": [], "engram (NATS, 2 services)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        nats_server, falkordb = start_nats(Path(tmp)), start_falkordb(Path(tmp))
+        try:
+            for rnd in range(args.rounds):
+                results["graphiti add_episode loop"].append(await run_graphiti_loop(falkordb.url, episodes, rnd))
+                results["engram (NATS, 2 services)"].append(await run_engram(
+                    nats_server.url, falkordb.url, Path(tmp), args.sample, args.sessions, len(episodes), rnd))
+                print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f} turns/s" for k, v in results.items()),
+                      file=sys.stderr)
+        finally:
+            falkordb.stop()
+            nats_server.stop()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    base = med["graphiti add_episode loop"]
+    table = Table(title=f"end-to-end turns/s, LoCoMo {args.sample}, {args.sessions} sessions, {len(episodes)} turns, "
+                        f"zero-latency LLM, median of {args.rounds} alternating rounds")
+    for col in ("variant", "median turns/s", "min", "max", "ratio"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for k, v in results.items():
+        table.add_row(k, f"{med[k]:.1f}", f"{min(v):.1f}", f"{max(v):.1f}", f"{med[k] / base:.2f}x")
+    Console(width=140).print(table)
+    ratio = med["engram (NATS, 2 services)"] / base
+    print(f"engram / graphiti loop = {ratio:.2f}x (target >= 0.85x): {'MET' if ratio >= 0.85 else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sample", default="conv-26")
+    parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))
