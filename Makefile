@@ -25,6 +25,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/turn_detector.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/extraction_cost.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/pipeline_overhead.py
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.export
