@@ -1501,6 +1501,24 @@ _SUBJECT_GAP = re.compile(
 )
 
 
+# Words that carry no fact on their own: greetings, acknowledgements, intensifiers.
+_SMALL_TALK = frozenset(
+    "wow hey hi hello thanks thank yeah yep yes yup no nope oh ok okay cool great awesome totally agree "
+    "sure lol haha bye see talk soon nice really so too omg aw aww hmm um well "
+    "amazing sounds sound fun congrats congratulations welcome sorry please anytime".split()
+)
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]{2,}")
+
+
+def _has_content(masked_sentence: str) -> bool:
+    """False for small talk around a name: once entity mentions are masked, the sentence holds
+    small-talk words and nothing but stopwords besides ("Wow, Melanie!", "Thanks, Caroline!")."""
+    words = [w.lower().strip("'’-") for w in _WORD.findall(masked_sentence)]
+    small_talk = [w for w in words if w in _SMALL_TALK]
+    content = [w for w in words if w not in _SMALL_TALK and w not in STOPWORDS]
+    return bool(content) or not small_talk
+
+
 class _FactBuilder:
     def __init__(self, entities: dict[str, _Entity], max_fact_chars: int):
         self.entities = entities
@@ -1528,6 +1546,8 @@ class _FactBuilder:
             return
         fact_text = third_person(text, sent.speaker if speaker_key else None)
         masked = _mask(text, [(m.start, m.end) for m in mentions if not m.pronoun])
+        if not _has_content(masked):
+            return  # "Wow, Melanie!", "Thanks, Caroline!": a name in a greeting is no fact
         verbs = _find_verbs(masked)
         switches = []
         for rx in _SWITCH_RES:

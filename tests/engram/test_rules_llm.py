@@ -659,3 +659,16 @@ async def test_redaction_placeholders_never_become_entities() -> None:
     names = [e["name"] for e in response["extracted_entities"]]
     assert names, "nothing extracted"
     assert not [n for n in names if "REDACTED" in n.upper()], names
+
+
+async def test_greetings_with_a_name_are_not_facts() -> None:
+    turn = ("user (Caroline): Wow, Melanie! Thanks, Melanie! I went to a LGBTQ support group yesterday "
+            "and it was so powerful.\n\nassistant (Melanie): Hey Caroline! Totally agree, Caroline.")
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    facts = [e["fact"] for e in response["edges"]]
+    assert facts, "the support-group sentence should still give a fact"
+    assert any("support group" in f for f in facts)
+    assert not [f for f in facts if f.rstrip("!.").split(",")[0].strip().lower() in {"wow", "thanks", "hey", "totally agree"}], facts
