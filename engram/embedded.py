@@ -125,11 +125,22 @@ def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = No
     raise EmbeddedServerError("nats-server did not become healthy in time")
 
 
-def _redis_ping(host: str, port: int) -> bool:
+def redis_ping(host: str, port: int) -> tuple[bool, str]:
+    """(answered PONG, detail) for a Redis/FalkorDB server: one PING over a plain socket."""
     try:
         with socket.create_connection((host, port), timeout=1) as s:
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            ok = s.recv(16).startswith(b"+PONG")
+            return ok, "PONG" if ok else "unexpected reply"
+    except OSError as exc:
+        return False, type(exc).__name__
+
+
+def http_ok(url: str) -> bool:
+    """True when GET ``url`` answers 2xx within a second (service health endpoints)."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return 200 <= resp.status < 300
     except OSError:
         return False
 
@@ -154,7 +165,7 @@ def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None 
         proc = spawn("falkordb", argv, log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            if _redis_ping(host, chosen):
+            if redis_ping(host, chosen)[0]:
                 return ManagedProcess("falkordb", proc, f"falkor://{host}:{chosen}", log_path)
             time.sleep(0.05)
         if proc.poll() is None:

@@ -4,39 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import urllib.parse
-import urllib.request
 from typing import Any
 
 import nats
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from engram.embedded import http_ok, redis_ping
 from engram.settings import EngramSettings
 from schemas import subjects
 
 MAX_SESSIONS_SCANNED = 20_000
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return 200 <= resp.status < 300
-    except OSError:
-        return False
-
-
 def _graph_ping(url: str) -> tuple[bool, str]:
     parsed = urllib.parse.urlparse(url)
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=1) as s:
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            ok = s.recv(16).startswith(b"+PONG")
-            return ok, "PONG" if ok else "unexpected reply"
-    except OSError as exc:
-        return False, type(exc).__name__
+    return redis_ping(parsed.hostname or "127.0.0.1", parsed.port or 6379)
 
 
 async def count_filtered(js, stream: str, filter_subject: str) -> int:  # noqa: ANN001
@@ -162,7 +147,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
         ok, detail = await asyncio.to_thread(_graph_ping, graph_url)
         status["parts"]["falkordb"] = {"ok": ok, "url": graph_url, "detail": detail}
     for name, svc in (runtime.get("services") or {}).items():
-        ok = await asyncio.to_thread(_http_ok, f"{svc['url']}/healthz")
+        ok = await asyncio.to_thread(http_ok, f"{svc['url']}/healthz")
         status["services"][name] = {"ok": ok, "url": svc["url"], "metrics": f"{svc['url']}/metrics",
                                     "restarts": svc.get("restarts", 0)}
     status["ok"] = all(p.get("ok") for p in status["parts"].values()) and all(

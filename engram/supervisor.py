@@ -15,13 +15,12 @@ import os
 import signal
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 
-from engram.embedded import ManagedProcess, free_port, spawn, start_falkordb, start_nats
+from engram.embedded import ManagedProcess, free_port, http_ok, spawn, start_falkordb, start_nats
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 
@@ -103,7 +102,7 @@ class Supervisor:
             assert svc.proc is not None
             if not svc.proc.alive():
                 raise RuntimeError(f"{svc.name} exited during start-up; see {svc.proc.log_path}")
-            if await asyncio.to_thread(_http_ok, f"{svc.url}/healthz"):
+            if await asyncio.to_thread(http_ok, f"{svc.url}/healthz"):
                 return
             await asyncio.sleep(0.1)
         raise RuntimeError(f"{svc.name} not healthy after {timeout:.0f}s; see {svc.proc.log_path if svc.proc else ''}")
@@ -170,14 +169,6 @@ class Supervisor:
         tmp = self.settings.runtime_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.runtime(), indent=2))
         tmp.replace(self.settings.runtime_file)
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return 200 <= resp.status < 300
-    except OSError:
-        return False
 
 
 async def run_up(settings: EngramSettings, on_ready=None) -> int:  # noqa: ANN001
