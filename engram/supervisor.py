@@ -16,7 +16,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import nats
 
@@ -184,7 +183,3 @@ async def run_up(settings: EngramSettings, on_ready=None) -> int:  # noqa: ANN00
     finally:
         await asyncio.to_thread(sup.stop)
     return 0
-
-
-def data_dir_of(path: Path | None) -> Path | None:
-    return path.expanduser().resolve() if path else None
