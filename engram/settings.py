@@ -50,6 +50,11 @@ class EngramSettings(BaseSettings):
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
     ack_wait_s: float = Field(30.0, gt=0)
+    extractor_concurrency: int = Field(
+        4, ge=1, le=256,
+        description="Episodes one extractor replica works on at once (LLM-bound: bounds its in-flight LLM calls). "
+        "Groups in different partitions run concurrently up to this limit; replicas add capacity.",
+    )
     nats_port: int = Field(0, ge=0, le=65535, description="Port of the embedded nats-server; 0 = random.")
     graph_port: int = Field(0, ge=0, le=65535, description="Port of the embedded FalkorDB; 0 = random.")
     http_host: str = "127.0.0.1"

@@ -79,6 +79,9 @@ class Extractor:
         # "it"/"that" across turns at little cost; its effect on recall quality is measured in step 4.
         self.previous_window = 2
         self.max_deliveries = settings.turn.max_deliveries
+        # Per-replica capacity. A pulled episode waits here with its heartbeat running; its
+        # partition's other episodes wait behind it (max_ack_pending=1), so per-group order holds.
+        self.capacity = asyncio.Semaphore(settings.extractor_concurrency)
 
     async def start(self) -> None:
         if self.settings.graph_backend != "falkordb":
@@ -127,7 +130,8 @@ class Extractor:
             return
         heartbeat = asyncio.create_task(self._keep_alive(msg))
         try:
-            outcome = await self._process(episode)
+            async with self.capacity:
+                outcome = await self._process(episode)
         except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
             if meta.num_delivered >= self.max_deliveries:
                 log.error("giving up on episode seq=%s: %s", meta.sequence.stream, type(exc).__name__)
