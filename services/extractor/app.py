@@ -158,7 +158,8 @@ class Extractor:
         clients = await self._clients(episode.group_id)
         instructions = instructions_for_episode(episode.extraction, self.configured_prompt, self.extraction)
         result = await extract_episode(
-            clients, episode, custom_instructions=instructions, previous_window=self.previous_window
+            clients, episode, custom_instructions=instructions, previous_window=self.previous_window,
+            chunking=self.extraction.chunking if self.extraction.chunking_enabled else None,
         )
         if result.already_present:
             # Written before a crash or redelivery: its deltas may not all have been published.

@@ -36,7 +36,15 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
 Partial / known gaps:
 
 * no custom entity or edge types (graphiti's default ``Entity`` / free relation names), no
-  sagas, no communities, no chunking of long episodes;
+  sagas, no communities;
+* large, entity-dense episodes (seed 002, :mod:`services.extractor.chunking`) take a third
+  path, ``chunked``: entities are extracted per chunk concurrently (``extract_nodes``, the
+  chunk as content, the full previous-episodes context) and merged case-insensitively, then
+  resolved once; facts come from ``extract_edges`` over covering groups of at most
+  ``max_nodes_per_chunk`` resolved entities, each call seeing the FULL episode, and a group
+  keeps only the facts between pairs it owns, so every pair is examined exactly once. Facts
+  naming an entity outside the group (graphiti would materialise it) are dropped there: that
+  entity was not found by node extraction, and keeping them would examine pairs twice;
 * FalkorDB runs no multi-query transactions: a crash between the two save steps, or between
   the episode node and its MENTIONS edges, is possible. A crash before the episode node is
   written means a redelivery extracts again (and dedupes against the facts already written,
@@ -57,6 +65,7 @@ Partial / known gaps:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterable
@@ -69,6 +78,7 @@ from graphiti_core.driver.falkordb import STOPWORDS as FALKOR_FULLTEXT_STOPWORDS
 from graphiti_core.edges import EntityEdge, EpisodicEdge, create_entity_edge_embeddings, get_entity_edge_from_record
 from graphiti_core.errors import NodeNotFoundError
 from graphiti_core.graphiti_types import GraphitiClients
+from graphiti_core.helpers import semaphore_gather
 from graphiti_core.models.edges.edge_db_queries import get_entity_edge_return_query
 from graphiti_core.nodes import EntityNode, EpisodeType, EpisodicNode, create_entity_node_embeddings
 from graphiti_core.search.search_utils import get_mentioned_nodes
@@ -87,11 +97,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engram.models.accounting import AccountingLLMClient
 from schemas import Episode, NodeDelta
+from services.extractor.chunking import (
+    ChunkingSettings,
+    CountTokens,
+    assign_pairs,
+    chunk_json,
+    chunk_messages,
+    chunk_text,
+    should_chunk,
+    token_counter,
+)
 from services.extractor.deltas import build_node_deltas
 
 log = logging.getLogger("engram.extractor")
 
-ExtractionMode = Literal["combined", "separate"]
+ExtractionMode = Literal["combined", "separate", "chunked"]
 DEFAULT_EDGE_TYPE_MAP: dict[tuple[str, str], list[str]] = {("Entity", "Entity"): []}
 
 # Names made only of these words are not entities. The explicit list of the brief, graphiti's
@@ -163,6 +183,8 @@ class ExtractionResult(BaseModel):
     dropped_entities: int = 0
     dropped_edges: int = 0
     previous_episodes: int = 0
+    chunks: int = Field(1, description="Entity-extraction chunks (1: the episode was not chunked).")
+    edge_groups: int = Field(0, description="Covering groups used for edge extraction (chunked mode only).")
     llm_calls: dict[str, int] = Field(default_factory=dict, description="LLM calls by graphiti prompt name.")
     llm_tokens: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="cl100k tokens by prompt name: {'input': n, 'output': n}."
@@ -377,6 +399,112 @@ async def _extract_separate(
     )
 
 
+# A role block of Episode.content starts a line with "<role>: " or "<role> (<name>): " and blocks
+# are separated by a blank line (services/turn_detector/pairing.py:render_turn).
+_ROLE_BLOCK = re.compile(r"\n\n(?=(?:user|assistant|system|tool)(?: \([^)\n]*\))?: )")
+
+
+def episode_chunks(episode: Episode, settings: ChunkingSettings, count_tokens: CountTokens | None = None) -> list[str]:
+    """The entity-extraction chunks of ``episode``: ``[content]`` when it should not be chunked.
+
+    A chat turn is chunked between its role blocks, never inside one (chunk_messages); other
+    content is chunked at JSON element/key boundaries when it is JSON, else at paragraph and
+    sentence boundaries with overlap.
+    """
+    count = count_tokens or token_counter()
+    content = episode.content
+    if not should_chunk(content, settings, count):
+        return [content]
+    if episode.kind == "chat_turn":
+        blocks = _ROLE_BLOCK.split(content)
+        chunks = ["\n\n".join(group) for group in chunk_messages(blocks, settings, count)]
+    else:
+        try:
+            json.loads(content)
+        except ValueError:
+            chunks = chunk_text(content, settings, count)
+        else:
+            chunks = chunk_json(content, settings, count)
+    return chunks or [content]
+
+
+def _merge_case_insensitive(chunk_nodes: list[list[EntityNode]]) -> list[EntityNode]:
+    """Entities of all chunks, one per name (case-insensitive, first seen wins, in order)."""
+    seen: set[str] = set()
+    merged: list[EntityNode] = []
+    for nodes in chunk_nodes:
+        for node in nodes:
+            key = (node.name or "").strip().casefold()
+            if key and key not in seen:
+                seen.add(key)
+                merged.append(node)
+    return merged
+
+
+async def _extract_chunked(
+    clients: GraphitiClients,
+    episode_node: EpisodicNode,
+    previous: list[EpisodicNode],
+    instructions: str,
+    timings: dict[str, float],
+    chunks: list[str],
+    max_nodes_per_chunk: int,
+) -> tuple[_Extracted, int]:
+    """Entities per chunk (concurrently), merged; facts per covering group, each pair once.
+
+    Returns the extraction and the number of covering groups used.
+    """
+    start = perf_counter()
+    per_chunk = await semaphore_gather(
+        *(
+            extract_nodes(clients, episode_node.model_copy(update={"content": chunk}), previous, None, None,
+                          instructions or None)
+            for chunk in chunks
+        )
+    )
+    extracted = _merge_case_insensitive([nodes for nodes, _ in per_chunk])
+    timings["extract_nodes_ms"] = _ms(start)
+    kept = drop_unsafe_entities(extracted)
+
+    start = perf_counter()
+    resolved, _, _ = await resolve_extracted_nodes(clients, kept, episode_node, previous)
+    resolved = _unique_nodes(resolved)
+    timings["resolve_nodes_ms"] = _ms(start)
+
+    start = perf_counter()
+    groups = assign_pairs(resolved, max_nodes_per_chunk)
+    position = {node.uuid: i for i, node in enumerate(resolved)}
+
+    async def edges_of(group: Any) -> tuple[list[EntityEdge], int]:
+        # The full episode, only this group's entities; extract_edges appends materialised
+        # endpoints to the list it is given, so it gets a copy.
+        edges, _ = await extract_edges(
+            clients, episode_node, list(group.entities), previous, DEFAULT_EDGE_TYPE_MAP,
+            episode_node.group_id, None, False, instructions or None,
+        )
+        owned = set(group.owned_pairs)
+        kept_edges = []
+        for edge in edges:
+            a, b = position.get(edge.source_node_uuid), position.get(edge.target_node_uuid)
+            if a is not None and b is not None and a != b and (min(a, b), max(a, b)) in owned:
+                kept_edges.append(edge)
+        return kept_edges, len(edges) - len(kept_edges)
+
+    results = await semaphore_gather(*(edges_of(g) for g in groups))
+    timings["extract_edges_ms"] = _ms(start)
+    edges = [e for group_edges, _ in results for e in group_edges]
+    return (
+        _Extracted(
+            nodes=resolved,
+            edges=edges,
+            generated_uuids={n.uuid for n in kept},
+            dropped_entities=len(extracted) - len(kept),
+            dropped_edges=sum(dropped for _, dropped in results),
+        ),
+        len(groups),
+    )
+
+
 async def _context_nodes(
     clients: GraphitiClients, invalidated: list[EntityEdge], known: set[str], group_id: str
 ) -> list[EntityNode]:
@@ -394,14 +522,18 @@ async def extract_episode(
     custom_instructions: str,
     previous_window: int,
     mode: ExtractionMode = "combined",
+    chunking: ChunkingSettings | None = None,
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
+
+    With ``chunking`` set, a large entity-dense episode (:func:`episode_chunks` gives more than
+    one chunk) is extracted in ``chunked`` mode whatever ``mode`` says.
 
     ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
     (and does nothing else, no LLM call) when the episode's node is already stored.
     """
-    if mode not in ("combined", "separate"):
-        raise ValueError(f"unknown extraction mode {mode!r}: expected 'combined' or 'separate'")
+    if mode not in ("combined", "separate", "chunked"):
+        raise ValueError(f"unknown extraction mode {mode!r}: expected 'combined', 'separate' or 'chunked'")
     check_driver_for_group(clients, episode.group_id)
     total = perf_counter()
     timings: dict[str, float] = {}
@@ -425,8 +557,19 @@ async def extract_episode(
     previous = await previous_episodes_for(run, episode, previous_window)
     timings["previous_episodes_ms"] = _ms(start)
 
-    stage = _extract_combined if mode == "combined" else _extract_separate
-    extracted = await stage(run, episode_node, previous, custom_instructions, timings)
+    chunks = [episode.content]
+    if chunking is not None or mode == "chunked":
+        chunks = episode_chunks(episode, chunking or ChunkingSettings())
+    edge_groups = 0
+    if len(chunks) > 1 or mode == "chunked":
+        mode = "chunked"
+        extracted, edge_groups = await _extract_chunked(
+            run, episode_node, previous, custom_instructions, timings, chunks,
+            (chunking or ChunkingSettings()).max_nodes_per_chunk,
+        )
+    else:
+        stage = _extract_combined if mode == "combined" else _extract_separate
+        extracted = await stage(run, episode_node, previous, custom_instructions, timings)
     nodes = extracted.nodes
 
     start = perf_counter()
@@ -470,6 +613,8 @@ async def extract_episode(
         dropped_entities=extracted.dropped_entities,
         dropped_edges=extracted.dropped_edges,
         previous_episodes=len(previous),
+        chunks=len(chunks),
+        edge_groups=edge_groups,
         llm_calls=dict(counting.calls),
         llm_tokens={k: dict(v) for k, v in counting.tokens.items()},
         timings=timings,

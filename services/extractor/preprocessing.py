@@ -37,6 +37,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ExtractionOverride
+from services.extractor.chunking import ChunkingSettings
 
 log = logging.getLogger("engram.extractor")
 
@@ -53,7 +54,7 @@ _ENV_WORDS: dict[str, bool | None] = {"true": True, "false": False, "none": None
 class ExtractionSettings(BaseSettings):
     """Preprocessing configuration of the extractor, from ENGRAM_EXTRACTION_* variables."""
 
-    model_config = SettingsConfigDict(env_prefix="ENGRAM_EXTRACTION_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_EXTRACTION_", env_nested_delimiter="__", extra="ignore")
 
     preprocessing_prompt: str | bool | None = Field(
         DEFAULT_TEMPLATE,
@@ -64,6 +65,11 @@ class ExtractionSettings(BaseSettings):
     project_dir: Path = Field(default_factory=Path.cwd, description="Holds the project's ./.graphiti/templates/.")
     global_dir: Path = Field(default_factory=lambda: Path.home() / ".graphiti" / "templates")
     builtin_dir: Path = Field(default_factory=lambda: BUILTIN_TEMPLATES_DIR)
+    chunking_enabled: bool = Field(True, description="Chunk large entity-dense episodes (seed 002).")
+    chunking: ChunkingSettings = Field(
+        default_factory=ChunkingSettings,
+        description="e.g. ENGRAM_EXTRACTION_CHUNKING__CHUNK_TOKEN_SIZE=3000 (see services/extractor/chunking.py).",
+    )
 
     @field_validator("preprocessing_prompt", mode="before")
     @classmethod

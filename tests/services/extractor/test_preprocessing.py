@@ -395,3 +395,15 @@ def test_builtin_default_template(tmp_path: Path) -> None:
         assert f"**{hint}**" in text, hint
     assert validate_at_startup(s) == text
     assert instructions_for_episode(None, validate_at_startup(s), s, hints="H") == f"{text}\n\nH"
+
+
+def test_chunking_settings_come_from_nested_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGRAM_EXTRACTION_CHUNKING__CHUNK_TOKEN_SIZE", "2000")
+    monkeypatch.setenv("ENGRAM_EXTRACTION_CHUNKING__MAX_NODES_PER_CHUNK", "8")
+    settings = ExtractionSettings()
+    assert settings.chunking_enabled
+    assert (settings.chunking.chunk_token_size, settings.chunking.max_nodes_per_chunk) == (2000, 8)
+    assert settings.chunking.chunk_overlap_tokens == 200  # seed default kept
+    monkeypatch.setenv("ENGRAM_EXTRACTION_CHUNKING__CHUNK_OVERLAP_TOKENS", "5000")
+    with pytest.raises(ValueError, match="overlap"):
+        ExtractionSettings()
