@@ -43,9 +43,13 @@ class EngramSettings(BaseSettings):
     nats_creds: Path | None = Field(None, description="NATS credentials file (JWT + NKey seed), e.g. a mounted Secret.")
     graph_backend: Literal["falkordb", "neo4j"] = "falkordb"
     graph_url: str | None = Field(None, description="falkor://host:port (or redis://) of a FalkorDB server.")
-    neo4j_uri: str | None = None
+    neo4j_uri: str | None = Field(None, description="bolt:// or neo4j:// URI of a Neo4j 5 server (graph_backend=neo4j).")
     neo4j_user: str = "neo4j"
     neo4j_password: SecretStr = SecretStr("")
+    neo4j_database: str = Field(
+        "neo4j", min_length=1,
+        description="The one Neo4j database every group shares (Community has one); graphiti's group_id separates groups.",
+    )
     group_prefix: str = Field("engram", pattern=r"^[a-zA-Z0-9]{1,32}$")
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")

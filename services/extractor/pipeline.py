@@ -223,12 +223,20 @@ def _unique_edges(edges: Iterable[EntityEdge]) -> list[EntityEdge]:
 
 
 def check_driver_for_group(clients: GraphitiClients, group_id: str) -> None:
-    """A FalkorDriver must target the group's own graph (``database=group_id``)."""
+    """The driver may serve ``group_id``'s episodes.
+
+    FalkorDB keeps one graph per group: the driver must target ``database=group_id``. Neo4j
+    (Community: one database) keeps every group in one shared database, separated by graphiti's
+    ``group_id`` property, so any database passes. Other backends (Kuzu, Neptune) are refused:
+    untested here, and Kuzu is broken for group_id.
+    """
     driver = clients.driver
     if driver.provider == GraphProvider.FALKORDB:
         database = getattr(driver, "_database", None)
         if database != group_id:
             raise ValueError(f"FalkorDriver targets graph {database!r}, episode belongs to group {group_id!r}")
+    elif driver.provider != GraphProvider.NEO4J:
+        raise ValueError(f"unsupported graph backend {driver.provider!r}: use FalkorDB or Neo4j")
 
 
 async def find_episode(clients: GraphitiClients, episode_id: str) -> EpisodicNode | None:

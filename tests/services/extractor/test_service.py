@@ -101,11 +101,10 @@ async def test_malformed_episode_is_dead_lettered(clean_nats, falkordb_server, t
         assert got[0].headers[subjects.HDR_DLQ_SUBJECT] == "engram.episode.engram_session_bad"
 
 
-@pytest.mark.parametrize("backend", ["neo4j"])
-async def test_unsupported_backend_fails_at_start_with_a_clear_error(clean_nats, tmp_path, backend) -> None:  # noqa: ANN001
-    settings = EngramSettings(nats_url=clean_nats, data_dir=tmp_path, graph_backend=backend)
+async def test_neo4j_without_uri_fails_at_start_with_a_clear_error(clean_nats, tmp_path) -> None:  # noqa: ANN001
+    settings = EngramSettings(nats_url=clean_nats, data_dir=tmp_path, graph_backend="neo4j", neo4j_uri=None)
     service = ex_app.build(settings)
-    with pytest.raises(RuntimeError, match="FalkorDB only"):
+    with pytest.raises(RuntimeError, match="needs ENGRAM_NEO4J_URI"):
         await service.start()
     await service.broker.stop()
 
