@@ -16,25 +16,21 @@ Failures are retried with a delayed nack and dead-lettered after ``max_deliverie
 
 Models come from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* (engram/models/factory.py): the offline rules
 extractor and hashing embedder by default, any OpenAI-compatible endpoint by settings.
-Graph indices are built once per driver, on its first episode (not at start: a graph database
-that is down at start only delays extraction, and a failed build is retried by the next episode).
+Graph drivers come from engram/graph.py (shared with the other services): indices are built
+once per driver on its first episode, so a graph database that is down at start only delays
+extraction.
 Partial (step 2 in progress, see docs/architecture.md): the MiniLM embedder is not wired yet.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-import urllib.parse
 from typing import Any
 
 from faststream.nats import NatsBroker
 from graphiti_core.cross_encoder.client import CrossEncoderClient
-from graphiti_core.driver.driver import GraphDriver
-from graphiti_core.driver.falkordb_driver import FalkorDriver
-from graphiti_core.driver.neo4j_driver import Neo4jDriver
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.tracer import NoOpTracer
@@ -43,6 +39,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
 from engram import dlq
+from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
 from engram.service import ServiceApp, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
@@ -53,7 +50,6 @@ from services.extractor.pipeline import deltas_for_existing_episode, extract_epi
 from services.extractor.preprocessing import ExtractionSettings, instructions_for_episode, validate_at_startup
 
 STAGE = "extractor"
-NEO4J_SCHEMES = ("bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc")
 log = logging.getLogger("engram.extractor")
 
 EPISODES = Counter("engram_extractor_episodes_total", "Episodes handled, by outcome.", ["outcome"])
@@ -85,10 +81,7 @@ class Extractor:
         self.extraction = ExtractionSettings()
         self.llm = llm or build_llm(LLMSettings())
         self.embedder = build_embedder(EmbedderSettings())
-        self.drivers: dict[str, FalkorDriver] = {}  # FalkorDB: one driver (graph) per group
-        self.neo4j: Neo4jDriver | None = None  # Neo4j: one driver (database) shared by all groups
-        self._indexed: set[int] = set()  # id() of the drivers whose indices are built
-        self._index_locks: dict[int, asyncio.Lock] = {}
+        self.graph = GraphDrivers(settings)  # FalkorDB: a driver per group; Neo4j: one shared driver
         self.js: JetStreamContext | None = None
         self.configured_prompt: str | None = None
         # Previous turns shown to extraction. Cost per turn measured by bench/extraction_cost.py on
@@ -102,95 +95,21 @@ class Extractor:
         self.capacity = asyncio.Semaphore(settings.extractor_concurrency)
 
     async def start(self) -> None:
-        if self.settings.graph_backend == "neo4j":
-            uri = self.settings.neo4j_uri
-            if not uri:
-                raise RuntimeError(
-                    "ENGRAM_GRAPH_BACKEND=neo4j needs ENGRAM_NEO4J_URI (e.g. bolt://host:7687), "
-                    "with ENGRAM_NEO4J_USER / ENGRAM_NEO4J_PASSWORD"
-                )
-            scheme = urllib.parse.urlparse(uri).scheme
-            if scheme not in NEO4J_SCHEMES:
-                raise RuntimeError(f"ENGRAM_NEO4J_URI must use one of {', '.join(NEO4J_SCHEMES)}, not {scheme!r}")
-        elif not self.settings.resolved_graph_url():
-            raise RuntimeError("no graph database: set ENGRAM_GRAPH_URL or start one with `engram up`")
+        self.graph.validate()
         self.configured_prompt = validate_at_startup(self.extraction)  # fail fast on a bad template
         await self.broker.connect()
         self.js = self.broker.config.connection_state.stream
         await ensure_topology(self.js, Topology.from_settings(self.settings))
 
     async def stop(self) -> None:
-        drivers: list[GraphDriver] = [*self.drivers.values(), *([self.neo4j] if self.neo4j else [])]
-        for driver in drivers:
-            with contextlib.suppress(Exception):
-                await driver.close()
-        self.drivers.clear()
-        self.neo4j = None
-        self._indexed.clear()
-        self._index_locks.clear()
+        await self.graph.close()
 
     async def _clients(self, group_id: str) -> GraphitiClients:
-        """The graphiti clients for ``group_id``; creates its driver, does no graph I/O for Neo4j.
-
-        Indices are built by :meth:`_ensure_indices` (on the first episode of each driver).
-        """
-        if self.settings.graph_backend == "neo4j":
-            driver: GraphDriver = self._neo4j_driver()
-        else:
-            driver = self._falkor_driver(group_id)
+        """The graphiti clients for ``group_id`` with its driver's indices built (engram/graph.py)."""
+        driver = await self.graph.driver(group_id)
         return GraphitiClients(
             driver=driver, llm_client=self.llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=NoOpTracer()
         )
-
-    def _falkor_driver(self, group_id: str) -> FalkorDriver:
-        driver = self.drivers.get(group_id)
-        if driver is None:
-            url = urllib.parse.urlparse(self.settings.resolved_graph_url())
-            # One driver per group (database = group id): graphiti otherwise clones a driver and
-            # re-creates indices on every call. The constructor schedules the index creation.
-            driver = FalkorDriver(
-                host=url.hostname or "127.0.0.1", port=url.port or 6379,
-                password=url.password, database=group_id,
-            )
-            self.drivers[group_id] = driver
-        return driver
-
-    def _neo4j_driver(self) -> Neo4jDriver:
-        if self.neo4j is None:
-            # Neo4j Community has one database: all groups share it (and this driver); graphiti
-            # writes group_id on every node and edge and its searches filter on it (see the module
-            # docstring). The neo4j client connects lazily: constructing the driver does no I/O.
-            driver = Neo4jDriver(
-                uri=self.settings.neo4j_uri or "", user=self.settings.neo4j_user,
-                password=self.settings.neo4j_password.get_secret_value(), database=self.settings.neo4j_database,
-            )
-            # The constructor schedules build_indices_and_constraints as a background task whose
-            # failure (server down at that moment) would stick; build them in _ensure_indices instead.
-            task = getattr(driver, "_init_task", None)
-            if task is not None:
-                task.cancel()  # not started yet: nothing was sent
-                driver._init_task = None  # noqa: SLF001
-            self.neo4j = driver
-        return self.neo4j
-
-    async def _ensure_indices(self, driver: GraphDriver) -> None:
-        """Indices and constraints of ``driver``'s graph, built once per driver before its first use."""
-        if id(driver) in self._indexed:
-            return
-        async with self._index_locks.setdefault(id(driver), asyncio.Lock()):
-            if id(driver) in self._indexed:
-                return
-            init_task = getattr(driver, "_init_task", None)
-            try:
-                if init_task is not None:
-                    await init_task  # FalkorDriver: index creation scheduled by its constructor
-                else:
-                    await driver.build_indices_and_constraints()  # IF NOT EXISTS: safe to repeat
-            except BaseException:
-                # A failed build is not remembered: the next episode (a redelivery) builds again.
-                driver._init_task = None  # noqa: SLF001
-                raise
-            self._indexed.add(id(driver))
 
     async def handle(self, msg: Any) -> None:
         """``msg`` is the NatsMessage (see engram.service.message_itself)."""
@@ -232,7 +151,6 @@ class Extractor:
 
     async def _process(self, episode: Episode) -> str:
         clients = await self._clients(episode.group_id)
-        await self._ensure_indices(clients.driver)
         instructions = instructions_for_episode(episode.extraction, self.configured_prompt, self.extraction)
         result = await extract_episode(
             clients, episode, custom_instructions=instructions, previous_window=self.previous_window,

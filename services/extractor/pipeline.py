@@ -58,9 +58,10 @@ Partial / known gaps:
   crashes FalkorDB 4.16); "Will Smith" is kept;
 * ``llm_calls`` counts calls made through ``clients.llm_client``; with a graphiti
   ``llm_runtime`` configured the calls bypass it and are not counted;
-* the driver must be a FalkorDriver for the episode's group (``database=group_id``) -- it is
-  checked; other backends are untested here, and the stored-graph read in
-  :func:`deltas_for_existing_episode` uses Cypher that Kuzu/Neptune do not run.
+* the driver must be a FalkorDriver for the episode's group (``database=group_id``) or a Neo4j
+  driver (one database shared by every group, separated by ``group_id``) -- it is checked; Kuzu
+  and Neptune are refused. The Neo4j path is covered by a testcontainers test that skips where no
+  Docker engine is reachable (so it has not run on the machines this was built on).
 """
 
 from __future__ import annotations
@@ -239,12 +240,16 @@ def check_driver_for_group(clients: GraphitiClients, group_id: str) -> None:
         raise ValueError(f"unsupported graph backend {driver.provider!r}: use FalkorDB or Neo4j")
 
 
-async def find_episode(clients: GraphitiClients, episode_id: str) -> EpisodicNode | None:
-    """The stored EpisodicNode with uuid ``episode_id``, or None."""
+async def find_episode(clients: GraphitiClients, episode_id: str, group_id: str | None = None) -> EpisodicNode | None:
+    """The stored EpisodicNode with uuid ``episode_id`` (in ``group_id`` when given), or None.
+
+    The group check matters on Neo4j, where all groups share one database: an episode id reused
+    by another group (only possible for hand-made ids) must not count as already extracted."""
     try:
-        return await EpisodicNode.get_by_uuid(clients.driver, episode_id)
+        node = await EpisodicNode.get_by_uuid(clients.driver, episode_id)
     except NodeNotFoundError:
         return None
+    return node if group_id is None or node.group_id == group_id else None
 
 
 def build_episodic_node(episode: Episode, now: datetime) -> EpisodicNode:
@@ -547,7 +552,7 @@ async def extract_episode(
     timings: dict[str, float] = {}
 
     start = perf_counter()
-    stored = await find_episode(clients, episode.episode_id)
+    stored = await find_episode(clients, episode.episode_id, episode.group_id)
     timings["lookup_ms"] = _ms(start)
     if stored is not None:
         log.info("episode already in the graph; skipping extraction")
@@ -711,7 +716,7 @@ async def deltas_for_existing_episode(clients: GraphitiClients, episode: Episode
     Raises NodeNotFoundError when the episode is not stored. See :func:`stored_extraction`
     for what can differ from the first run (``invalidated_by`` is inferred).
     """
-    stored = await find_episode(clients, episode.episode_id)
+    stored = await find_episode(clients, episode.episode_id, episode.group_id)
     if stored is None:
         raise NodeNotFoundError(episode.episode_id)
     return build_node_deltas(episode, await stored_extraction(clients, episode, stored))

@@ -244,6 +244,7 @@ def registered_metrics() -> tuple[frozenset[str], bool]:
     os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
     import engram.dlq  # noqa: F401 - registers engram_dlq_messages_total
     import services.turn_detector.metrics  # noqa: F401 - registers engram_turn_detector_*
+    import services.extractor.app  # noqa: F401 - registers engram_extractor_* and engram_llm_*
     from prometheus_client import REGISTRY
 
     faststream_exact = True

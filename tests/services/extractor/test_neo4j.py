@@ -81,12 +81,12 @@ async def test_neo4j_groups_share_one_driver_and_nothing_connects_before_first_u
     settings = neo4j_settings(tmp_path, neo4j_uri=f"bolt://127.0.0.1:{port}", neo4j_database="engramdb",
                               neo4j_user="u", neo4j_password="p")
     extractor = ex_app.build(settings, llm=RulesExtractorClient()).extractor  # type: ignore[attr-defined]
-    a = await extractor._clients("engram_session_a")
-    b = await extractor._clients("engram_session_b")
+    a = SimpleNamespace(driver=extractor.graph.driver_for("engram_session_a"))
+    b = SimpleNamespace(driver=extractor.graph.driver_for("engram_session_b"))
     assert isinstance(a.driver, Neo4jDriver)
-    assert a.driver is b.driver is extractor.neo4j
+    assert a.driver is b.driver is extractor.graph.neo4j
     assert a.driver._database == "engramdb"
-    assert extractor.drivers == {}  # no per-group drivers on Neo4j
+    assert extractor.graph.falkor == {}  # no per-group drivers on Neo4j
     check_driver_for_group(a, "engram_session_a")
     check_driver_for_group(b, "engram_session_b")
     await asyncio.sleep(0.3)  # a scheduled index build would have dialled by now
@@ -101,14 +101,14 @@ async def test_neo4j_groups_share_one_driver_and_nothing_connects_before_first_u
 
     a.driver.close = spy_close  # type: ignore[method-assign]
     await extractor.stop()
-    assert closed == [True] and extractor.neo4j is None
+    assert closed == [True] and extractor.graph.neo4j is None
     assert not connected(silent_port)
 
 
 async def test_indices_are_built_once_per_driver_and_a_failed_build_is_retried(tmp_path: Path) -> None:
     settings = neo4j_settings(tmp_path, neo4j_uri="bolt://127.0.0.1:1")
     extractor = ex_app.build(settings, llm=RulesExtractorClient()).extractor  # type: ignore[attr-defined]
-    driver = (await extractor._clients("engram_session_a")).driver
+    driver = extractor.graph.driver_for("engram_session_a")
     builds: list[str] = []
 
     async def flaky_build(delete_existing: bool = False) -> None:
@@ -119,13 +119,10 @@ async def test_indices_are_built_once_per_driver_and_a_failed_build_is_retried(t
 
     driver.build_indices_and_constraints = flaky_build  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
-        await extractor._ensure_indices(driver)
+        await extractor.graph.driver("engram_session_a")
     # Concurrent first episodes of two groups: one build for the shared driver.
-    await asyncio.gather(
-        extractor._ensure_indices((await extractor._clients("engram_session_a")).driver),
-        extractor._ensure_indices((await extractor._clients("engram_session_b")).driver),
-    )
-    await extractor._ensure_indices(driver)
+    await asyncio.gather(extractor.graph.driver("engram_session_a"), extractor.graph.driver("engram_session_b"))
+    await extractor.graph.driver("engram_session_a")
     assert builds == ["build", "build"]
     await extractor.stop()
 
@@ -292,7 +289,7 @@ async def two_groups_then_redelivery(settings: EngramSettings, graph: Any, *, fr
         assert await wait_for(lambda: settled(js, 2), 120), "the extractor did not finish both episodes"
         extractor = service.extractor  # type: ignore[attr-defined]
         if settings.graph_backend == "neo4j":
-            assert extractor.drivers == {} and isinstance(extractor.neo4j, Neo4jDriver)
+            assert extractor.graph.falkor == {} and isinstance(extractor.graph.neo4j, Neo4jDriver)
 
         # Episodes: one Episodic node each, in its own group.
         stored = await graph.rows("MATCH (e:Episodic) WHERE e.uuid IN $ids RETURN e.uuid AS uuid, e.group_id AS g",

@@ -1,0 +1,110 @@
+"""Graph drivers for every service: one place that knows FalkorDB vs Neo4j.
+
+* FalkorDB (default): one graph per group (database = group id) and one graphiti FalkorDriver
+  per group -- graphiti otherwise clones a driver and re-creates indices on every call.
+* Neo4j (ENGRAM_GRAPH_BACKEND=neo4j): Community has one database, so all groups share one
+  driver on ``neo4j_database`` and are kept apart by graphiti's ``group_id`` property (written
+  on every node and edge, filtered on by every search and name lookup).
+
+Indices are built once per driver, on first use rather than at start-up: a graph database that
+is down at start only delays work, and a failed build is retried by the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.parse
+
+from graphiti_core.driver.driver import GraphDriver
+from graphiti_core.driver.falkordb_driver import FalkorDriver
+from graphiti_core.driver.neo4j_driver import Neo4jDriver
+
+from engram.settings import EngramSettings
+
+NEO4J_SCHEMES = ("bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc")
+
+
+class GraphDrivers:
+    def __init__(self, settings: EngramSettings) -> None:
+        self.settings = settings
+        self.falkor: dict[str, FalkorDriver] = {}
+        self.neo4j: Neo4jDriver | None = None
+        self._indexed: set[int] = set()
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    def validate(self) -> None:
+        """Fail fast on a configuration that cannot work (no I/O)."""
+        if self.settings.graph_backend == "neo4j":
+            uri = self.settings.neo4j_uri
+            if not uri:
+                raise RuntimeError(
+                    "ENGRAM_GRAPH_BACKEND=neo4j needs ENGRAM_NEO4J_URI (e.g. bolt://host:7687), "
+                    "with ENGRAM_NEO4J_USER / ENGRAM_NEO4J_PASSWORD"
+                )
+            scheme = urllib.parse.urlparse(uri).scheme
+            if scheme not in NEO4J_SCHEMES:
+                raise RuntimeError(f"ENGRAM_NEO4J_URI must use one of {', '.join(NEO4J_SCHEMES)}, not {scheme!r}")
+        elif not self.settings.resolved_graph_url():
+            raise RuntimeError("no graph database: set ENGRAM_GRAPH_URL or start one with `engram up`")
+
+    def driver_for(self, group_id: str) -> GraphDriver:
+        """The group's driver, created on first use; no graph I/O (see :meth:`driver`)."""
+        if self.settings.graph_backend == "neo4j":
+            return self._neo4j_driver()
+        driver = self.falkor.get(group_id)
+        if driver is None:
+            url = urllib.parse.urlparse(self.settings.resolved_graph_url())
+            driver = FalkorDriver(
+                host=url.hostname or "127.0.0.1", port=url.port or 6379, password=url.password, database=group_id
+            )
+            self.falkor[group_id] = driver
+        return driver
+
+    async def driver(self, group_id: str) -> GraphDriver:
+        """The group's driver with its indices built."""
+        driver = self.driver_for(group_id)
+        await self.ensure_indices(driver)
+        return driver
+
+    def _neo4j_driver(self) -> Neo4jDriver:
+        if self.neo4j is None:
+            driver = Neo4jDriver(
+                uri=self.settings.neo4j_uri or "", user=self.settings.neo4j_user,
+                password=self.settings.neo4j_password.get_secret_value(), database=self.settings.neo4j_database,
+            )
+            # The constructor schedules the index build as a background task whose failure (server
+            # down at that moment) would stick; ensure_indices builds them instead.
+            task = getattr(driver, "_init_task", None)
+            if task is not None:
+                task.cancel()  # not started yet: nothing was sent
+                driver._init_task = None  # noqa: SLF001
+            self.neo4j = driver
+        return self.neo4j
+
+    async def ensure_indices(self, driver: GraphDriver) -> None:
+        if id(driver) in self._indexed:
+            return
+        async with self._locks.setdefault(id(driver), asyncio.Lock()):
+            if id(driver) in self._indexed:
+                return
+            init_task = getattr(driver, "_init_task", None)
+            try:
+                if init_task is not None:
+                    await init_task  # FalkorDriver: index creation scheduled by its constructor
+                else:
+                    await driver.build_indices_and_constraints()  # IF NOT EXISTS: safe to repeat
+            except BaseException:
+                driver._init_task = None  # noqa: SLF001 - not remembered: the next call builds again
+                raise
+            self._indexed.add(id(driver))
+
+    async def close(self) -> None:
+        drivers: list[GraphDriver] = [*self.falkor.values(), *([self.neo4j] if self.neo4j else [])]
+        for driver in drivers:
+            with contextlib.suppress(Exception):
+                await driver.close()
+        self.falkor.clear()
+        self.neo4j = None
+        self._indexed.clear()
+        self._locks.clear()
