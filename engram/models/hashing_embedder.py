@@ -3,8 +3,8 @@
 Deterministic and dependency-free: lower-cased word unigrams and bigrams plus character
 trigrams of each word are hashed (blake2b, signed) into ``dim`` buckets and L2-normalised.
 It captures lexical overlap only — no synonyms, no meaning — so it is the embedder for fast
-tests and an offline fallback, not a substitute for a real model (see EXTRACTION-MODELS.md for
-the local MiniLM embedder).
+tests and an offline fallback, not a substitute for a real model (ENGRAM_EMBEDDER_PROVIDER=minilm
+runs all-MiniLM-L6-v2 locally, engram/models/minilm_embedder.py).
 """
 
 from __future__ import annotations

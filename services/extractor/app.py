@@ -15,11 +15,11 @@ Per episode (strictly in order per group: one durable per episode partition, one
 Failures are retried with a delayed nack and dead-lettered after ``max_deliveries``.
 
 Models come from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* (engram/models/factory.py): the offline rules
-extractor and hashing embedder by default, any OpenAI-compatible endpoint by settings.
+extractor and hashing embedder by default, the local MiniLM embedder or any OpenAI-compatible
+endpoint by settings.
 Graph drivers come from engram/graph.py (shared with the other services): indices are built
 once per driver on its first episode, so a graph database that is down at start only delays
 extraction.
-Partial (step 2 in progress, see docs/architecture.md): the MiniLM embedder is not wired yet.
 """
 
 from __future__ import annotations
