@@ -30,6 +30,8 @@ def collapse_subject(subject: str) -> str:
     engram.in.3.message.s1 -> engram.in.message; engram.episode.g1 -> engram.episode.
     """
     tokens = subject.split(".")
+    if tokens[:2] == ["engram", "sched"] and len(tokens) >= 3:
+        return f"engram.sched.{tokens[2]}"  # engram.sched.<kind>.<session|group>[.<node>]
     if tokens[:2] == ["engram", "in"] and len(tokens) == 5:
         return f"engram.in.{tokens[3]}"
     if tokens and tokens[0] == "engram" and len(tokens) == 4 and tokens[2].isdigit():
@@ -91,6 +93,33 @@ def subscribe_partitions(
             decoder=message_itself,
             title=f"{title} partition {p}",
         )(handler)
+
+
+async def retry_or_dead_letter(
+    msg: Any,
+    exc: BaseException,
+    *,
+    max_deliveries: int,
+    dead_letter: Callable[[str, str], Awaitable[None]],
+    logger: logging.Logger,
+    base_delay_s: float = 1.0,
+    max_delay_s: float = 60.0,
+) -> bool:
+    """The shared failure tail of a handler: nack with an exponential delay (a plain nak would
+    redeliver in a hot loop), or, at ``max_deliveries``, dead-letter with reason
+    ``processing_failed`` and ack. Returns True when the message was dead-lettered.
+    Only the exception type is logged: messages may carry user content."""
+    meta = msg.raw_message.metadata
+    seq, delivered = meta.sequence.stream, meta.num_delivered
+    if delivered >= max_deliveries:
+        logger.error("giving up on seq=%s after %s deliveries: %s", seq, delivered, type(exc).__name__)
+        await dead_letter("processing_failed", f"{type(exc).__name__} after {delivered} deliveries")
+        await msg.ack()
+        return True
+    logger.warning("retrying seq=%s (delivery %s): %s", seq, delivered, type(exc).__name__,
+                   exc_info=logger.isEnabledFor(logging.DEBUG))
+    await msg.nack(delay=min(max_delay_s, base_delay_s * 2 ** (delivered - 1)))
+    return False
 
 
 def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:

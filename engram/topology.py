@@ -47,6 +47,7 @@ class Topology:
     input_max_age_s: float = 7 * DAY
     episode_max_age_s: float = 30 * DAY
     dlq_max_age_s: float = 30 * DAY
+    summary_max_age_s: float = 7 * DAY
     session_state_ttl_s: float = 30 * DAY
 
     @classmethod
@@ -97,12 +98,25 @@ class Topology:
     def delta_stream(self) -> StreamConfig:
         return StreamConfig(
             name=subjects.STREAM_DELTAS,
-            description="NodeDeltas per group (what each episode changed on each entity), partitioned by group.",
-            subjects=["engram.delta.*"],
+            description="NodeDeltas per group (what each episode changed on each entity), partitioned by group; "
+            "also the summary-gate's deferred-refresh schedules, which fire into the group's delta subject.",
+            subjects=["engram.delta.*", "engram.sched.summary.*.*"],
             subject_transform=self._group_partitioned("delta"),
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=self.episode_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+            allow_msg_schedules=True,
+        )
+
+    def summary_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_SUMMARY,
+            description="Summary-gate decisions (SummaryEvent) and sampled skips for audit (SummaryAudit).",
+            subjects=["engram.summary.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.summary_max_age_s,
             duplicate_window=self.duplicate_window_s,
         )
 
@@ -118,7 +132,7 @@ class Topology:
         )
 
     def streams(self) -> list[StreamConfig]:
-        return [self.input_stream(), self.episode_stream(), self.delta_stream(), self.dlq_stream()]
+        return [self.input_stream(), self.episode_stream(), self.delta_stream(), self.summary_stream(), self.dlq_stream()]
 
     # --- consumers -------------------------------------------------------------------------
     @staticmethod
@@ -165,10 +179,31 @@ class Topology:
             max_deliver=-1,
         )
 
+    @staticmethod
+    def summary_gate_durable(partition: int) -> str:
+        return f"summary_gate_p{partition}"
+
+    @staticmethod
+    def summary_gate_filter(partition: int) -> str:
+        return f"engram.delta.{partition}.*"
+
+    def summary_gate_consumer(self, partition: int) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=self.summary_gate_durable(partition),
+            description=f"summary-gate, delta partition {partition}",
+            filter_subject=self.summary_gate_filter(partition),
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=max(self.ack_wait_s, 120.0),  # a refresh is an LLM call; the handler heartbeats too
+            max_ack_pending=1,  # a node's gate state must see its deltas in order
+            max_deliver=-1,
+        )
+
     def consumers(self) -> list[tuple[str, ConsumerConfig]]:
         return [
             *((subjects.STREAM_IN, self.turn_detector_consumer(p)) for p in range(self.partitions)),
             *((subjects.STREAM_EPISODES, self.extractor_consumer(p)) for p in range(self.partitions)),
+            *((subjects.STREAM_DELTAS, self.summary_gate_consumer(p)) for p in range(self.partitions)),
         ]
 
     # --- key-value -------------------------------------------------------------------------

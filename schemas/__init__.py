@@ -19,7 +19,9 @@ from schemas.messages import (
     ScopeKeys,
     SessionClosed,
     SessionIdle,
+    SummaryAudit,
     SummaryEvent,
+    SummaryTick,
 )
 
 __all__ = [
@@ -41,5 +43,7 @@ __all__ = [
     "ScopeKeys",
     "SessionClosed",
     "SessionIdle",
+    "SummaryAudit",
     "SummaryEvent",
+    "SummaryTick",
 ]

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from schemas import subjects
 from schemas.messages import ALL_MODELS, ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
-from schemas.messages import SessionClosed, SessionIdle, SummaryEvent
+from schemas.messages import SessionClosed, SessionIdle, SummaryAudit, SummaryEvent, SummaryTick
 
 HERE = Path(__file__).parent
 JSON_DIR = HERE / "json"
@@ -30,8 +30,13 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
     "inIdle": (subjects.IN_IDLE, SessionIdle, "Idle tick fired by a NATS message schedule (internal)."),
     "episode": (subjects.EPISODE, Episode, "Completed turns, one per enabled scope group."),
     "delta": (subjects.DELTA, NodeDelta, "What one episode changed on one entity."),
+    "summaryTick": (
+        subjects.SCHED_SUMMARY,
+        SummaryTick,
+        "Deferred summary refresh: a NATS message schedule fired into engram.delta.<group> (internal).",
+    ),
     "summary": (subjects.SUMMARY, SummaryEvent, "Every summary-gate decision."),
-    "summaryAudit": (subjects.SUMMARY_AUDIT, SummaryEvent, "Sample of skipped summaries for audit."),
+    "summaryAudit": (subjects.SUMMARY_AUDIT, SummaryAudit, "Sample of skipped summaries with facts and kept summary."),
     "recall": (subjects.RECALL, RecallRequest, "Recall request; the reply is a RecallResponse."),
     "deadLetter": (
         subjects.DLQ,

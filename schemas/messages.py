@@ -152,6 +152,9 @@ class NodeDelta(_Model):
 SummaryReason = Literal[
     "new_entity", "unchanged_hash", "low_drift", "drift", "polarity", "burst", "staleness", "cap_reached"
 ]
+"""Why the summary-gate decided as it did. ``burst`` on a *deferred* decision: the node is in a
+burst; on a *refreshed* one: the burst ended and the deferred refresh ran. ``cap_reached``: a
+deferral hit its hard cap (deltas or time) and the refresh ran."""
 
 
 class SummaryEvent(_Model):
@@ -165,7 +168,40 @@ class SummaryEvent(_Model):
     decision: Literal["refreshed", "skipped", "deferred"]
     reason: SummaryReason
     drift: float | None = None
+    active_facts: int | None = Field(None, description="Active (not invalidated) facts of the node.")
+    batch_size: int | None = Field(None, description="Nodes refreshed by the same LLM call (refreshed only).")
     decided_at: AwareDatetime
+
+
+class SummaryAudit(_Model):
+    """A sampled skip, on ``engram.summary.audit.<group_id>``: the facts and the summary kept,
+    so a person or an LLM judge can check that skipping was right."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    node_uuid: str
+    node_name: str
+    episode_id: str
+    reason: SummaryReason
+    drift: float | None = None
+    active_facts: list[str]
+    kept_summary: str
+    decided_at: AwareDatetime
+
+
+class SummaryTick(_Model):
+    """Server-scheduled flush of a deferred summary refresh (internal to the summary-gate).
+
+    Stored as a NATS message schedule on ``engram.sched.summary.<group>.<node>`` and fired into
+    ``engram.delta.<group>``, so it is handled in the group's order like any NodeDelta.
+    """
+
+    schema_version: Literal[1] = 1
+    type: Literal["summary_tick"] = "summary_tick"
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    node_uuid: str = Field(pattern=TOKEN_PATTERN)
+    token: str = Field(description="episode_id of the deferral that armed it; a newer deferral makes it stale.")
+    scheduled_for: AwareDatetime
 
 
 class RecallScopes(_Model):
@@ -224,6 +260,8 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     Episode,
     NodeDelta,
     SummaryEvent,
+    SummaryAudit,
+    SummaryTick,
     RecallRequest,
     RecallResponse,
 )

@@ -32,6 +32,8 @@ EPISODE = "engram.episode.{group}"
 DELTA = "engram.delta.{group}"
 SUMMARY = "engram.summary.{group}"
 SUMMARY_AUDIT = "engram.summary.audit.{group}"
+SCHED_SUMMARY = "engram.sched.summary.{group}.{node}"
+"""Where the summary-gate stores a deferred refresh's flush schedule (one pending per node)."""
 RECALL = "engram.recall"
 DLQ = "engram.dlq.{stage}"
 
@@ -40,6 +42,7 @@ STREAM_IN = "ENGRAM_IN"
 STREAM_EPISODES = "ENGRAM_EPISODES"
 STREAM_DLQ = "ENGRAM_DLQ"
 STREAM_DELTAS = "ENGRAM_DELTAS"
+STREAM_SUMMARY = "ENGRAM_SUMMARY"
 
 KV_TURN_SESSIONS = "engram_turn_sessions"
 
@@ -88,6 +91,14 @@ def delta(group_id: str) -> str:
 
 def summary(group_id: str) -> str:
     return SUMMARY.format(group=require_token(group_id, "group_id"))
+
+
+def summary_audit(group_id: str) -> str:
+    return SUMMARY_AUDIT.format(group=require_token(group_id, "group_id"))
+
+
+def sched_summary(group_id: str, node_uuid: str) -> str:
+    return SCHED_SUMMARY.format(group=require_token(group_id, "group_id"), node=require_token(node_uuid, "node_uuid"))
 
 
 def dlq(stage: str) -> str:

@@ -23,6 +23,10 @@ Response models answered (dispatched on ``response_model.__name__``):
   Otherwise ``duplicate_candidate_id = -1``.
 * ``EdgeDuplicate`` (``dedupe_edges.resolve_edge``): see "Edge resolution" below.
 * ``EdgeTimestamps`` / ``BatchEdgeTimestamps``: dates mentioned in the fact text, else nulls.
+* ``EntitySummaries`` (engram's summary-gate prompt, services/summary_gate/summarize.py): each
+  entity's ``facts`` in the order given (newest first), de-duplicated, joined as sentences and
+  cut at a sentence boundary to ``max_chars``; ``no_longer_true`` facts are never used and the
+  previous summary is ignored, so the summary is exactly the active facts.
 * anything else (summaries, attributes, ``response_model=None``): a minimal valid instance
   built from the pydantic model (defaults, empty lists/strings/dicts, ``None`` for optionals,
   0/False for numbers/bools), counted in ``self.unhandled[<model name>]``.
@@ -534,6 +538,19 @@ def _parse_datetime(value: str | None) -> datetime | None:
     except ValueError:
         return None
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def _summary_key(text: Any) -> str:
+    return re.sub(r"\W+", " ", str(text)).strip().casefold()
+
+
+def _cut_sentences(text: str, max_chars: int) -> str:
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    head = text[:max_chars]
+    stop = head.rfind(". ")
+    return head[: stop + 1] if stop > 0 else head.rstrip()
 
 
 def _block(prompt: str, tag: str) -> str | None:
@@ -2205,6 +2222,7 @@ class RulesExtractorClient(LLMClient):
             "EdgeDuplicate": self._edge_duplicate,
             "EdgeTimestamps": self._timestamps,
             "BatchEdgeTimestamps": self._batch_timestamps,
+            "EntitySummaries": self._entity_summaries,
         }
 
     # -- LLMClient --------------------------------------------------------------------------
@@ -2394,6 +2412,21 @@ class RulesExtractorClient(LLMClient):
         reference = _parse_datetime(_block(prompt, "REFERENCE TIME"))
         valid_at, invalid_at = fact_timestamps(fact, reference)
         return {"valid_at": valid_at, "invalid_at": invalid_at}
+
+    def _entity_summaries(self, prompt: str) -> dict[str, Any]:
+        entities = json.loads(_block(prompt, "ENTITIES") or "[]")
+        out = []
+        for entity in entities:
+            retracted = {_summary_key(f) for f in entity.get("no_longer_true", [])}
+            seen: set[str] = set()
+            parts: list[str] = []
+            for fact in entity.get("facts", []):
+                key = _summary_key(fact)
+                if key and key not in seen and key not in retracted:
+                    seen.add(key)
+                    parts.append(str(fact).strip().rstrip(".") + ".")
+            out.append({"id": entity["id"], "summary": _cut_sentences(" ".join(parts), int(entity.get("max_chars", 800)))})
+        return {"summaries": out}
 
     def _batch_timestamps(self, prompt: str) -> dict[str, Any]:
         facts = _literal(_block(prompt, "FACTS")) or []

@@ -1,0 +1,277 @@
+"""summary-gate service: a thin FastStream app around gate.py (decisions), store.py (graph state)
+and summarize.py (grounded, batched refreshes).
+
+Per message on ``engram.delta.<group>`` (strictly in order per group: one durable per delta
+partition, one message in flight, like the extractor):
+
+* a NodeDelta: load the node's active facts and gate state, decide (gate.decide), then
+  - refresh: summarise the node -- together with every other node of the group whose deferred
+    refresh is due, up to ``batch_size`` per LLM call -- embed the summaries, store summary and
+    state in one statement;
+  - defer: schedule a flush tick (NATS message schedule on ``engram.sched.summary.<group>.<node>``,
+    fired into ``engram.delta.<group>``: it lands in the group's partition, in order);
+  - skip: store the state; a deterministic sample goes to ``engram.summary.audit.<group>``;
+* a SummaryTick: flush the node's deferred refresh unless a newer deferral or a refresh made the
+  tick stale.
+Every decision is a SummaryEvent on ``engram.summary.<group>`` and a Prometheus counter.
+
+Crash safety: events and the tick are published (with deterministic Nats-Msg-Ids) BEFORE the
+state is stored, and the state records the delta as applied. A crash before the store means a
+redelivery decides the same way from the same state and re-publishes into the dedupe window; a
+crash after it finds the delta applied and only acks. A refresh may then be paid twice; a
+decision is never lost or counted twice in the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from faststream.nats import NatsBroker
+from graphiti_core.embedder.client import EmbedderClient
+from graphiti_core.llm_client.client import LLMClient
+from nats.js import JetStreamContext
+from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
+
+from engram import dlq
+from engram.graph import GraphDrivers
+from engram.models.accounting import AccountingLLMClient
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
+from engram.service import ServiceApp, make_broker, retry_or_dead_letter, subscribe_partitions
+from engram.settings import EngramSettings
+from engram.topology import Topology, ensure_topology
+from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
+from services.summary_gate import store
+from services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
+from services.summary_gate.summarize import refresh_summaries
+
+STAGE = "summary_gate"
+log = logging.getLogger("engram.summary_gate")
+
+REFRESHED = Counter("engram_summary_refreshed_total", "Summaries refreshed, by reason.", ["reason"])
+SKIPPED = Counter("engram_summary_skipped_total", "Summary refreshes skipped, by reason.", ["reason"])
+DEFERRED = Counter("engram_summary_deferred_total", "Summary refreshes deferred (node in a burst).")
+MESSAGES = Counter("engram_summary_gate_messages_total", "Messages handled, by kind and outcome.", ["kind", "outcome"])
+LLM_SECONDS = Histogram(
+    "engram_summary_llm_seconds", "Latency of one summary refresh LLM call (a batch of nodes).",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+BATCH_NODES = Histogram(
+    "engram_summary_batch_nodes", "Nodes refreshed by one LLM call.", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+)
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class SummaryGate:
+    def __init__(
+        self,
+        settings: EngramSettings,
+        broker: NatsBroker,
+        llm: LLMClient | None = None,
+        embedder: EmbedderClient | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        gate: GateSettings | None = None,
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.gate = gate or GateSettings()
+        self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
+        self.embedder = embedder or build_embedder(EmbedderSettings())
+        self.graph = GraphDrivers(settings)
+        self.clock = clock
+        self.js: JetStreamContext | None = None
+        self.max_deliveries = settings.turn.max_deliveries
+
+    async def start(self) -> None:
+        self.graph.validate()
+        await self.broker.connect()
+        self.js = self.broker.config.connection_state.stream
+        await ensure_topology(self.js, Topology.from_settings(self.settings))
+
+    async def stop(self) -> None:
+        await self.graph.close()
+
+    # --- handler -----------------------------------------------------------------------------
+    async def handle(self, msg: Any) -> None:
+        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
+        raw = msg.raw_message
+        kind = "tick" if b'"summary_tick"' in raw.data else "delta"
+        try:
+            event = (SummaryTick if kind == "tick" else NodeDelta).model_validate_json(raw.data)
+        except ValidationError as exc:
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10])
+            await self._dead_letter(raw, "schema", detail)
+            MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
+            await msg.ack()
+            return
+        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        try:
+            outcome = await (self.on_tick(event) if isinstance(event, SummaryTick) else self.on_delta(event))
+        except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
+            if await retry_or_dead_letter(
+                msg, exc, max_deliveries=self.max_deliveries, logger=log,
+                dead_letter=lambda reason, detail: self._dead_letter(raw, reason, detail),
+            ):
+                MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
+            return
+        finally:
+            heartbeat.cancel()
+        MESSAGES.labels(kind=kind, outcome=outcome).inc()
+        await msg.ack()
+
+    async def _keep_alive(self, msg: Any) -> None:
+        while True:
+            await asyncio.sleep(15)
+            await msg.in_progress()
+
+    # --- decisions ---------------------------------------------------------------------------
+    async def on_delta(self, delta: NodeDelta) -> str:
+        driver = await self.graph.driver(delta.group_id)
+        node = await self._load(driver, delta.group_id, delta.node_uuid)
+        if node is None:
+            return "node_missing"  # deleted since (group or episode delete): nothing to summarise
+        now = self.clock()
+        decision = decide(delta, node.facts, node.meta, now, self.gate)
+        if decision.action == "duplicate":
+            return "duplicate"
+        if decision.action == "refresh":
+            await self._refresh(driver, delta.group_id, node, decision, delta.episode_id, delta.episode_time, now)
+        elif decision.action == "defer":
+            await self._schedule_tick(delta.group_id, node.uuid, decision)
+            await self._publish_event(delta.group_id, node, decision, delta.episode_id, "deferred", now)
+            await store.save_meta(driver, delta.group_id, node.uuid, decision.meta)
+            DEFERRED.inc()
+        else:
+            await self._publish_event(delta.group_id, node, decision, delta.episode_id, "skipped", now)
+            if sampled_for_audit(node.uuid, delta.episode_id, self.gate.audit_sample_rate):
+                await self._publish_audit(delta, node, decision, now)
+            await store.save_meta(driver, delta.group_id, node.uuid, decision.meta)
+            SKIPPED.labels(reason=decision.reason).inc()
+        return decision.action
+
+    async def on_tick(self, tick: SummaryTick) -> str:
+        driver = await self.graph.driver(tick.group_id)
+        node = await self._load(driver, tick.group_id, tick.node_uuid)
+        if node is None:
+            return "node_missing"
+        decision = decide_tick(tick, node.facts, node.meta)
+        if decision.action == "stale_tick":
+            return "stale_tick"
+        assert node.meta.pending is not None
+        await self._refresh(driver, tick.group_id, node, decision, tick.token, node.meta.pending.last_episode_time,
+                            self.clock())
+        return "flushed"
+
+    async def _load(self, driver: Any, group_id: str, node_uuid: str) -> store.NodeView | None:
+        return await store.load_node(
+            driver, group_id, node_uuid, max_facts=self.gate.max_facts_in_prompt, episodes=self.gate.episode_window
+        )
+
+    async def _refresh(
+        self, driver: Any, group_id: str, node: store.NodeView, decision: Decision, episode_id: str,
+        current_to: datetime, now: datetime,
+    ) -> None:
+        """Refresh ``node`` and, in the same LLM call, every other node of the group that is due."""
+        batch: list[tuple[store.NodeView, Decision, str, datetime]] = [(node, decision, episode_id, current_to)]
+        for uuid in await store.due_nodes(driver, group_id, now, limit=self.gate.batch_size - 1, exclude=node.uuid):
+            other = await self._load(driver, group_id, uuid)
+            if other is None or other.meta.pending is None:
+                continue
+            tick = SummaryTick(group_id=group_id, node_uuid=uuid, token=other.meta.pending.token,
+                               scheduled_for=other.meta.pending.flush_after)
+            batch.append((other, decide_tick(tick, other.facts, other.meta), other.meta.pending.token,
+                          other.meta.pending.last_episode_time))
+        started = time.perf_counter()
+        summaries = await refresh_summaries(
+            self.llm, [b[0] for b in batch], max_facts=self.gate.max_facts_in_prompt,
+            max_chars=self.gate.max_summary_chars,
+        )
+        LLM_SECONDS.observe(time.perf_counter() - started)
+        BATCH_NODES.observe(len(batch))
+        vectors = await self.embedder.create_batch(summaries)
+        for (view, dec, ep_id, to), summary, vector in zip(batch, summaries, vectors):
+            meta = after_refresh(dec.meta, list(vector), to)
+            await self._publish_event(group_id, view, dec, ep_id, "refreshed", now, batch_size=len(batch))
+            await store.save_summary(driver, group_id, view.uuid, summary, meta)
+            REFRESHED.labels(reason=dec.reason).inc()
+
+    # --- publishing --------------------------------------------------------------------------
+    async def _publish_event(
+        self, group_id: str, node: store.NodeView, decision: Decision, episode_id: str, verdict: str,
+        now: datetime, batch_size: int | None = None,
+    ) -> None:
+        event = SummaryEvent(
+            group_id=group_id, node_uuid=node.uuid, node_name=node.name, episode_id=episode_id,
+            decision=verdict,  # type: ignore[arg-type]
+            reason=decision.reason or "unchanged_hash", drift=decision.drift, active_facts=len(node.facts),
+            batch_size=batch_size, decided_at=now,
+        )
+        await self._publish(subjects.summary(group_id), event.model_dump_json().encode(),
+                            f"summary:{node.uuid}:{episode_id}:{verdict}")
+
+    async def _publish_audit(self, delta: NodeDelta, node: store.NodeView, decision: Decision, now: datetime) -> None:
+        audit = SummaryAudit(
+            group_id=delta.group_id, node_uuid=node.uuid, node_name=node.name, episode_id=delta.episode_id,
+            reason=decision.reason or "unchanged_hash", drift=decision.drift,
+            active_facts=[f.fact for f in node.facts], kept_summary=node.summary, decided_at=now,
+        )
+        await self._publish(subjects.summary_audit(delta.group_id), audit.model_dump_json().encode(),
+                            f"audit:{node.uuid}:{delta.episode_id}")
+
+    async def _publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        await self.broker.publish(
+            payload, subject, headers={subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"},
+            stream=subjects.STREAM_SUMMARY,
+        )
+
+    async def _schedule_tick(self, group_id: str, node_uuid: str, decision: Decision) -> None:
+        """A server-side timer: fires the SummaryTick into the group's delta subject (in order).
+        A newer schedule on the same subject replaces the older one."""
+        assert self.js is not None and decision.meta.pending is not None
+        pending = decision.meta.pending
+        fire_at = datetime.fromtimestamp(int(pending.flush_after.timestamp()) + 1, tz=timezone.utc)  # whole seconds
+        tick = SummaryTick(group_id=group_id, node_uuid=node_uuid, token=pending.token, scheduled_for=fire_at)
+        await self.js.publish(
+            subjects.sched_summary(group_id, node_uuid),
+            tick.model_dump_json().encode(),
+            headers={
+                "Nats-Schedule": f"@at {fire_at.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+                "Nats-Schedule-Target": subjects.delta(group_id),
+                subjects.HDR_MSG_ID: f"tick:{node_uuid}:{pending.token}",
+            },
+            stream=subjects.STREAM_DELTAS,
+        )
+
+    async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:
+        assert self.js is not None
+        await dlq.dead_letter(
+            self.js, stage=STAGE, reason=reason, detail=detail, subject=raw.subject, payload=raw.data,
+            headers=raw.headers, source_id=f"{subjects.STREAM_DELTAS}:{raw.metadata.sequence.stream}",
+        )
+
+
+def build(
+    settings: EngramSettings | None = None,
+    llm: LLMClient | None = None,
+    *,
+    clock: Callable[[], datetime] = utc_now,
+    gate: GateSettings | None = None,
+) -> ServiceApp:
+    settings = settings or EngramSettings()
+    broker = make_broker(settings, service="summary-gate")
+    service = SummaryGate(settings, broker, llm, clock=clock, gate=gate)
+    topology = Topology.from_settings(settings)
+    consumers = [topology.summary_gate_consumer(p) for p in range(settings.partitions)]
+    subscribe_partitions(broker, subjects.STREAM_DELTAS, consumers, service.handle, title="summary-gate")
+    app = ServiceApp(name="summary-gate", broker=broker, on_startup=[service.start], on_shutdown=[service.stop])
+    app.summary_gate = service  # type: ignore[attr-defined]
+    return app
+

@@ -1,0 +1,257 @@
+"""The summary gate: per entity, is an LLM summary refresh worth its cost? (seed 001)
+
+Pure functions over pydantic models; no broker, no database, no clock of its own (``now`` is
+passed in), so every rule is testable alone and a restarted gate makes the same decisions from
+the same inputs.
+
+Inputs per decision: the NodeDelta (or a flush tick), the node's ACTIVE facts read from the
+graph after the extractor wrote them (text + embedding; invalidated or expired facts are not
+active), and :class:`GateMeta`, the gate state persisted on the node as ``_graphiti_meta``.
+
+Rules, in this order (the first that applies decides):
+
+1. ``duplicate``: the delta was already applied (redelivery) -- no decision, no event;
+2. ``new_entity``: the node has never been summarised -> refresh;
+3. ``polarity``: the delta invalidated a fact of the node or carries a negation cue ->
+   refresh now, even inside a burst (a summary must never keep asserting what was retracted);
+4. ``unchanged_hash``: the stable hash of the active facts equals the stored one -> skip;
+5. ``burst``: the node got ``burst_min_episodes`` episodes within ``burst_window_s`` (episode
+   time) -> defer: the change accumulates in ``pending`` and a flush tick is scheduled
+   ``burst_quiet_s`` (wall clock) later. A newer deferral re-arms the tick; a tick whose token
+   is not the latest deferral's is stale. Hard caps: ``max_deferred_deltas`` deferrals or
+   ``max_deferred_s`` of episode time since the first -> refresh (``cap_reached``);
+6. a pending deferral and a delta outside any burst -> refresh now (``burst``: the burst ended);
+7. ``staleness``: the summary is older than ``staleness_sla_s`` (episode time) -> refresh;
+8. ``drift``: cosine distance between the mean of the active facts' embeddings and the stored
+   summary embedding >= ``drift_threshold`` -> refresh, else skip (``low_drift``).
+
+Why deferred refreshes always happen: every deferral schedules a tick carrying its own token;
+the latest deferral's tick is never superseded except by a newer deferral (with its own tick)
+or by a refresh that clears ``pending``. So the last deferral of any node always meets a tick
+that flushes it, whether or not another delta ever arrives (tests/services/summary_gate prove
+it over random sequences).
+
+State is updated whatever the decision (fact hash, recent episode times, burst flag).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas import NodeDelta, SummaryTick
+from schemas.messages import SummaryReason
+
+META_VERSION = 1
+APPLIED_KEPT = 32
+
+
+class GateSettings(BaseSettings):
+    """ENGRAM_SUMMARY_* settings. Defaults justified in docs/architecture.md (summary gate)."""
+
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_SUMMARY_", extra="ignore")
+
+    drift_threshold: float = Field(
+        0.35, ge=0.0, le=2.0,
+        description="Cosine distance (pooled active facts vs summary embedding) at/above which a summary is refreshed.",
+    )
+    burst_window_s: float = Field(900.0, gt=0, description="Episode-time window in which episodes count as a burst.")
+    burst_min_episodes: int = Field(3, ge=2, description="Episodes of a node inside the window that make a burst.")
+    burst_quiet_s: float = Field(
+        20.0, gt=0, description="Wall-clock seconds without a new deferral after which a deferred refresh runs."
+    )
+    max_deferred_deltas: int = Field(12, ge=1, description="Hard cap: deferrals before the refresh runs anyway.")
+    max_deferred_s: float = Field(3600.0, gt=0, description="Hard cap: episode-time span of one deferral.")
+    staleness_sla_s: float = Field(
+        7 * 86400.0, gt=0, description="A changed node whose summary is older than this (episode time) is refreshed."
+    )
+    recent_kept: int = Field(16, ge=2, description="Recent episode times kept per node.")
+    audit_sample_rate: float = Field(0.05, ge=0.0, le=1.0, description="Share of skips published for audit.")
+    batch_size: int = Field(8, ge=1, le=64, description="Nodes refreshed by one LLM call at most.")
+    max_facts_in_prompt: int = Field(40, ge=1, description="Most recent active facts shown to the summary prompt.")
+    episode_window: int = Field(3, ge=0, description="Recent episodes mentioning the node shown to the prompt.")
+    max_summary_chars: int = Field(800, ge=80, description="Longer summaries are cut at a sentence boundary.")
+
+
+class ActiveFact(BaseModel):
+    uuid: str
+    fact: str
+    embedding: list[float] | None = None
+    valid_at: datetime | None = None
+
+
+class Pending(BaseModel):
+    """A deferred refresh: what accumulated while the node was in a burst."""
+
+    first_episode_time: datetime
+    last_episode_time: datetime
+    deltas: int = 1
+    token: str = Field(description="episode_id of the latest deferral; only its tick flushes.")
+    flush_after: datetime = Field(description="Wall-clock time the tick is scheduled for.")
+
+
+class GateMeta(BaseModel):
+    """Gate state persisted on the entity node as JSON in ``_graphiti_meta``."""
+
+    v: int = META_VERSION
+    fact_hash: str | None = None
+    summary_embedding: list[float] | None = None
+    last_summary_ts: datetime | None = Field(None, description="Episode time the summary is current to.")
+    recent_episode_times: list[datetime] = Field(default_factory=list)
+    burst_active: bool = False
+    pending: Pending | None = None
+    applied: list[str] = Field(default_factory=list, description="Recent delta episode ids (redelivery guard).")
+
+
+Action = Literal["refresh", "skip", "defer", "duplicate", "stale_tick"]
+
+
+class Decision(BaseModel):
+    action: Action
+    reason: SummaryReason | None = None
+    drift: float | None = None
+    fact_hash: str
+    meta: GateMeta = Field(description="State to persist (before the refresh result, if any, is applied).")
+
+
+def fact_hash(facts: Sequence[ActiveFact]) -> str:
+    """Stable hash of the active facts: order-independent, uuid and text."""
+    h = hashlib.sha256()
+    for uuid, text in sorted((f.uuid, f.fact) for f in facts):
+        h.update(uuid.encode())
+        h.update(b"\0")
+        h.update(text.encode())
+        h.update(b"\n")
+    return h.hexdigest()[:32]
+
+
+def pooled(vectors: Sequence[Sequence[float]]) -> list[float] | None:
+    """Mean of the vectors, L2-normalised; None when there are none."""
+    vectors = [v for v in vectors if v]
+    if not vectors:
+        return None
+    dim = len(vectors[0])
+    acc = [0.0] * dim
+    for v in vectors:
+        if len(v) != dim:
+            continue
+        for i, x in enumerate(v):
+            acc[i] += x
+    norm = math.sqrt(sum(x * x for x in acc))
+    return [x / norm for x in acc] if norm else None
+
+
+def cosine_distance(a: Sequence[float] | None, b: Sequence[float] | None) -> float | None:
+    if not a or not b or len(a) != len(b):
+        return None
+    dot = sum(x * y for x, y in zip(a, b))
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    if not na or not nb:
+        return None
+    return 1.0 - dot / (na * nb)
+
+
+def drift_of(facts: Sequence[ActiveFact], meta: GateMeta) -> float | None:
+    return cosine_distance(pooled([f.embedding for f in facts if f.embedding]), meta.summary_embedding)
+
+
+def _recent(meta: GateMeta, episode_time: datetime, settings: GateSettings) -> list[datetime]:
+    times = sorted({*meta.recent_episode_times, episode_time})
+    return times[-settings.recent_kept :]
+
+
+def in_burst(times: Sequence[datetime], episode_time: datetime, settings: GateSettings) -> bool:
+    window = timedelta(seconds=settings.burst_window_s)
+    return sum(1 for t in times if episode_time - window <= t <= episode_time) >= settings.burst_min_episodes
+
+
+def decide(
+    delta: NodeDelta, facts: Sequence[ActiveFact], meta: GateMeta, now: datetime, settings: GateSettings
+) -> Decision:
+    """The gate's decision for one NodeDelta (see the module docstring for the rules)."""
+    current_hash = fact_hash(facts)
+    if delta.episode_id in meta.applied:
+        return Decision(action="duplicate", fact_hash=current_hash, meta=meta)
+
+    times = _recent(meta, delta.episode_time, settings)
+    burst = in_burst(times, delta.episode_time, settings)
+    updated = meta.model_copy(
+        update={
+            "recent_episode_times": times,
+            "burst_active": burst,
+            "fact_hash": current_hash,
+            "applied": [*meta.applied, delta.episode_id][-APPLIED_KEPT:],
+        }
+    )
+    drift = drift_of(facts, meta)
+
+    def refresh(reason: SummaryReason) -> Decision:
+        return Decision(action="refresh", reason=reason, drift=drift, fact_hash=current_hash, meta=updated)
+
+    if meta.last_summary_ts is None and meta.summary_embedding is None:
+        return refresh("new_entity")
+    if delta.polarity_flip or delta.invalidated_facts:
+        return refresh("polarity")
+    if current_hash == meta.fact_hash:
+        return Decision(action="skip", reason="unchanged_hash", drift=drift, fact_hash=current_hash, meta=updated)
+    if burst:
+        pending = meta.pending
+        if pending is not None and (
+            pending.deltas + 1 > settings.max_deferred_deltas
+            or (delta.episode_time - pending.first_episode_time).total_seconds() >= settings.max_deferred_s
+        ):
+            return refresh("cap_reached")
+        flush_after = now + timedelta(seconds=settings.burst_quiet_s)
+        updated.pending = Pending(
+            first_episode_time=pending.first_episode_time if pending else delta.episode_time,
+            last_episode_time=delta.episode_time,
+            deltas=(pending.deltas + 1) if pending else 1,
+            token=delta.episode_id,
+            flush_after=flush_after,
+        )
+        return Decision(action="defer", reason="burst", drift=drift, fact_hash=current_hash, meta=updated)
+    if meta.pending is not None:
+        return refresh("burst")
+    if meta.last_summary_ts is not None and (
+        (delta.episode_time - meta.last_summary_ts).total_seconds() >= settings.staleness_sla_s
+    ):
+        return refresh("staleness")
+    if drift is None or drift >= settings.drift_threshold:
+        return refresh("drift")
+    return Decision(action="skip", reason="low_drift", drift=drift, fact_hash=current_hash, meta=updated)
+
+
+def decide_tick(tick: SummaryTick, facts: Sequence[ActiveFact], meta: GateMeta) -> Decision:
+    """A flush tick: refresh if it belongs to the node's latest deferral, else it is stale."""
+    current_hash = fact_hash(facts)
+    if meta.pending is None or meta.pending.token != tick.token:
+        return Decision(action="stale_tick", fact_hash=current_hash, meta=meta)
+    updated = meta.model_copy(update={"fact_hash": current_hash, "burst_active": False})
+    return Decision(action="refresh", reason="burst", drift=drift_of(facts, meta), fact_hash=current_hash, meta=updated)
+
+
+def after_refresh(meta: GateMeta, summary_embedding: list[float] | None, current_to: datetime) -> GateMeta:
+    """State once a refresh has been written: pending cleared, summary embedding and time set."""
+    last = meta.last_summary_ts
+    return meta.model_copy(
+        update={
+            "summary_embedding": summary_embedding,
+            "last_summary_ts": current_to if last is None or current_to > last else last,
+            "pending": None,
+            "burst_active": False if meta.pending else meta.burst_active,
+        }
+    )
+
+
+def sampled_for_audit(node_uuid: str, episode_id: str, rate: float) -> bool:
+    """Deterministic sample (same answer on every replica and after a restart)."""
+    if rate <= 0:
+        return False
+    digest = hashlib.blake2b(f"{node_uuid}/{episode_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < rate
