@@ -37,9 +37,14 @@ def _settings(data_dir: Path | None = None) -> EngramSettings:
 class Service(str, Enum):
     turn_detector = "turn-detector"
     extractor = "extractor"
+    summary_gate = "summary-gate"
 
 
-SERVICE_MODULES = {Service.turn_detector: "services.turn_detector.app", Service.extractor: "services.extractor.app"}
+SERVICE_MODULES = {
+    Service.turn_detector: "services.turn_detector.app",
+    Service.extractor: "services.extractor.app",
+    Service.summary_gate: "services.summary_gate.app",
+}
 
 
 @app.command()
@@ -132,6 +137,19 @@ def _print_status(result: dict) -> None:
     for k, v in result.get("counts", {}).items():
         counts.add_row(k, str(v))
     console.print(counts)
+    summary = result.get("summary_gate")
+    if summary:
+        gate = Table(title="summary-gate decisions (since the service started)")
+        for col in ("decision", "reason", "n"):
+            gate.add_column(col, justify="right" if col == "n" else "left")
+        for decision in ("refreshed", "skipped"):
+            for reason, n in sorted(summary.get(decision, {}).items()):
+                gate.add_row(decision, reason, str(int(n)))
+        gate.add_row("deferred", "burst", str(int(summary.get("deferred", 0))))
+        considered = sum(summary.get("refreshed", {}).values()) + sum(summary.get("skipped", {}).values())
+        if considered:
+            gate.caption = f"{100 * sum(summary.get('skipped', {}).values()) / considered:.0f}% of refreshes skipped"
+        console.print(gate)
 
 
 @app.command()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import urllib.parse
+import urllib.request
 from typing import Any
 
 import nats
@@ -17,6 +18,28 @@ from engram.settings import EngramSettings
 from schemas import subjects
 
 MAX_SESSIONS_SCANNED = 20_000
+
+
+def summary_counters(metrics_url: str) -> dict[str, Any]:
+    """engram_summary_* counters scraped from a summary-gate's /metrics:
+    {"refreshed": {reason: n}, "skipped": {reason: n}, "deferred": n}; {} when unreachable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=2) as resp:  # noqa: S310 - loopback URL from the runtime file
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, Any] = {"refreshed": {}, "skipped": {}, "deferred": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "engram_summary_refreshed_total":
+                out["refreshed"][sample.labels["reason"]] = sample.value
+            elif sample.name == "engram_summary_skipped_total":
+                out["skipped"][sample.labels["reason"]] = sample.value
+            elif sample.name == "engram_summary_deferred_total":
+                out["deferred"] = sample.value
+    return out
 
 
 def _graph_ping(url: str) -> tuple[bool, str]:
@@ -113,7 +136,9 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
             "server_version": nc._server_info.get("version"),  # noqa: SLF001
             "jetstream_streams": account.streams,
         }
-        for stream in (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DELTAS, subjects.STREAM_DLQ):
+        streams = (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY,
+                   subjects.STREAM_DLQ)
+        for stream in streams:
             try:
                 info = await js.stream_info(stream)
             except nats.js.errors.NotFoundError:
@@ -136,6 +161,9 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
             counts["session_closes"] = await count_filtered(js, subjects.STREAM_IN, "engram.in.*.close.*")
         counts["episodes"] = (status["streams"].get(subjects.STREAM_EPISODES) or {}).get("messages", 0)
         counts["node_deltas"] = (status["streams"].get(subjects.STREAM_DELTAS) or {}).get("messages", 0)
+        if status["streams"].get(subjects.STREAM_SUMMARY):
+            counts["summary_decisions"] = await count_filtered(js, subjects.STREAM_SUMMARY, "engram.summary.*")
+            counts["summary_audits"] = await count_filtered(js, subjects.STREAM_SUMMARY, "engram.summary.audit.*")
         counts["dead_letters"] = (status["streams"].get(subjects.STREAM_DLQ) or {}).get("messages", 0)
         counts.update(await _turn_totals(js))
         status["counts"] = counts
@@ -150,6 +178,9 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
         ok = await asyncio.to_thread(http_ok, f"{svc['url']}/healthz")
         status["services"][name] = {"ok": ok, "url": svc["url"], "metrics": f"{svc['url']}/metrics",
                                     "restarts": svc.get("restarts", 0)}
+    gate = (runtime.get("services") or {}).get("summary-gate")
+    if gate and status["services"].get("summary-gate", {}).get("ok"):
+        status["summary_gate"] = await asyncio.to_thread(summary_counters, f"{gate['url']}/metrics")
     status["ok"] = all(p.get("ok") for p in status["parts"].values()) and all(
         s["ok"] for s in status["services"].values()
     )

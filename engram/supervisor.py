@@ -25,7 +25,7 @@ from engram.topology import Topology, ensure_topology
 
 log = logging.getLogger("engram.up")
 
-SERVICES: tuple[str, ...] = ("turn-detector", "extractor")
+SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate")
 """Services `engram up` runs, in start order. Each later step adds its service here."""
 
 

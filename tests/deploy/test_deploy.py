@@ -245,6 +245,7 @@ def registered_metrics() -> tuple[frozenset[str], bool]:
     import engram.dlq  # noqa: F401 - registers engram_dlq_messages_total
     import services.turn_detector.metrics  # noqa: F401 - registers engram_turn_detector_*
     import services.extractor.app  # noqa: F401 - registers engram_extractor_* and engram_llm_*
+    import services.summary_gate.app  # noqa: F401 - registers engram_summary_*
     from prometheus_client import REGISTRY
 
     faststream_exact = True
@@ -331,7 +332,9 @@ def check_promql_shape(expr: str, where: str) -> None:
     assert not stack, f"{where}: unclosed {stack} in {expr!r}"
     from schemas import subjects
 
-    streams = {subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ}
+    from engram.topology import Topology
+
+    streams = {cfg.name for cfg in Topology(partitions=1, duplicate_window_s=1, ack_wait_s=1).streams()}
     for stream in re.findall(r'stream_name\s*=\s*"([^"]*)"', expr):
         assert stream in streams, f"{where}: unknown stream {stream!r} (known: {sorted(streams)})"
 
