@@ -137,19 +137,10 @@ def _print_status(result: dict) -> None:
     for k, v in result.get("counts", {}).items():
         counts.add_row(k, str(v))
     console.print(counts)
-    summary = result.get("summary_gate")
-    if summary:
-        gate = Table(title="summary-gate decisions (since the service started)")
-        for col in ("decision", "reason", "n"):
-            gate.add_column(col, justify="right" if col == "n" else "left")
-        for decision in ("refreshed", "skipped"):
-            for reason, n in sorted(summary.get(decision, {}).items()):
-                gate.add_row(decision, reason, str(int(n)))
-        gate.add_row("deferred", "burst", str(int(summary.get("deferred", 0))))
-        considered = sum(summary.get("refreshed", {}).values()) + sum(summary.get("skipped", {}).values())
-        if considered:
-            gate.caption = f"{100 * sum(summary.get('skipped', {}).values()) / considered:.0f}% of refreshes skipped"
-        console.print(gate)
+    if result.get("summary_gate"):
+        from engram.status import summary_gate_table
+
+        console.print(summary_gate_table(result["summary_gate"]))
 
 
 @app.command()

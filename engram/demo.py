@@ -22,7 +22,7 @@ from rich.text import Text
 
 from engram.ingest import publish_events, read_jsonl, read_locomo
 from engram.settings import EngramSettings
-from engram.status import collect_status
+from engram.status import collect_status, summary_gate_table
 from schemas import Episode, ScopeKeys, subjects
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +51,8 @@ async def _wait_idle(nc: nats.NATS, stream: str, timeout: float = 300.0) -> None
         await asyncio.sleep(0.25)
 
 
-def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str], list[str]]:
-    """Entity names and current facts of one group's graph (FalkorDB, one graph per group)."""
+def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """Entity names, current facts and the longest summaries of one group's graph (FalkorDB)."""
     from urllib.parse import urlparse
 
     from falkordb import FalkorDB
@@ -60,10 +60,13 @@ def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str
     url = urlparse(graph_url)
     graph = FalkorDB(host=url.hostname, port=url.port).select_graph(group)
     names = [r[0] for r in graph.query("MATCH (n:Entity) RETURN n.name ORDER BY n.name").result_set]
+    summaries = [(r[0], r[1]) for r in graph.query(
+        "MATCH (n:Entity) WHERE n.summary <> '' RETURN n.name, n.summary ORDER BY size(n.summary) DESC LIMIT 4"
+    ).result_set]
     facts = [r[0] for r in graph.query(
         "MATCH ()-[e:RELATES_TO]->() WHERE e.expired_at IS NULL RETURN e.fact LIMIT $n", {"n": limit}
     ).result_set]
-    return names, facts
+    return names, facts, summaries
 
 
 async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
@@ -105,12 +108,15 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
             console.print(Panel(Text(ep.content), title=title + ")", title_align="left"))
         console.print("extracting the knowledge graph (offline rules extractor, no model) ...")
         await _wait_idle(nc, subjects.STREAM_EPISODES)
+        console.print("refreshing entity summaries where the facts changed (summary-gate) ...")
+        await _wait_idle(nc, subjects.STREAM_DELTAS)
         graph_url = fresh.resolved_graph_url()
         if graph_url:
             group = subjects.session_group(fresh.group_prefix, "coding-1")
-            names, facts = await asyncio.to_thread(_graph_sample, graph_url, group)
-            console.print(Panel(Text("entities: " + ", ".join(names) + "\n\nfacts:\n" + "\n".join(f"- {f}" for f in facts)),
-                                title=f"graph {group}", title_align="left"))
+            names, facts, summaries = await asyncio.to_thread(_graph_sample, graph_url, group)
+            text = "entities: " + ", ".join(names) + "\n\nfacts:\n" + "\n".join(f"- {f}" for f in facts)
+            text += "\n\nsummaries:\n" + "\n".join(f"- {name}: {summary}" for name, summary in summaries)
+            console.print(Panel(Text(text), title=f"graph {group}", title_align="left"))
     finally:
         await nc.close()
     status = await collect_status(EngramSettings(data_dir=settings.data_dir))
@@ -120,6 +126,8 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
     for k, v in status["counts"].items():
         table.add_row(k, str(v))
     console.print(table)
+    if status.get("summary_gate"):
+        console.print(summary_gate_table(status["summary_gate"]))
 
 
 def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) -> int:

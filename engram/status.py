@@ -42,6 +42,23 @@ def summary_counters(metrics_url: str) -> dict[str, Any]:
     return out
 
 
+def summary_gate_table(summary: dict[str, Any]) -> Any:
+    """A rich Table of the summary-gate's decisions by reason (from :func:`summary_counters`)."""
+    from rich.table import Table
+
+    table = Table(title="summary-gate decisions (since the service started)")
+    for col in ("decision", "reason", "n"):
+        table.add_column(col, justify="right" if col == "n" else "left")
+    for decision in ("refreshed", "skipped"):
+        for reason, n in sorted(summary.get(decision, {}).items()):
+            table.add_row(decision, reason, str(int(n)))
+    table.add_row("deferred", "burst", str(int(summary.get("deferred", 0))))
+    refreshed, skipped = sum(summary.get("refreshed", {}).values()), sum(summary.get("skipped", {}).values())
+    if refreshed + skipped:
+        table.caption = f"{100 * skipped / (refreshed + skipped):.0f}% of summary refreshes skipped"
+    return table
+
+
 def _graph_ping(url: str) -> tuple[bool, str]:
     parsed = urllib.parse.urlparse(url)
     return redis_ping(parsed.hostname or "127.0.0.1", parsed.port or 6379)
