@@ -43,6 +43,11 @@ class ScopeKeys(_Model):
     session: bool = Field(True, description="Write this session's turns to the session scope.")
     workspace: str | None = Field(None, min_length=1, max_length=512)
     user: str | None = Field(None, min_length=1, max_length=512)
+    group: str | None = Field(
+        None, pattern=TOKEN_PATTERN,
+        description="Write turns to exactly this group id instead of the derived scope groups "
+        "(Graphiti REST clients name their groups themselves; see the gateway).",
+    )
 
 
 class ChatMessage(_Model):

@@ -252,6 +252,19 @@ async def find_episode(clients: GraphitiClients, episode_id: str, group_id: str 
     return node if group_id is None or node.group_id == group_id else None
 
 
+MESSAGE_IDS_PROPERTY = "engram_message_ids"
+
+
+async def record_message_ids(driver: Any, episode: Episode) -> None:
+    """Store the episode's source message ids on its Episodic node (recall's provenance).
+
+    graphiti's EpisodicNode has no field for them, so a plain property; idempotent."""
+    await driver.execute_query(
+        f"MATCH (e:Episodic {{uuid: $uuid}}) WHERE e.group_id = $group_id SET e.{MESSAGE_IDS_PROPERTY} = $ids",
+        uuid=episode.episode_id, group_id=episode.group_id, ids=[m.message_id for m in episode.messages],
+    )
+
+
 def build_episodic_node(episode: Episode, now: datetime) -> EpisodicNode:
     """The EpisodicNode of ``episode``: uuid = episode_id, valid_at = reference_time in UTC.
 
@@ -556,6 +569,7 @@ async def extract_episode(
     timings["lookup_ms"] = _ms(start)
     if stored is not None:
         log.info("episode already in the graph; skipping extraction")
+        await record_message_ids(clients.driver, episode)  # a crash may have come before it
         timings["total_ms"] = _ms(total)
         return ExtractionResult(
             episode_id=episode.episode_id, group_id=episode.group_id, already_present=True, episode=stored, timings=timings
@@ -607,6 +621,7 @@ async def extract_episode(
     # Facts first, the episode (the idempotency marker) last; existing nodes are not re-written.
     await add_nodes_and_edges_bulk(run.driver, [], [], new_nodes, entity_edges, run.embedder)
     await add_nodes_and_edges_bulk(run.driver, [episode_node], episodic_edges, [], [], run.embedder)
+    await record_message_ids(run.driver, episode)
     timings["save_ms"] = _ms(start)
     timings["total_ms"] = _ms(total)
 

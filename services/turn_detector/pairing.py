@@ -245,7 +245,11 @@ def episode_id_for(group_id: str, turn_id: str) -> str:
 
 
 def scope_groups(prefix: str, session_id: str, scopes: ScopeKeys) -> list[tuple[str, str]]:
-    """(scope, group_id) for every enabled scope, session first."""
+    """(scope, group_id) for every enabled scope, session first; an explicit group replaces them
+    (its scope is read from a ``<prefix>_<scope>_`` id, else it counts as a session group)."""
+    if scopes.group:
+        scope = next((s for s in ("workspace", "user") if f"_{s}_" in scopes.group), "session")
+        return [(scope, scopes.group)]
     out: list[tuple[str, str]] = []
     if scopes.session:
         out.append(("session", session_group(prefix, session_id)))

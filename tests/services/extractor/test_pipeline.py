@@ -371,3 +371,16 @@ async def test_previous_episodes_compare_reference_times_in_utc(env: Env) -> Non
     assert build_episodic_node(earlier, T1).valid_at.utcoffset() == timedelta(0)
     result = await env.run(earlier)
     assert result.previous_episodes == 0
+
+
+async def test_source_message_ids_are_stored_on_the_episode_node(env: Env) -> None:
+    ep = env.episode("s1:t1", EP1_TEXT, T1)
+    await env.run(ep)
+    ids = await env.scalar("MATCH (e:Episodic {uuid: $u}) RETURN e.engram_message_ids AS ids", u=ep.episode_id)
+    assert ids == ["s1:t1-m"]
+    # a redelivery after a crash that lost the property writes it again, with no LLM call
+    await env.driver.execute_query("MATCH (e:Episodic) REMOVE e.engram_message_ids")
+    calls = len(env.llm.calls)
+    again = await env.run(ep)
+    assert again.already_present and len(env.llm.calls) == calls
+    assert await env.scalar("MATCH (e:Episodic {uuid: $u}) RETURN e.engram_message_ids AS ids", u=ep.episode_id) == ["s1:t1-m"]

@@ -149,3 +149,12 @@ def test_apply_functions_never_change_their_input(events: list[str]) -> None:
         plan_idle(tr.state, 5.0)
         assert state.model_dump_json() == before
         state = tr.state
+
+
+def test_an_explicit_group_replaces_the_derived_scope_groups() -> None:
+    from schemas import ScopeKeys
+    from services.turn_detector.pairing import scope_groups
+
+    assert scope_groups("engram", "s1", ScopeKeys(group="cc_session_abc", workspace="w")) == [("session", "cc_session_abc")]
+    assert scope_groups("engram", "s1", ScopeKeys(group="cc_workspace_9f")) == [("workspace", "cc_workspace_9f")]
+    assert scope_groups("engram", "s1", ScopeKeys(group="mygroup")) == [("session", "mygroup")]
