@@ -38,12 +38,14 @@ class Service(str, Enum):
     turn_detector = "turn-detector"
     extractor = "extractor"
     summary_gate = "summary-gate"
+    recall = "recall"
 
 
 SERVICE_MODULES = {
     Service.turn_detector: "services.turn_detector.app",
     Service.extractor: "services.extractor.app",
     Service.summary_gate: "services.summary_gate.app",
+    Service.recall: "services.recall.app",
 }
 
 
@@ -141,6 +143,53 @@ def _print_status(result: dict) -> None:
         from engram.status import summary_gate_table
 
         console.print(summary_gate_table(result["summary_gate"]))
+
+
+@app.command()
+def recall(
+    query: Annotated[str, typer.Argument(help="What to remember, e.g. the user's latest message.")],
+    session: Annotated[Optional[str], typer.Option(help="Session id (the publisher's session_id).")] = None,
+    workspace: Annotated[Optional[str], typer.Option(help="Workspace key, as given to ingest/publishers.")] = None,
+    user: Annotated[Optional[str], typer.Option(help="User key, as given to ingest/publishers.")] = None,
+    group: Annotated[Optional[list[str]], typer.Option(help="Extra group id(s) to search.")] = None,
+    max_facts: Annotated[int, typer.Option(help="Facts at most.")] = 10,
+    token_budget: Annotated[int, typer.Option(help="Tokens at most for the prompt section.")] = 1500,
+    timeout_ms: Annotated[int, typer.Option(help="Recall answers (maybe empty) within this time.")] = 2000,
+    json_output: Annotated[bool, typer.Option("--json", help="The RecallResponse as JSON.")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Ask engram's recall service for memory about QUERY across session, workspace and user scopes."""
+    import nats
+
+    from schemas import RecallRequest, RecallResponse, RecallScopes, subjects
+
+    settings = _settings(data_dir)
+    request = RecallRequest(
+        query=query, scopes=RecallScopes(session=session, workspace=workspace, user=user), group_ids=group or [],
+        max_facts=max_facts, token_budget=token_budget, timeout_ms=timeout_ms,
+    )
+
+    async def ask() -> RecallResponse:
+        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
+        try:
+            reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(), timeout=timeout_ms / 1000 + 2)
+        finally:
+            await nc.close()
+        return RecallResponse.model_validate_json(reply.data)
+
+    try:
+        response = asyncio.run(ask())
+    except Exception as exc:  # noqa: BLE001
+        err.print(f"[red]recall failed:[/red] {type(exc).__name__}: {exc} (is `engram up` running?)")
+        raise typer.Exit(1) from exc
+    if json_output:
+        console.print_json(response.model_dump_json())
+        return
+    if response.degraded:
+        err.print(f"[yellow]recall degraded:[/yellow] {response.reason}")
+    console.print(response.prompt_section or f"(no memory found{': ' + response.reason if response.reason else ''})",
+                  markup=False, highlight=False)
+    console.print(f"{len(response.items)} facts in {response.took_ms:.1f} ms", style="dim")
 
 
 @app.command()

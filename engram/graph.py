@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import urllib.parse
+from typing import Any
 
 from graphiti_core.driver.driver import GraphDriver
 from graphiti_core.driver.falkordb_driver import FalkorDriver
@@ -32,6 +34,8 @@ class GraphDrivers:
         self.neo4j: Neo4jDriver | None = None
         self._indexed: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
+        self._graphs: tuple[float, frozenset[str]] = (0.0, frozenset())
+        self._lister: Any = None
 
     def validate(self) -> None:
         """Fail fast on a configuration that cannot work (no I/O)."""
@@ -47,6 +51,23 @@ class GraphDrivers:
                 raise RuntimeError(f"ENGRAM_NEO4J_URI must use one of {', '.join(NEO4J_SCHEMES)}, not {scheme!r}")
         elif not self.settings.resolved_graph_url():
             raise RuntimeError("no graph database: set ENGRAM_GRAPH_URL or start one with `engram up`")
+
+    async def exists(self, group_id: str, max_age_s: float = 2.0) -> bool:
+        """Whether the group has a graph. Readers ask first: a FalkorDriver for an unknown group
+        would create that graph (its constructor builds indices). Neo4j: always True (one
+        database; an unknown group just matches nothing)."""
+        if self.settings.graph_backend == "neo4j" or group_id in self.falkor:
+            return True
+        checked, names = self._graphs
+        if group_id not in names or time.monotonic() - checked > max_age_s:
+            if self._lister is None:
+                from falkordb.asyncio import FalkorDB
+
+                url = urllib.parse.urlparse(self.settings.resolved_graph_url())
+                self._lister = FalkorDB(host=url.hostname or "127.0.0.1", port=url.port or 6379, password=url.password)
+            names = frozenset(await self._lister.list_graphs())
+            self._graphs = (time.monotonic(), names)
+        return group_id in names
 
     def driver_for(self, group_id: str) -> GraphDriver:
         """The group's driver, created on first use; no graph I/O (see :meth:`driver`)."""
@@ -106,5 +127,9 @@ class GraphDrivers:
                 await driver.close()
         self.falkor.clear()
         self.neo4j = None
+        if self._lister is not None:
+            with contextlib.suppress(Exception):
+                await self._lister.aclose()
+            self._lister = None
         self._indexed.clear()
         self._locks.clear()

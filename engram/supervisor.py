@@ -25,7 +25,7 @@ from engram.topology import Topology, ensure_topology
 
 log = logging.getLogger("engram.up")
 
-SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate")
+SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall")
 """Services `engram up` runs, in start order. Each later step adds its service here."""
 
 

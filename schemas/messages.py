@@ -241,10 +241,13 @@ class Provenance(_Model):
 class RecallItem(_Model):
     uuid: str
     fact: str
+    name: str | None = Field(None, description="Relation name, e.g. WORKS_AT (synonyms mapped to the canonical vocabulary).")
     scope: ScopeName | None = None
     group_id: str
     valid_at: AwareDatetime | None = None
     invalid_at: AwareDatetime | None = None
+    created_at: AwareDatetime | None = None
+    expired_at: AwareDatetime | None = None
     score: float | None = None
     provenance: list[Provenance] = Field(default_factory=list)
 

@@ -1,0 +1,133 @@
+"""recall service: NATS request/reply on ``engram.recall`` -> RecallResponse.
+
+A thin FastStream app around merge.py (scopes, merge, dedupe, budget, rendering) and search.py
+(graphiti hybrid search per group). Replicas share the ``recall`` queue group, so each request
+is answered once. The query is embedded once and searched in every scope group concurrently;
+results are merged session > workspace > user > extra groups.
+
+Fail-open: a request that cannot be parsed, a backend error, or a search that outlasts the
+request's ``timeout_ms`` is answered with an empty, ``degraded`` response and a reason -- never
+an error -- so an agent's prompt is never held up by memory. Latency is recorded in
+``engram_recall_seconds{outcome}``; queries are never logged (they hold user content).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from graphiti_core.embedder.client import EmbedderClient
+from graphiti_core.graphiti_types import GraphitiClients
+from graphiti_core.llm_client.client import LLMClient
+from graphiti_core.tracer import NoOpTracer
+from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
+
+from engram.graph import GraphDrivers
+from engram.models.factory import EmbedderSettings, build_embedder
+from engram.service import ServiceApp, make_broker, message_itself
+from engram.settings import EngramSettings
+from schemas import RecallRequest, RecallResponse, subjects
+from services.extractor.app import NoRerank
+from services.extractor.chunking import token_counter
+from services.recall.merge import fit_budget, groups_for, merge, query_text
+from services.recall.search import search_group
+
+log = logging.getLogger("engram.recall")
+QUEUE_GROUP = "recall"
+
+RECALL_SECONDS = Histogram(
+    "engram_recall_seconds", "Recall request latency, by outcome (ok, empty, timeout, error, bad_request).",
+    ["outcome"], buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+RECALL_ITEMS = Histogram("engram_recall_items", "Facts returned per recall.", buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200))
+RECALL_REQUESTS = Counter("engram_recall_requests_total", "Recall requests, by outcome.", ["outcome"])
+
+
+class _NoLLM(LLMClient):
+    """Recall never calls an LLM; graphiti's clients bundle still needs one."""
+
+    def __init__(self) -> None:  # noqa: D107 - no config needed
+        pass
+
+    async def _generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("recall does not use an LLM")
+
+
+class Recall:
+    def __init__(self, settings: EngramSettings, embedder: EmbedderClient | None = None) -> None:
+        self.settings = settings
+        self.embedder = embedder or build_embedder(EmbedderSettings())
+        self.graph = GraphDrivers(settings)
+        self.count_tokens = token_counter()
+
+    async def start(self) -> None:
+        self.graph.validate()
+        load = getattr(self.embedder, "load", None)
+        if load is not None:
+            await load()  # a local model loads at start, not on the first request
+
+    async def stop(self) -> None:
+        await self.graph.close()
+
+    async def handle(self, body: bytes) -> RecallResponse:
+        started = time.perf_counter()
+        try:
+            request = RecallRequest.model_validate_json(body)
+        except ValidationError as exc:
+            reason = "bad_request: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:5])
+            return self._done(RecallResponse(degraded=True, reason=reason), "bad_request", started)
+        try:
+            response = await asyncio.wait_for(self.recall(request), timeout=request.timeout_ms / 1000)
+        except (asyncio.TimeoutError, TimeoutError):
+            return self._done(RecallResponse(degraded=True, reason=f"timeout after {request.timeout_ms} ms"),
+                              "timeout", started)
+        except Exception as exc:  # noqa: BLE001 - fail open, whatever broke
+            log.warning("recall failed open: %s", type(exc).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
+            return self._done(RecallResponse(degraded=True, reason=f"backend_error: {type(exc).__name__}"),
+                              "error", started)
+        return self._done(response, "ok" if response.items else "empty", started)
+
+    def _done(self, response: RecallResponse, outcome: str, started: float) -> RecallResponse:
+        took = time.perf_counter() - started
+        RECALL_SECONDS.labels(outcome=outcome).observe(took)
+        RECALL_REQUESTS.labels(outcome=outcome).inc()
+        RECALL_ITEMS.observe(len(response.items))
+        return response.model_copy(update={"took_ms": round(took * 1000, 2)})
+
+    async def recall(self, request: RecallRequest) -> RecallResponse:
+        query = query_text(request)
+        groups = groups_for(request, self.settings.group_prefix)
+        if not query or not groups:
+            return RecallResponse(reason="no query" if not query else "no scope or group given")
+        vector = await self.embedder.create([query])
+        per_group = await asyncio.gather(
+            *(self._search(group, scope, query, vector, request.max_facts) for scope, group in groups)
+        )
+        items = merge(per_group, request.max_facts)
+        kept, section = fit_budget(items, request.token_budget, self.count_tokens)
+        return RecallResponse(items=kept, prompt_section=section)
+
+    async def _search(self, group: str, scope: str | None, query: str, vector: list[float], limit: int) -> list:
+        if not await self.graph.exists(group):
+            return []  # nothing written to this scope yet
+        driver = await self.graph.driver(group)
+        clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
+                                  cross_encoder=NoRerank(), tracer=NoOpTracer())
+        return await search_group(clients, group, scope, query, limit, query_vector=vector)
+
+
+def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:
+    settings = settings or EngramSettings()
+    broker = make_broker(settings, service="recall")
+    recall = Recall(settings, embedder)
+
+    @broker.subscriber(subjects.RECALL, queue=QUEUE_GROUP, title="recall", decoder=message_itself)
+    async def on_request(msg: Any) -> RecallResponse:
+        return await recall.handle(msg.body)
+
+    app = ServiceApp(name="recall", broker=broker, on_startup=[recall.start], on_shutdown=[recall.stop])
+    app.recall = recall  # type: ignore[attr-defined]
+    return app
