@@ -261,6 +261,99 @@ class RecallResponse(_Model):
     took_ms: float = 0.0
 
 
+# --- graph admin (request/reply on engram.graph.*, served by recall, used by the gateway) ----
+AdminStatus = Literal["ok", "not_found", "error"]
+"""``error`` comes with a ``reason`` (``bad_request: ...`` or ``backend_error: <ExceptionType>``)."""
+GRAPH_UUID = Field(min_length=1, max_length=256, description="A node or edge uuid (any string graphiti stored).")
+
+
+class GraphEpisodesRequest(_Model):
+    """Request on ``engram.graph.episodes``: the group's latest episodes, newest first."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    last_n: int = Field(10, ge=1, le=1000)
+
+
+class GraphEpisode(_Model):
+    uuid: str
+    name: str
+    group_id: str
+    content: str
+    source: str = Field(description="graphiti's episode type, e.g. 'message'.")
+    source_description: str = ""
+    created_at: AwareDatetime | None = None
+    valid_at: AwareDatetime | None = Field(None, description="When the turn happened (its first message).")
+    entity_edges: list[str] = Field(default_factory=list, description="uuids of the facts this episode wrote or touched.")
+    message_ids: list[str] = Field(default_factory=list, description="Source message ids (provenance).")
+
+
+class GraphEpisodesResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    episodes: list[GraphEpisode] = Field(default_factory=list)
+
+
+class GraphEdgeRequest(_Model):
+    """Request on ``engram.graph.edge.get`` and ``engram.graph.edge.delete``. An edge uuid names
+    no group: on FalkorDB every graph is searched."""
+
+    schema_version: Literal[1] = 1
+    uuid: str = GRAPH_UUID
+
+
+class GraphFact(_Model):
+    """A RELATES_TO edge (a fact) as stored."""
+
+    uuid: str
+    name: str
+    fact: str
+    group_id: str
+    source_node_uuid: str
+    target_node_uuid: str
+    episodes: list[str] = Field(default_factory=list)
+    valid_at: AwareDatetime | None = None
+    invalid_at: AwareDatetime | None = None
+    created_at: AwareDatetime | None = None
+    expired_at: AwareDatetime | None = None
+
+
+class GraphEdgeResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    edge: GraphFact | None = None
+
+
+class GraphEpisodeDeleteRequest(_Model):
+    """Request on ``engram.graph.episode.delete``."""
+
+    schema_version: Literal[1] = 1
+    uuid: str = GRAPH_UUID
+
+
+class GraphGroupDeleteRequest(_Model):
+    """Request on ``engram.graph.group.delete``."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+
+
+class GraphDeleteResponse(_Model):
+    """Reply to every graph delete. ``not_found``: nothing had that uuid (a group that does not
+    exist is ``ok`` with zero counts: deleting it again is not an error)."""
+
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    group_id: str | None = None
+    deleted_episodes: int = 0
+    deleted_facts: int = 0
+    updated_facts: int = Field(0, description="Facts that kept their other episodes and lost this one.")
+    deleted_entities: int = 0
+
+
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     ChatMessage,
     SessionClosed,
@@ -272,4 +365,11 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     SummaryTick,
     RecallRequest,
     RecallResponse,
+    GraphEpisodesRequest,
+    GraphEpisodesResponse,
+    GraphEdgeRequest,
+    GraphEdgeResponse,
+    GraphEpisodeDeleteRequest,
+    GraphGroupDeleteRequest,
+    GraphDeleteResponse,
 )

@@ -37,6 +37,20 @@ SCHED_SUMMARY = "engram.sched.summary.{group}.{node}"
 RECALL = "engram.recall"
 DLQ = "engram.dlq.{stage}"
 
+# --- graph admin (NATS request/reply, served by the recall service; used by the gateway) ----
+GRAPH_EPISODES = "engram.graph.episodes"
+"""GraphEpisodesRequest -> GraphEpisodesResponse: a group's latest episodes, newest first."""
+GRAPH_EDGE_GET = "engram.graph.edge.get"
+"""GraphEdgeRequest -> GraphEdgeResponse: one fact by uuid, whatever its group."""
+GRAPH_EDGE_DELETE = "engram.graph.edge.delete"
+"""GraphEdgeRequest -> GraphDeleteResponse: delete one fact by uuid."""
+GRAPH_EPISODE_DELETE = "engram.graph.episode.delete"
+"""GraphEpisodeDeleteRequest -> GraphDeleteResponse: an episode, the facts only it supported,
+and the entities that are left with no mention and no fact."""
+GRAPH_GROUP_DELETE = "engram.graph.group.delete"
+"""GraphGroupDeleteRequest -> GraphDeleteResponse: everything of one group."""
+GRAPH_ADMIN_SUBJECTS = (GRAPH_EPISODES, GRAPH_EDGE_GET, GRAPH_EDGE_DELETE, GRAPH_EPISODE_DELETE, GRAPH_GROUP_DELETE)
+
 # --- streams -------------------------------------------------------------------------------
 STREAM_IN = "ENGRAM_IN"
 STREAM_EPISODES = "ENGRAM_EPISODES"

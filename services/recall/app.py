@@ -32,6 +32,7 @@ from engram.settings import EngramSettings
 from schemas import RecallRequest, RecallResponse, subjects
 from services.extractor.app import NoRerank
 from services.extractor.chunking import token_counter
+from services.recall.admin import register_admin
 from services.recall.merge import fit_budget, groups_for, merge, query_text
 from services.recall.search import search_group
 
@@ -128,6 +129,7 @@ def build(settings: EngramSettings | None = None, embedder: EmbedderClient | Non
     async def on_request(msg: Any) -> RecallResponse:
         return await recall.handle(msg.body)
 
+    register_admin(broker, recall.graph)  # engram.graph.* for the gateway
     app = ServiceApp(name="recall", broker=broker, on_startup=[recall.start], on_shutdown=[recall.stop])
     app.recall = recall  # type: ignore[attr-defined]
     return app

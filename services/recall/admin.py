@@ -1,0 +1,410 @@
+"""Graph admin over NATS request/reply, served by the recall service (the gateway's graph side).
+
+Services talk only through NATS, so the HTTP gateway reads and deletes graph data by asking here:
+
+* ``engram.graph.episodes``        GraphEpisodesRequest -> GraphEpisodesResponse (newest first)
+* ``engram.graph.edge.get``        GraphEdgeRequest -> GraphEdgeResponse (``not_found`` if unknown)
+* ``engram.graph.edge.delete``     GraphEdgeRequest -> GraphDeleteResponse
+* ``engram.graph.episode.delete``  GraphEpisodeDeleteRequest -> GraphDeleteResponse
+* ``engram.graph.group.delete``    GraphGroupDeleteRequest -> GraphDeleteResponse
+
+No orphans: deleting an episode deletes its MENTIONS edges, the facts (RELATES_TO) whose
+``episodes`` list becomes empty (the others only lose the episode's uuid), and then every entity
+among the ones it touched that is left with no MENTIONS and no RELATES_TO. Deleting a fact does
+the same for its two endpoints. Only entities the deletion touched are candidates: a group-wide
+sweep could delete an entity the extractor has just written and is about to connect.
+
+FalkorDB keeps one graph per group, and an edge or episode uuid names no group, so lookups by
+uuid search every graph GRAPH.LIST returns. Graphs are read with GRAPH.RO_QUERY and only after
+GRAPH.LIST showed them: a plain query on a missing key would create an empty graph. Deleting a
+group deletes its graph and builds graphiti's indices on the fresh empty one: other processes
+(extractor, summary-gate, recall) cache a driver per group with its indices marked built, and a
+later write to the group would otherwise re-create the graph without its fulltext indices, which
+FalkorDB then answers with silently empty results. On Neo4j (one shared database) everything is
+selected by its ``group_id`` property.
+
+Handlers never raise: a request that does not parse, or a backend failure, is answered with
+``status="error"`` and a reason (the exception type only: never content, never the query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from faststream.nats import NatsBroker
+from prometheus_client import Counter
+from pydantic import BaseModel, ValidationError
+
+from engram.graph import GraphDrivers
+from engram.service import message_itself
+from schemas import subjects
+from schemas.messages import (
+    GraphDeleteResponse,
+    GraphEdgeRequest,
+    GraphEdgeResponse,
+    GraphEpisode,
+    GraphEpisodeDeleteRequest,
+    GraphEpisodesRequest,
+    GraphEpisodesResponse,
+    GraphFact,
+    GraphGroupDeleteRequest,
+)
+from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+
+log = logging.getLogger("engram.recall.admin")
+QUEUE_GROUP = "graph-admin"
+SCAN_CONCURRENCY = 16
+"""FalkorDB graphs searched at once for a uuid."""
+
+ADMIN_REQUESTS = Counter(
+    "engram_graph_admin_requests_total", "Graph admin requests, by operation and status (ok, not_found, error).",
+    ["op", "status"],
+)
+
+EPISODE_FIELDS = (
+    "e.uuid AS uuid, e.name AS name, e.group_id AS group_id, e.content AS content, e.source AS source, "
+    "e.source_description AS source_description, e.created_at AS created_at, e.valid_at AS valid_at, "
+    f"e.entity_edges AS entity_edges, e.{MESSAGE_IDS_PROPERTY} AS message_ids"
+)
+EDGE_FIELDS = (
+    "r.uuid AS uuid, r.name AS name, r.fact AS fact, r.group_id AS group_id, a.uuid AS source_node_uuid, "
+    "b.uuid AS target_node_uuid, r.episodes AS episodes, r.valid_at AS valid_at, r.invalid_at AS invalid_at, "
+    "r.created_at AS created_at, r.expired_at AS expired_at"
+)
+Q_EPISODES = (
+    f"MATCH (e:Episodic) WHERE e.group_id = $group_id RETURN {EPISODE_FIELDS} "
+    "ORDER BY coalesce(e.valid_at, e.created_at) DESC, e.created_at DESC LIMIT $last_n"
+)
+Q_EDGE = f"MATCH (a:Entity)-[r:RELATES_TO {{uuid: $uuid}}]->(b:Entity) RETURN {EDGE_FIELDS} LIMIT 1"
+Q_EPISODE_GROUP = "MATCH (e:Episodic {uuid: $uuid}) RETURN e.group_id AS group_id LIMIT 1"
+Q_MENTIONED = (
+    "MATCH (e:Episodic {uuid: $uuid})-[:MENTIONS]->(n:Entity) WHERE e.group_id = $group_id RETURN n.uuid AS uuid"
+)
+Q_FACTS_OF_EPISODE = (
+    "MATCH (a:Entity)-[r:RELATES_TO]->(b:Entity) WHERE r.group_id = $group_id AND $uuid IN r.episodes "
+    "RETURN r.uuid AS uuid, a.uuid AS source, b.uuid AS target, [x IN r.episodes WHERE x <> $uuid] AS rest"
+)
+Q_DELETE_FACTS = (
+    "MATCH (:Entity)-[r:RELATES_TO]->(:Entity) WHERE r.group_id = $group_id AND r.uuid IN $uuids "
+    "DELETE r RETURN count(r) AS n"
+)
+Q_DROP_EPISODE_FROM_FACTS = (
+    "MATCH (:Entity)-[r:RELATES_TO]->(:Entity) WHERE r.group_id = $group_id AND r.uuid IN $uuids "
+    "SET r.episodes = [x IN r.episodes WHERE x <> $uuid] RETURN count(r) AS n"
+)
+Q_DROP_FACTS_FROM_EPISODES = (
+    "MATCH (e:Episodic) WHERE e.group_id = $group_id AND any(x IN e.entity_edges WHERE x IN $uuids) "
+    "SET e.entity_edges = [x IN e.entity_edges WHERE NOT x IN $uuids] RETURN count(e) AS n"
+)
+Q_DELETE_EPISODE = "MATCH (e:Episodic {uuid: $uuid}) WHERE e.group_id = $group_id DETACH DELETE e RETURN count(e) AS n"
+# Orphans among the candidates. Mentions by the episode being deleted do not count, so this
+# runs before the episode itself is deleted and a retry after a failure finds the same orphans.
+# (Read, then delete: FalkorDB 4.16 rejects a pattern comprehension feeding a DETACH DELETE.)
+Q_ORPHANS = (
+    "MATCH (n:Entity) WHERE n.group_id = $group_id AND n.uuid IN $uuids "
+    "RETURN n.uuid AS uuid, size([(m:Episodic)-[:MENTIONS]->(n) WHERE m.uuid <> $episode | m]) AS mentions, "
+    "size([(n)-[r:RELATES_TO]-() | r]) AS facts"
+)
+Q_DELETE_ENTITIES = (
+    "MATCH (n:Entity) WHERE n.group_id = $group_id AND n.uuid IN $uuids DETACH DELETE n RETURN count(n) AS n"
+)
+Q_NEO4J_DELETE_GROUP = "MATCH (n) WHERE n.group_id = $group_id DETACH DELETE n RETURN count(n) AS n"
+Q_COUNT_EPISODES = "MATCH (e:Episodic) RETURN count(e) AS n"
+
+
+def _utc(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if hasattr(value, "to_native"):  # neo4j.time.DateTime
+        value = value.to_native()
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
+def _first_int(rows: list[dict[str, Any]]) -> int:
+    return int(rows[0]["n"]) if rows and rows[0].get("n") is not None else 0
+
+
+class _Backend:
+    """One admin request's view of the graph database."""
+
+    async def group_names(self) -> list[str] | None:
+        """FalkorDB: every graph that can be an engram group. Neo4j: None (one database)."""
+        raise NotImplementedError
+
+    async def read(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def write(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def drop_group(self, group_id: str) -> GraphDeleteResponse:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+class _Falkor(_Backend):
+    def __init__(self, url: str) -> None:
+        from falkordb.asyncio import FalkorDB
+
+        parsed = urllib.parse.urlparse(url)
+        self.client = FalkorDB(host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379, password=parsed.password)
+
+    async def group_names(self) -> list[str]:
+        return sorted(g for g in await self.client.list_graphs() if subjects.is_valid_token(g))
+
+    @staticmethod
+    def _rows(result: Any) -> list[dict[str, Any]]:
+        header = [h[1] for h in result.header]
+        return [dict(zip(header, row)) for row in result.result_set]
+
+    async def read(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        assert graph is not None
+        return self._rows(await self.client.select_graph(graph).ro_query(query, params))
+
+    async def write(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        assert graph is not None
+        return self._rows(await self.client.select_graph(graph).query(query, params))
+
+    async def drop_group(self, group_id: str) -> GraphDeleteResponse:
+        from graphiti_core.driver.falkordb_driver import FalkorDriver
+
+        if group_id not in await self.group_names():
+            return GraphDeleteResponse(group_id=group_id)
+        episodes = _first_int(await self.read(group_id, Q_COUNT_EPISODES))
+        await self.client.select_graph(group_id).delete()
+        # Indices on the fresh, empty graph (see the module docstring). The driver shares our
+        # client; its constructor schedules exactly this index build.
+        driver = FalkorDriver(falkor_db=self.client, database=group_id)
+        init = getattr(driver, "_init_task", None)
+        await (init if init is not None else driver.build_indices_and_constraints())
+        return GraphDeleteResponse(group_id=group_id, deleted_episodes=episodes)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class _Neo4j(_Backend):
+    def __init__(self, graph: GraphDrivers) -> None:
+        self.driver = graph.driver_for("_")  # one shared driver, whatever the group
+
+    async def group_names(self) -> None:
+        return None
+
+    async def _run(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        result = await self.driver.execute_query(query, **params)
+        records = result[0] if isinstance(result, tuple) else result.records
+        return [dict(r) for r in records]
+
+    async def read(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        return await self._run(query, params)
+
+    async def write(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        return await self._run(query, params)
+
+    async def drop_group(self, group_id: str) -> GraphDeleteResponse:
+        episodes = _first_int(await self._run("MATCH (e:Episodic) WHERE e.group_id = $group_id RETURN count(e) AS n",
+                                              {"group_id": group_id}))
+        await self._run(Q_NEO4J_DELETE_GROUP, {"group_id": group_id})
+        return GraphDeleteResponse(group_id=group_id, deleted_episodes=episodes)
+
+
+Req = TypeVar("Req", bound=BaseModel)
+Resp = TypeVar("Resp", bound=BaseModel)
+
+
+class GraphAdmin:
+    def __init__(self, graph: GraphDrivers) -> None:
+        self.graph = graph
+
+    @contextlib.asynccontextmanager
+    async def _backend(self) -> AsyncIterator[_Backend]:
+        # One short-lived FalkorDB connection per admin request (admin requests are rare, and
+        # this keeps the recall service's per-group drivers out of every other graph).
+        if self.graph.settings.graph_backend == "neo4j":
+            yield _Neo4j(self.graph)
+            return
+        url = self.graph.settings.resolved_graph_url()
+        if not url:
+            raise RuntimeError("no graph database configured")
+        backend = _Falkor(url)
+        try:
+            yield backend
+        finally:
+            with contextlib.suppress(Exception):
+                await backend.close()
+
+    async def _find(self, db: _Backend, query: str, **params: Any) -> tuple[str | None, dict[str, Any]] | None:
+        """(group, first row) of the first graph where ``query`` returns a row; Neo4j: (None, row)."""
+        names = await db.group_names()
+        if names is None:
+            rows = await db.read(None, query, **params)
+            return (None, rows[0]) if rows else None
+        sem = asyncio.Semaphore(SCAN_CONCURRENCY)
+
+        async def probe(name: str) -> tuple[str, dict[str, Any]] | None:
+            async with sem:
+                try:
+                    rows = await db.read(name, query, **params)
+                except Exception as exc:  # noqa: BLE001 - a graph deleted meanwhile, or not graphiti's
+                    if "empty key" in str(exc):
+                        return None
+                    raise
+                return (name, rows[0]) if rows else None
+
+        for hit in await asyncio.gather(*(probe(n) for n in names)):
+            if hit is not None:
+                return hit
+        return None
+
+    @staticmethod
+    async def _delete_orphans(db: _Backend, graph: str | None, group: str, candidates: list[str], episode: str) -> int:
+        """Delete the candidates left with no MENTIONS (but from ``episode``) and no RELATES_TO."""
+        if not candidates:
+            return 0
+        found = await db.read(graph, Q_ORPHANS, group_id=group, uuids=candidates, episode=episode)
+        orphans = [r["uuid"] for r in found if not r["mentions"] and not r["facts"]]
+        if not orphans:
+            return 0
+        return _first_int(await db.write(graph, Q_DELETE_ENTITIES, group_id=group, uuids=orphans))
+
+    # --- operations ----------------------------------------------------------------------
+    async def episodes(self, req: GraphEpisodesRequest) -> GraphEpisodesResponse:
+        async with self._backend() as db:
+            names = await db.group_names()
+            if names is not None and req.group_id not in names:
+                return GraphEpisodesResponse()  # nothing written to this group (yet)
+            rows = await db.read(req.group_id, Q_EPISODES, group_id=req.group_id, last_n=req.last_n)
+        return GraphEpisodesResponse(episodes=[
+            GraphEpisode(
+                uuid=r["uuid"], name=r.get("name") or "", group_id=r.get("group_id") or req.group_id,
+                content=r.get("content") or "", source=str(r.get("source") or "message"),
+                source_description=r.get("source_description") or "", created_at=_utc(r.get("created_at")),
+                valid_at=_utc(r.get("valid_at")), entity_edges=_strings(r.get("entity_edges")),
+                message_ids=_strings(r.get("message_ids")),
+            )
+            for r in rows
+        ])
+
+    async def get_edge(self, req: GraphEdgeRequest) -> GraphEdgeResponse:
+        async with self._backend() as db:
+            hit = await self._find(db, Q_EDGE, uuid=req.uuid)
+        if hit is None:
+            return GraphEdgeResponse(status="not_found")
+        _, r = hit
+        return GraphEdgeResponse(edge=GraphFact(
+            uuid=r["uuid"], name=r.get("name") or "", fact=r.get("fact") or "", group_id=r.get("group_id") or "",
+            source_node_uuid=r.get("source_node_uuid") or "", target_node_uuid=r.get("target_node_uuid") or "",
+            episodes=_strings(r.get("episodes")), valid_at=_utc(r.get("valid_at")),
+            invalid_at=_utc(r.get("invalid_at")), created_at=_utc(r.get("created_at")),
+            expired_at=_utc(r.get("expired_at")),
+        ))
+
+    async def delete_edge(self, req: GraphEdgeRequest) -> GraphDeleteResponse:
+        async with self._backend() as db:
+            hit = await self._find(db, Q_EDGE, uuid=req.uuid)
+            if hit is None:
+                return GraphDeleteResponse(status="not_found")
+            found_in, row = hit
+            group = row.get("group_id") or found_in
+            graph = found_in  # FalkorDB: the graph it was found in; Neo4j: None
+            deleted = _first_int(await db.write(graph, Q_DELETE_FACTS, group_id=group, uuids=[req.uuid]))
+            await db.write(graph, Q_DROP_FACTS_FROM_EPISODES, group_id=group, uuids=[req.uuid])
+            endpoints = [u for u in (row.get("source_node_uuid"), row.get("target_node_uuid")) if u]
+            orphans = await self._delete_orphans(db, graph, group, endpoints, episode="")
+        return GraphDeleteResponse(group_id=group, deleted_facts=deleted, deleted_entities=orphans)
+
+    async def delete_episode(self, req: GraphEpisodeDeleteRequest) -> GraphDeleteResponse:
+        async with self._backend() as db:
+            hit = await self._find(db, Q_EPISODE_GROUP, uuid=req.uuid)
+            if hit is None:
+                return GraphDeleteResponse(status="not_found")
+            found_in, row = hit
+            group = row.get("group_id") or found_in
+            graph = found_in
+            candidates = {r["uuid"] for r in await db.read(graph, Q_MENTIONED, uuid=req.uuid, group_id=group)}
+            facts = await db.read(graph, Q_FACTS_OF_EPISODE, uuid=req.uuid, group_id=group)
+            doomed = [f["uuid"] for f in facts if not f["rest"]]
+            kept = [f["uuid"] for f in facts if f["rest"]]
+            candidates |= {f[end] for f in facts if not f["rest"] for end in ("source", "target")}
+            deleted_facts = updated = 0
+            if doomed:
+                deleted_facts = _first_int(await db.write(graph, Q_DELETE_FACTS, group_id=group, uuids=doomed))
+                await db.write(graph, Q_DROP_FACTS_FROM_EPISODES, group_id=group, uuids=doomed)
+            if kept:
+                updated = _first_int(await db.write(graph, Q_DROP_EPISODE_FROM_FACTS, group_id=group, uuids=kept,
+                                                    uuid=req.uuid))
+            orphans = await self._delete_orphans(db, graph, group, sorted(candidates), episode=req.uuid)
+            episodes = _first_int(await db.write(graph, Q_DELETE_EPISODE, uuid=req.uuid, group_id=group))
+        return GraphDeleteResponse(group_id=group, deleted_episodes=episodes, deleted_facts=deleted_facts,
+                                   updated_facts=updated, deleted_entities=orphans)
+
+    async def delete_group(self, req: GraphGroupDeleteRequest) -> GraphDeleteResponse:
+        async with self._backend() as db:
+            return await db.drop_group(req.group_id)
+
+
+async def answer(
+    op: str, body: bytes, model: type[Req], handler: Callable[[Req], Awaitable[Resp]], error: type[Resp]
+) -> Resp:
+    """Parse, run, and turn every failure into an ``error`` response (never raise, never log content)."""
+    try:
+        request = model.model_validate_json(body)
+    except ValidationError as exc:
+        reason = "bad_request: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:5])
+        ADMIN_REQUESTS.labels(op=op, status="error").inc()
+        return error(status="error", reason=reason)  # type: ignore[call-arg]
+    try:
+        response = await handler(request)
+    except Exception as exc:  # noqa: BLE001 - answered, whatever broke
+        log.warning("graph admin %s failed: %s", op, type(exc).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
+        ADMIN_REQUESTS.labels(op=op, status="error").inc()
+        return error(status="error", reason=f"backend_error: {type(exc).__name__}")  # type: ignore[call-arg]
+    ADMIN_REQUESTS.labels(op=op, status=getattr(response, "status", "ok")).inc()
+    return response
+
+
+def register_admin(broker: NatsBroker, graph: GraphDrivers) -> GraphAdmin:
+    """Subscribe the graph admin handlers (queue group ``graph-admin``: one replica answers)."""
+    admin = GraphAdmin(graph)
+
+    @broker.subscriber(subjects.GRAPH_EPISODES, queue=QUEUE_GROUP, title="graph episodes", decoder=message_itself)
+    async def on_episodes(msg: Any) -> GraphEpisodesResponse:
+        return await answer("episodes", msg.body, GraphEpisodesRequest, admin.episodes, GraphEpisodesResponse)
+
+    @broker.subscriber(subjects.GRAPH_EDGE_GET, queue=QUEUE_GROUP, title="graph edge get", decoder=message_itself)
+    async def on_edge_get(msg: Any) -> GraphEdgeResponse:
+        return await answer("edge_get", msg.body, GraphEdgeRequest, admin.get_edge, GraphEdgeResponse)
+
+    @broker.subscriber(subjects.GRAPH_EDGE_DELETE, queue=QUEUE_GROUP, title="graph edge delete", decoder=message_itself)
+    async def on_edge_delete(msg: Any) -> GraphDeleteResponse:
+        return await answer("edge_delete", msg.body, GraphEdgeRequest, admin.delete_edge, GraphDeleteResponse)
+
+    @broker.subscriber(subjects.GRAPH_EPISODE_DELETE, queue=QUEUE_GROUP, title="graph episode delete",
+                       decoder=message_itself)
+    async def on_episode_delete(msg: Any) -> GraphDeleteResponse:
+        return await answer("episode_delete", msg.body, GraphEpisodeDeleteRequest, admin.delete_episode,
+                            GraphDeleteResponse)
+
+    @broker.subscriber(subjects.GRAPH_GROUP_DELETE, queue=QUEUE_GROUP, title="graph group delete",
+                       decoder=message_itself)
+    async def on_group_delete(msg: Any) -> GraphDeleteResponse:
+        return await answer("group_delete", msg.body, GraphGroupDeleteRequest, admin.delete_group,
+                            GraphDeleteResponse)
+
+    return admin
