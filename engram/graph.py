@@ -24,6 +24,8 @@ from graphiti_core.driver.neo4j_driver import Neo4jDriver
 
 from engram.settings import EngramSettings
 
+SOCKET_CONNECT_TIMEOUT_S = 5.0
+SOCKET_TIMEOUT_S = 120.0  # a stalled graph fails the call (retried) instead of hanging forever
 NEO4J_SCHEMES = ("bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc")
 
 
@@ -35,7 +37,7 @@ class GraphDrivers:
         self._indexed: set[int] = set()
         self._locks: dict[int, asyncio.Lock] = {}
         self._graphs: tuple[float, frozenset[str]] = (0.0, frozenset())
-        self._lister: Any = None
+        self._falkor_client: Any = None  # one connection pool for every group's graph
 
     def validate(self) -> None:
         """Fail fast on a configuration that cannot work (no I/O)."""
@@ -60,14 +62,28 @@ class GraphDrivers:
             return True
         checked, names = self._graphs
         if group_id not in names or time.monotonic() - checked > max_age_s:
-            if self._lister is None:
-                from falkordb.asyncio import FalkorDB
-
-                url = urllib.parse.urlparse(self.settings.resolved_graph_url())
-                self._lister = FalkorDB(host=url.hostname or "127.0.0.1", port=url.port or 6379, password=url.password)
-            names = frozenset(await self._lister.list_graphs())
+            client = await self._client()
+            names = frozenset(await client.list_graphs())
             self._graphs = (time.monotonic(), names)
         return group_id in names
+
+    async def _client(self) -> Any:
+        """The shared FalkorDB client. Its constructor makes a blocking INFO call (cluster
+        detection), so it is built in a thread: a stalled server must not freeze the event loop."""
+        if self._falkor_client is None:
+            client = await asyncio.to_thread(self._new_client)
+            if self._falkor_client is None:
+                self._falkor_client = client
+        return self._falkor_client
+
+    def _new_client(self) -> Any:
+        from falkordb.asyncio import FalkorDB
+
+        url = urllib.parse.urlparse(self.settings.resolved_graph_url())
+        return FalkorDB(
+            host=url.hostname or "127.0.0.1", port=url.port or 6379, password=url.password,
+            socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
+        )
 
     def driver_for(self, group_id: str) -> GraphDriver:
         """The group's driver, created on first use; no graph I/O (see :meth:`driver`)."""
@@ -75,15 +91,16 @@ class GraphDrivers:
             return self._neo4j_driver()
         driver = self.falkor.get(group_id)
         if driver is None:
-            url = urllib.parse.urlparse(self.settings.resolved_graph_url())
-            driver = FalkorDriver(
-                host=url.hostname or "127.0.0.1", port=url.port or 6379, password=url.password, database=group_id
-            )
+            if self._falkor_client is None:
+                self._falkor_client = self._new_client()  # sync callers only; driver() builds it off-loop
+            driver = FalkorDriver(falkor_db=self._falkor_client, database=group_id)
             self.falkor[group_id] = driver
         return driver
 
     async def driver(self, group_id: str) -> GraphDriver:
         """The group's driver with its indices built."""
+        if self.settings.graph_backend != "neo4j":
+            await self._client()
         driver = self.driver_for(group_id)
         await self.ensure_indices(driver)
         return driver
@@ -121,15 +138,14 @@ class GraphDrivers:
             self._indexed.add(id(driver))
 
     async def close(self) -> None:
-        drivers: list[GraphDriver] = [*self.falkor.values(), *([self.neo4j] if self.neo4j else [])]
-        for driver in drivers:
+        if self.neo4j is not None:
             with contextlib.suppress(Exception):
-                await driver.close()
+                await self.neo4j.close()
+        if self._falkor_client is not None:  # the group drivers share it: close it once
+            with contextlib.suppress(Exception):
+                await self._falkor_client.aclose()
+        self._falkor_client = None
         self.falkor.clear()
         self.neo4j = None
-        if self._lister is not None:
-            with contextlib.suppress(Exception):
-                await self._lister.aclose()
-            self._lister = None
         self._indexed.clear()
         self._locks.clear()

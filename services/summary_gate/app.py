@@ -25,6 +25,7 @@ decision is never lost or counted twice in the stream.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -66,6 +67,16 @@ BATCH_NODES = Histogram(
 )
 
 
+def _message_type(data: bytes) -> str | None:
+    """The top-level ``type`` of a JSON object (SummaryTick has one, NodeDelta none); malformed
+    JSON gives None and fails validation as a NodeDelta, with its reason."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value.get("type") if isinstance(value, dict) else None
+
+
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -103,8 +114,9 @@ class SummaryGate:
     async def handle(self, msg: Any) -> None:
         """``msg`` is the NatsMessage (see engram.service.message_itself)."""
         raw = msg.raw_message
-        kind = "tick" if b'"summary_tick"' in raw.data else "delta"
+        kind = "delta"
         try:
+            kind = "tick" if _message_type(raw.data) == "summary_tick" else "delta"
             event = (SummaryTick if kind == "tick" else NodeDelta).model_validate_json(raw.data)
         except ValidationError as exc:
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10])

@@ -82,8 +82,10 @@ async def load_node(driver: Any, group_id: str, node_uuid: str, *, max_facts: in
     row = rows[0]
     facts = await _rows(
         driver,
+        # Filter the group on the node: FalkorDB 4.16 answers an undirected match filtered on
+        # e.group_id with the node's OUTGOING edges only (an index scan), losing facts it is the object of.
         "MATCH (n:Entity {uuid: $uuid})-[e:RELATES_TO]-(:Entity) "
-        "WHERE e.group_id = $group_id AND e.expired_at IS NULL AND e.invalid_at IS NULL "
+        "WHERE n.group_id = $group_id AND e.expired_at IS NULL AND e.invalid_at IS NULL "
         "RETURN DISTINCT e.uuid AS uuid, e.fact AS fact, e.fact_embedding AS embedding, e.valid_at AS valid_at, "
         "e.created_at AS created_at",
         uuid=node_uuid, group_id=group_id,
@@ -100,7 +102,7 @@ async def load_node(driver: Any, group_id: str, node_uuid: str, *, max_facts: in
     invalid = await _rows(
         driver,
         "MATCH (n:Entity {uuid: $uuid})-[e:RELATES_TO]-(:Entity) "
-        "WHERE e.group_id = $group_id AND (e.expired_at IS NOT NULL OR e.invalid_at IS NOT NULL) "
+        "WHERE n.group_id = $group_id AND (e.expired_at IS NOT NULL OR e.invalid_at IS NOT NULL) "
         "RETURN DISTINCT e.fact AS fact LIMIT $limit",
         uuid=node_uuid, group_id=group_id, limit=max_facts,
     )

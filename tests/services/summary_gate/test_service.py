@@ -51,10 +51,6 @@ async def test_new_entities_get_a_first_summary_and_gate_state(clean_nats, falko
             assert len(meta.applied) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "store.load_node misses facts where the node is the edge TARGET on FalkorDB: the undirected "
-    "`(n)-[e:RELATES_TO]-()` with `WHERE e.group_id = $group_id` is planned as an Edge By Index Scan "
-    "that only follows outgoing edges, so Microsoft/pytest are summarised from 0 facts"))
 async def test_an_entity_that_is_only_the_object_of_its_facts_is_summarised_from_them(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     session = new_session("sgobj")
     group = group_of(session)
@@ -271,10 +267,6 @@ async def test_malformed_delta_is_dead_lettered_and_the_consumer_carries_on(clea
             assert m.headers[subjects.HDR_DLQ_SUBJECT] == subjects.delta(group)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "app.py handle() picks the model by substring: b'\"summary_tick\"' in raw.data, so a valid NodeDelta "
-    "whose node_name (or any string field) is exactly summary_tick is parsed as a SummaryTick and "
-    "dead-lettered as schema"))
 async def test_an_entity_named_summary_tick_is_summarised_not_dead_lettered(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     session = new_session("sgname")
     group = group_of(session)

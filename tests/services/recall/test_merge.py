@@ -1,0 +1,97 @@
+"""Recall's pure stages (services/recall/merge.py): groups, query, merge, dedupe, budget, section."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import RecallItem, RecallMessage, RecallRequest, RecallScopes, subjects
+from services.extractor.chunking import token_counter
+from services.recall.merge import (
+    FOOTER,
+    HEADER,
+    canonical_relation,
+    fit_budget,
+    groups_for,
+    merge,
+    near_duplicate,
+    query_text,
+)
+
+COUNT = token_counter()
+T = datetime(2024, 5, 1, tzinfo=timezone.utc)
+
+
+def item(uuid: str, fact: str, scope: str | None = "session", group: str = "g") -> RecallItem:
+    return RecallItem(uuid=uuid, fact=fact, scope=scope, group_id=group, valid_at=T)  # type: ignore[arg-type]
+
+
+def test_groups_in_scope_priority_with_hashed_keys_and_extra_groups() -> None:
+    req = RecallRequest(query="q", scopes=RecallScopes(session="s1", workspace="/home/me/repo", user="me@x.org"),
+                        group_ids=["extra", "bad.group", "engram_session_s1"])
+    groups = groups_for(req, "engram")
+    assert groups == [
+        ("session", "engram_session_s1"),
+        ("workspace", subjects.workspace_group("engram", "/home/me/repo")),
+        ("user", subjects.user_group("engram", "me@x.org")),
+        (None, "extra"),
+    ]
+    assert all("/" not in g and "@" not in g for _, g in groups)
+
+
+def test_query_falls_back_to_recent_messages() -> None:
+    assert query_text(RecallRequest(query="  where is it? ")) == "where is it?"
+    msgs = [RecallMessage(role="user", content=f"m{i}") for i in range(5)]
+    assert query_text(RecallRequest(recent_messages=msgs)) == "m2\nm3\nm4"
+
+
+def test_merge_keeps_scope_priority_and_drops_near_duplicates() -> None:
+    session = [item("a", "Alice works at Acme."), item("b", "Alice likes tea.")]
+    workspace = [item("c", "alice works at acme", "workspace"), item("d", "The repo uses pytest.", "workspace")]
+    user = [item("a", "Alice works at Acme.", "user"), item("e", "User prefers short answers.", "user")]
+    merged = merge([session, workspace, user], max_items=10)
+    assert [m.uuid for m in merged] == ["a", "b", "d", "e"]
+    assert merge([session, workspace, user], max_items=2) == session
+    assert near_duplicate("Alice works at Acme.", "Alice works at ACME") and not near_duplicate("Alice works", "Bob sleeps")
+
+
+def test_budget_is_respected_with_a_real_tokenizer() -> None:
+    items = [item(str(i), f"Fact number {i} about the deployment of service {i} to staging.") for i in range(50)]
+    for budget in (16, 60, 120, 500, 5000):
+        kept, section = fit_budget(items, budget, COUNT)
+        if kept:
+            assert COUNT(section) <= budget
+            assert section.startswith(HEADER) and section.endswith(FOOTER)
+            assert all(i.fact in section for i in kept)
+        else:
+            assert section == ""
+    kept, _ = fit_budget(items, 5000, COUNT)
+    assert len(kept) == 50
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=80), min_size=0, max_size=30), st.integers(min_value=16, max_value=800))
+def test_budget_property(facts: list[str], budget: int) -> None:
+    items = [item(str(i), f) for i, f in enumerate(facts)]
+    kept, section = fit_budget(items, budget, COUNT)
+    assert COUNT(section) <= budget
+    assert [k.uuid for k in kept] == [i.uuid for i in items[: len(kept)]]  # a prefix, best first
+
+
+def test_section_says_facts_may_be_stale_and_carries_dates() -> None:
+    stale = RecallItem(uuid="x", fact="Alice worked at Acme.", scope="user", group_id="g",
+                       valid_at=T, invalid_at=datetime(2024, 9, 1, tzinfo=timezone.utc))
+    _, section = fit_budget([item("a", "Alice works at Globex."), stale], 500, COUNT)
+    assert "<graphiti_memory>" in section and "stale" in section
+    assert "(since 2024-05-01)" in section and "(valid 2024-05-01 to 2024-09-01)" in section
+    assert "[session]" in section and "[user]" in section
+
+
+def test_relation_synonyms_map_to_the_canonical_vocabulary() -> None:
+    assert canonical_relation("requires") == "DEPENDS_ON"
+    assert canonical_relation("Fixed") == "FIXES"
+    assert canonical_relation("uses") == "USES"
+    assert canonical_relation("WORKS_AT") == "WORKS_AT"
+    assert canonical_relation(None) is None
