@@ -39,6 +39,7 @@ class Service(str, Enum):
     extractor = "extractor"
     summary_gate = "summary-gate"
     recall = "recall"
+    gateway = "gateway"
 
 
 SERVICE_MODULES = {
@@ -46,6 +47,7 @@ SERVICE_MODULES = {
     Service.extractor: "services.extractor.app",
     Service.summary_gate: "services.summary_gate.app",
     Service.recall: "services.recall.app",
+    Service.gateway: "services.gateway.app",
 }
 
 
@@ -190,6 +192,42 @@ def recall(
     console.print(response.prompt_section or f"(no memory found{': ' + response.reason if response.reason else ''})",
                   markup=False, highlight=False)
     console.print(f"{len(response.items)} facts in {response.took_ms:.1f} ms", style="dim")
+
+
+@app.command()
+def promote(
+    text: Annotated[str, typer.Argument(help="The decision, lesson, preference or procedure, in plain words.")],
+    kind: Annotated[str, typer.Option(help="decision | lesson_learned | preference | procedure")] = "decision",
+    workspace: Annotated[Optional[str], typer.Option(help="Store in this workspace's scope (its key).")] = None,
+    user: Annotated[Optional[str], typer.Option(help="Store in this user's scope (its key).")] = None,
+    rationale: Annotated[Optional[str], typer.Option(help="Why (kept with it).")] = None,
+    author: Annotated[Optional[str], typer.Option(help="Who said it.")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Store a durable memory in the workspace or user scope (extracted like a turn)."""
+    import nats
+    from pydantic import ValidationError
+
+    from engram.promote import Promotion, publish_promotion
+
+    if (workspace is None) == (user is None):
+        raise typer.BadParameter("give exactly one of --workspace KEY or --user KEY")
+    try:
+        promotion = Promotion(kind=kind, text=text, scope="workspace" if workspace else "user",  # type: ignore[arg-type]
+                              key=workspace or user, rationale=rationale, author=author)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"]) from exc
+    settings = _settings(data_dir)
+
+    async def send():  # noqa: ANN202
+        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
+        try:
+            return await publish_promotion(nc.jetstream(), promotion, settings.group_prefix)
+        finally:
+            await nc.close()
+
+    episode = asyncio.run(send())
+    console.print(f"stored {promotion.kind} in {promotion.scope} scope: group {episode.group_id}, episode {episode.episode_id}")
 
 
 @app.command()

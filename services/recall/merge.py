@@ -10,42 +10,10 @@ import re
 from collections.abc import Callable, Sequence
 
 from schemas import RecallItem, RecallRequest, subjects
+from schemas.relations import canonical_relation  # noqa: F401 - re-exported for recall's callers
 
 SCOPE_ORDER = ("session", "workspace", "user")
 RECENT_MESSAGES_IN_QUERY = 3
-
-# Canonical relation vocabulary (seed 003), given to extraction and used at recall time:
-# synonyms an LLM (or the rules extractor) may produce are mapped onto these names.
-CANONICAL_RELATIONS: dict[str, tuple[str, ...]] = {
-    "DEPENDS_ON": ("REQUIRES", "NEEDS", "RELIES_ON", "DEPENDS"),
-    "BLOCKED_BY": ("BLOCKED", "WAITING_ON", "WAITS_FOR"),
-    "DECIDED": ("CHOSE", "DECIDED_TO", "SELECTED", "PICKED", "OPTED_FOR"),
-    "RISK": ("RISKS", "THREATENS"),
-    "MITIGATED_BY": ("MITIGATES", "ADDRESSED_BY"),
-    "DONE": ("COMPLETED", "FINISHED", "RESOLVED"),
-    "TODO": ("PLANS_TO", "WILL", "NEEDS_TO"),
-    "TOUCHES": ("EDITS", "MODIFIES", "CHANGED", "UPDATED"),
-    "DEFINED_IN": ("DECLARED_IN", "LOCATED_IN_FILE", "IN_FILE"),
-    "USES": ("USING", "USE", "EMPLOYS", "UTILIZES", "RUNS_WITH"),
-    "FIXES": ("FIXED", "RESOLVES", "REPAIRS", "PATCHES"),
-    "CAUSES": ("CAUSED", "LEADS_TO", "RESULTS_IN", "TRIGGERS"),
-    "TESTED_BY": ("TESTS", "COVERED_BY", "VERIFIED_BY"),
-    "RAN": ("EXECUTED", "RUNS", "RAN_COMMAND"),
-    "GENERATED": ("CREATED", "PRODUCED", "WROTE"),
-    "FAILED_WITH": ("FAILS_WITH", "ERRORED_WITH", "RAISED", "THREW"),
-    "VALIDATED_BY": ("CONFIRMED_BY", "APPROVED_BY"),
-    "PREFERS": ("LIKES", "PREFERRED", "FAVORS"),
-}
-_SYNONYMS = {syn: canon for canon, syns in CANONICAL_RELATIONS.items() for syn in (canon, *syns)}
-
-
-def canonical_relation(name: str | None) -> str | None:
-    """The canonical relation for ``name`` (case and separators ignored), else ``name`` unchanged."""
-    if not name:
-        return name
-    key = re.sub(r"[^A-Z0-9]+", "_", name.upper()).strip("_")
-    return _SYNONYMS.get(key, name)
-
 
 def groups_for(request: RecallRequest, prefix: str) -> list[tuple[str | None, str]]:
     """(scope, group_id) to search, in priority order: session > workspace > user > extra groups."""

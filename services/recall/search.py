@@ -15,7 +15,7 @@ from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, 
 
 from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
-from services.recall.merge import canonical_relation
+from schemas.relations import canonical_relation
 
 NOT_EXPIRED = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
 

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import RecallItem, RecallMessage, RecallRequest, RecallScopes, subjects
+from schemas.relations import canonical_relation
 from services.extractor.chunking import token_counter
 from services.recall.merge import (
     FOOTER,
     HEADER,
-    canonical_relation,
     fit_budget,
     groups_for,
     merge,
@@ -95,3 +95,12 @@ def test_relation_synonyms_map_to_the_canonical_vocabulary() -> None:
     assert canonical_relation("uses") == "USES"
     assert canonical_relation("WORKS_AT") == "WORKS_AT"
     assert canonical_relation(None) is None
+
+
+def test_extraction_template_carries_the_canonical_vocabulary() -> None:
+    from pathlib import Path
+
+    from schemas.relations import CANONICAL_RELATIONS
+
+    template = (Path(__file__).resolve().parents[3] / "templates" / "default-session-turn.md").read_text()
+    assert all(name in template for name in CANONICAL_RELATIONS)

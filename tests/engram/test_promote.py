@@ -1,0 +1,57 @@
+"""Promotion (engram/promote.py): a decision stored in the workspace scope is extracted with the
+canonical relation vocabulary and comes back from recall; promoting it twice stores it once."""
+
+from __future__ import annotations
+
+import nats
+
+from engram.models.rules_llm import RulesExtractorClient
+from engram.promote import Promotion, promotion_episode, publish_promotion
+from engram.settings import EngramSettings
+from schemas import RecallRequest, RecallResponse, RecallScopes, subjects
+from schemas.relations import CANONICAL_RELATIONS
+from services.extractor import app as ex_app
+from services.recall import app as rc_app
+from tests.services.turn_detector.helpers import read_all, wait_for
+
+
+def test_promotion_episode_is_deterministic_and_scoped() -> None:
+    p = Promotion(kind="decision", text="Use FastAPI for the billing API.", key="/home/me/repo", rationale="pydantic")
+    a, b = promotion_episode(p, "engram"), promotion_episode(p.model_copy(update={"rationale": "other"}), "engram")
+    assert a.episode_id == b.episode_id and a.group_id == subjects.workspace_group("engram", "/home/me/repo")
+    assert a.kind == "decision" and a.completed_by == "promotion" and a.scope == "workspace"
+    assert "Rationale: pydantic" in a.content and "/home/me" not in a.group_id
+    assert all(name in (a.extraction.preprocessing_prompt or "") for name in CANONICAL_RELATIONS)
+    user = promotion_episode(p.model_copy(update={"scope": "user", "key": "me@example.org"}), "engram")
+    assert user.group_id == subjects.user_group("engram", "me@example.org") and user.scope == "user"
+
+
+async def test_promoted_decision_is_extracted_and_recalled(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, group_prefix="promo")
+    llm = RulesExtractorClient()
+    extractor, recall = ex_app.build(settings, llm=llm), rc_app.build(settings)
+    await extractor.start()
+    await recall.start()
+    nc = await nats.connect(clean_nats)
+    try:
+        js = nc.jetstream()
+        promotion = Promotion(kind="decision", text="We use FastAPI for the billing API because pydantic models carry over.",
+                              key="billing-repo", author="Ada")
+        await publish_promotion(js, promotion, settings.group_prefix)
+        await publish_promotion(js, promotion, settings.group_prefix)  # twice: stored once
+        assert len(await read_all(js, subjects.STREAM_EPISODES)) == 1
+
+        async def recalled() -> RecallResponse | None:
+            reply = await nc.request(subjects.RECALL, RecallRequest(
+                query="Which framework does the billing API use?", scopes=RecallScopes(workspace="billing-repo"),
+            ).model_dump_json().encode(), timeout=5)
+            response = RecallResponse.model_validate_json(reply.data)
+            return response if response.items else None
+
+        response = await wait_for(recalled, 30)
+        assert response and any("FastAPI" in i.fact for i in response.items)
+        assert all(i.scope == "workspace" for i in response.items)
+    finally:
+        await nc.close()
+        await recall.stop()
+        await extractor.stop()
