@@ -61,6 +61,8 @@ log = logging.getLogger("engram.recall.admin")
 QUEUE_GROUP = "graph-admin"
 SCAN_CONCURRENCY = 16
 """FalkorDB graphs searched at once for a uuid."""
+CONNECT_TIMEOUT_S = 5.0
+QUERY_TIMEOUT_S = 60.0
 
 ADMIN_REQUESTS = Counter(
     "engram_graph_admin_requests_total", "Graph admin requests, by operation and status (ok, not_found, error).",
@@ -159,11 +161,21 @@ class _Backend:
 
 
 class _Falkor(_Backend):
-    def __init__(self, url: str) -> None:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    @classmethod
+    async def connect(cls, url: str) -> "_Falkor":
+        # FalkorDB's constructor probes the server synchronously (cluster detection): in a thread,
+        # with timeouts, so a stalled database cannot freeze the recall service's event loop.
         from falkordb.asyncio import FalkorDB
 
         parsed = urllib.parse.urlparse(url)
-        self.client = FalkorDB(host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379, password=parsed.password)
+        client = await asyncio.to_thread(
+            FalkorDB, host=parsed.hostname or "127.0.0.1", port=parsed.port or 6379, password=parsed.password,
+            socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=QUERY_TIMEOUT_S,
+        )
+        return cls(client)
 
     async def group_names(self) -> list[str]:
         return sorted(g for g in await self.client.list_graphs() if subjects.is_valid_token(g))
@@ -242,7 +254,7 @@ class GraphAdmin:
         url = self.graph.settings.resolved_graph_url()
         if not url:
             raise RuntimeError("no graph database configured")
-        backend = _Falkor(url)
+        backend = await _Falkor.connect(url)
         try:
             yield backend
         finally:
