@@ -25,7 +25,7 @@ from engram.topology import Topology, ensure_topology
 
 log = logging.getLogger("engram.up")
 
-SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall")
+SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall", "gateway")
 """Services `engram up` runs, in start order. Each later step adds its service here."""
 
 

@@ -1,0 +1,123 @@
+"""gateway service: the Graphiti REST contract over HTTP (FastAPI), backed by engram over NATS.
+
+``engram serve gateway`` serves, on ENGRAM_HTTP_PORT, the Graphiti endpoints (routes.py),
+``/openapi.json`` and ``/docs``, plus what every engram service serves (``/metrics``,
+``/healthz``, ``/readyz``, ``/asyncapi``). The gateway never opens the graph: messages are
+published into the ENGRAM_IN stream (202 only after JetStream acknowledged each one), searches go
+to the recall service on ``engram.recall``, episode listing and deletes to its ``engram.graph.*``
+admin subjects. The broker has no subscribers; it is the NATS connection.
+
+Logs never carry message content or queries; access logs are off under ``engram serve``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from faststream.asgi import AsgiFastStream
+from prometheus_client import Counter, Histogram
+
+from engram.service import ServiceApp, make_broker
+from engram.settings import EngramSettings
+from services.gateway.bus import Bus
+from services.gateway.models import GROUP_ID_HELP
+from services.gateway.routes import graphiti_router, health_router
+from services.gateway.settings import GatewaySettings
+
+VERSION = "0.1.0"
+
+HTTP_REQUESTS = Counter(
+    "engram_gateway_http_requests_total", "HTTP requests to the gateway's REST API, by route template, method and status.",
+    ["route", "method", "status"],
+)
+HTTP_SECONDS = Histogram(
+    "engram_gateway_http_request_seconds", "REST request latency by route template.", ["route"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+def _readable(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """FastAPI's validation errors, with a plain-words message for a bad group id, and without
+    echoing message content back (``input`` of errors inside ``messages``)."""
+    out = []
+    for error in errors:
+        error = dict(error)
+        loc = [str(p) for p in error.get("loc", ())]
+        if error.get("type") == "string_pattern_mismatch" and any(p in ("group_id", "group_ids") for p in loc):
+            error["msg"] = GROUP_ID_HELP
+        if "messages" in loc:
+            error.pop("input", None)
+        out.append(error)
+    return out
+
+
+def create_rest_app(bus: Bus, settings: EngramSettings, gateway: GatewaySettings) -> FastAPI:
+    app = FastAPI(
+        title="engram gateway (Graphiti REST API)",
+        version=VERSION,
+        description="Graphiti's REST contract served by engram: POST /messages is stored durably in NATS "
+        "JetStream before it is acknowledged, and processed into the knowledge graph asynchronously.",
+    )
+    app.include_router(health_router())
+    app.include_router(graphiti_router(bus, settings, gateway))
+    # POST /promote (manual promotion, seed 003) is owned by the promotion work: its router is
+    # to be included here, next to the Graphiti routes, with the same API key dependency.
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(_readable(list(exc.errors())))})
+
+    @app.middleware("http")
+    async def metrics(request: Request, call_next):  # noqa: ANN001, ANN202
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", None) or "unmatched"
+        HTTP_REQUESTS.labels(route=route, method=request.method, status=str(response.status_code)).inc()
+        HTTP_SECONDS.labels(route=route).observe(time.perf_counter() - started)
+        return response
+
+    return app
+
+
+@dataclass
+class GatewayService(ServiceApp):
+    """A ServiceApp whose HTTP side also serves the REST API.
+
+    The service side (FastStream's ASGI app) answers its exact paths (/metrics, /healthz,
+    /readyz, /asyncapi) and owns the lifespan (broker connect, topology); every other HTTP
+    request, which FastStream would answer with 404, goes to the FastAPI app instead.
+    """
+
+    rest: FastAPI | None = None
+
+    def asgi(self) -> AsgiFastStream:
+        app = super().asgi()
+        rest = self.rest
+        assert rest is not None
+        fallback = app.not_found
+
+        async def to_rest(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                await rest(scope, receive, send)
+            else:
+                await fallback(scope, receive, send)
+
+        app.not_found = to_rest  # type: ignore[method-assign]
+        return app
+
+
+def build(settings: EngramSettings | None = None, gateway: GatewaySettings | None = None) -> GatewayService:
+    settings = settings or EngramSettings()
+    gateway = gateway or GatewaySettings()
+    broker = make_broker(settings, service="gateway")
+    bus = Bus(settings, broker, publish_timeout_s=gateway.publish_timeout_s)
+    rest = create_rest_app(bus, settings, gateway)
+    service = GatewayService(name="gateway", broker=broker, on_startup=[bus.start], rest=rest)
+    service.bus = bus  # type: ignore[attr-defined]
+    return service

@@ -1,0 +1,135 @@
+"""The gateway's only way to the rest of engram: NATS (JetStream publishes, request/reply).
+
+``publish_messages`` stores chat messages in the ENGRAM_IN stream one at a time, in order,
+awaiting each PubAck: the HTTP answer is 202 only when the server acknowledged every message
+(stored, or recognised as a duplicate of one it already stored). ``ask`` is NATS request/reply
+to the recall service (``engram.recall`` and the ``engram.graph.*`` admin subjects).
+Failures become :class:`BusError` with the HTTP status the route should answer; message content
+is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import nats.errors
+from faststream.nats import NatsBroker
+from prometheus_client import Counter
+from pydantic import BaseModel, ValidationError
+
+from engram.settings import EngramSettings
+from engram.topology import Topology, ensure_topology
+from schemas import ChatMessage, subjects
+from services.gateway.mapping import dedupe_header
+
+log = logging.getLogger("engram.gateway")
+
+MESSAGES = Counter(
+    "engram_gateway_messages_total",
+    "Messages POSTed to the gateway, by outcome: stored, duplicate (already stored: deduplicated), failed.",
+    ["outcome"],
+)
+REQUESTS_OUT = Counter(
+    "engram_gateway_nats_requests_total", "Request/reply calls to engram services, by subject and outcome.",
+    ["subject", "outcome"],
+)
+
+Resp = TypeVar("Resp", bound=BaseModel)
+
+
+class BusError(Exception):
+    """A NATS call failed; ``status`` is the HTTP status to answer (503 retry, 504 timeout, 502)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class PublishReport:
+    stored: int = 0
+    duplicates: int = 0
+
+
+class Bus:
+    def __init__(self, settings: EngramSettings, broker: NatsBroker, *, publish_timeout_s: float) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.publish_timeout_s = publish_timeout_s
+
+    async def start(self) -> None:
+        """Connect and declare the topology, as every service does: the gateway may be the first
+        engram process a fresh NATS sees, and its publishes need the input stream."""
+        await self.broker.connect()
+        await ensure_topology(self.broker.config.connection_state.stream, Topology.from_settings(self.settings))
+
+    def _client(self) -> Any:
+        try:
+            return self.broker.connection
+        except Exception as exc:  # noqa: BLE001 - faststream's IncorrectState before connect/after stop
+            raise BusError(503, "not connected to NATS") from exc
+
+    async def publish_messages(self, group_id: str, messages: list[ChatMessage]) -> PublishReport:
+        """Store ``messages`` in order; raise BusError(503) at the first one the server did not
+        acknowledge (the ones before it are stored: a retry deduplicates them)."""
+        self._client()  # connected, or BusError(503)
+        js = self.broker.config.connection_state.stream
+        report = PublishReport()
+        subject = subjects.in_message(group_id)
+        for i, message in enumerate(messages):
+            try:
+                ack = await js.publish(
+                    subject, message.model_dump_json().encode(), timeout=self.publish_timeout_s,
+                    stream=subjects.STREAM_IN,
+                    headers={subjects.HDR_MSG_ID: dedupe_header(group_id, message.message_id),
+                             "content-type": "application/json"},
+                )
+            except Exception as exc:  # noqa: BLE001 - whatever it was, the message is not known to be stored
+                MESSAGES.labels(outcome="failed").inc(len(messages) - i)
+                log.warning("publish failed after %d of %d messages: %s", i, len(messages), type(exc).__name__)
+                raise BusError(
+                    503,
+                    f"the message broker did not confirm message {i + 1} of {len(messages)} ({_why(exc)}); "
+                    f"{i} were stored before it. Retry the request: stored messages are deduplicated.",
+                ) from exc
+            if ack.duplicate:
+                report.duplicates += 1
+                MESSAGES.labels(outcome="duplicate").inc()
+            else:
+                report.stored += 1
+                MESSAGES.labels(outcome="stored").inc()
+        return report
+
+    async def ask(self, subject: str, request: BaseModel, response_model: type[Resp], timeout_s: float) -> Resp:
+        nc = self._client()
+        label = subject.removeprefix("engram.")
+        try:
+            reply = await nc.request(subject, request.model_dump_json().encode(), timeout=timeout_s)
+        except nats.errors.NoRespondersError as exc:
+            REQUESTS_OUT.labels(subject=label, outcome="no_responders").inc()
+            raise BusError(503, f"no engram service answers {subject} (is the recall service running?)") from exc
+        except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+            REQUESTS_OUT.labels(subject=label, outcome="timeout").inc()
+            raise BusError(504, f"{subject} did not answer within {timeout_s:g} s") from exc
+        except Exception as exc:  # noqa: BLE001 - connection closed, draining, ...
+            REQUESTS_OUT.labels(subject=label, outcome="error").inc()
+            raise BusError(503, f"NATS request on {subject} failed ({_why(exc)})") from exc
+        try:
+            response = response_model.model_validate_json(reply.data)
+        except ValidationError as exc:
+            REQUESTS_OUT.labels(subject=label, outcome="bad_reply").inc()
+            raise BusError(502, f"unexpected reply on {subject} (schema mismatch between gateway and recall?)") from exc
+        REQUESTS_OUT.labels(subject=label, outcome="ok").inc()
+        return response
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return "no stream takes engram.in.message.* (ENGRAM_IN missing?)"
+    if isinstance(exc, (nats.errors.TimeoutError, asyncio.TimeoutError)):
+        return "timed out waiting for the acknowledgement"
+    return type(exc).__name__

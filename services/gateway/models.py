@@ -1,0 +1,127 @@
+"""The Graphiti REST contract (graphiti's ``server/graph_service/dto``), as engram's gateway serves it.
+
+Field names and shapes follow upstream so existing Graphiti clients work unchanged. Where
+engram differs it says so in the field's description (OpenAPI shows it): ``uuid`` on a message
+is create-with-uuid and idempotent, ``group_id`` is validated, ``center_node_uuid`` is ignored.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.messages import MESSAGE_ID_PATTERN
+
+GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
+GROUP_ID_HELP = "group_id may contain only ASCII letters, digits, '_' and '-' (pattern ^[a-zA-Z0-9_-]+$)"
+MAX_GROUP_ID = 200
+"""Longest group id the graph side accepts (TOKEN_PATTERN)."""
+MAX_WRITE_GROUP_ID = 128
+"""Longest group id messages can be written to: the group is the chat session id, and session
+ids end up in NATS subjects (SESSION_ID_PATTERN)."""
+
+GroupId = Annotated[str, Field(pattern=GROUP_ID_PATTERN, min_length=1, max_length=MAX_GROUP_ID,
+                               description=GROUP_ID_HELP, examples=["cc_session_abc123"])]
+WriteGroupId = Annotated[str, Field(pattern=GROUP_ID_PATTERN, min_length=1, max_length=MAX_WRITE_GROUP_ID,
+                                    description=GROUP_ID_HELP + f"; at most {MAX_WRITE_GROUP_ID} characters",
+                                    examples=["cc_session_abc123"])]
+
+
+class _In(BaseModel):
+    # Upstream clients may send fields engram does not use; ignore them rather than reject.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Message(_In):
+    content: str = Field(description="The message text.")
+    uuid: str | None = Field(
+        None, pattern=MESSAGE_ID_PATTERN,
+        description="Optional client id of the message. Unlike upstream Graphiti this creates the message "
+        "with that id, and posting the same uuid again to the same group stores nothing new. Without it, "
+        "the id is a hash of (group_id, role_type, role, content, timestamp): send a timestamp so that a "
+        "retried POST is deduplicated.",
+    )
+    name: str = Field("", max_length=256, description="Free-form name of the message (kept as metadata).")
+    role_type: Literal["user", "assistant", "system"] = Field(description="Who wrote it.")
+    role: str | None = Field(None, max_length=256, description="Speaker name, e.g. 'Ada'; may be empty.")
+    timestamp: datetime | None = Field(None, description="When it was written (default: now; naive = UTC).")
+    source_description: str = Field("", max_length=512)
+
+
+class AddMessagesRequest(_In):
+    group_id: WriteGroupId
+    messages: list[Message] = Field(min_length=1, max_length=1000)
+
+
+class Result(BaseModel):
+    message: str
+    success: bool
+
+
+class SearchQuery(_In):
+    group_ids: list[GroupId] = Field(
+        min_length=1, max_length=50,
+        description="Groups to search, in priority order. Required: engram searches named groups only "
+        "(upstream's search over all groups is not offered).",
+    )
+    query: str = Field(min_length=1)
+    max_facts: int = Field(10, ge=1, le=200)
+
+
+class FactResult(BaseModel):
+    uuid: str
+    name: str | None = None
+    fact: str
+    valid_at: datetime | None = None
+    invalid_at: datetime | None = None
+    created_at: datetime | None = None
+    expired_at: datetime | None = None
+
+
+class SearchResults(BaseModel):
+    facts: list[FactResult]
+
+
+class GetMemoryRequest(_In):
+    group_id: GroupId
+    max_facts: int = Field(10, ge=1, le=200)
+    center_node_uuid: str | None = Field(None, description="Accepted for compatibility and ignored.")
+    messages: list[Message] = Field(min_length=1, description="Recent messages; the last few form the query.")
+
+
+class GetMemoryResponse(BaseModel):
+    facts: list[FactResult]
+
+
+class EpisodeResult(BaseModel):
+    uuid: str
+    name: str
+    group_id: str
+    labels: list[str] = Field(default_factory=list)
+    created_at: datetime | None = None
+    source: str
+    source_description: str
+    content: str
+    valid_at: datetime | None = None
+    entity_edges: list[str] = Field(default_factory=list)
+    message_ids: list[str] = Field(default_factory=list, description="engram: ids of the source messages.")
+
+
+class EntityEdgeResult(BaseModel):
+    uuid: str
+    group_id: str
+    source_node_uuid: str
+    target_node_uuid: str
+    name: str
+    fact: str
+    episodes: list[str] = Field(default_factory=list)
+    created_at: datetime | None = None
+    valid_at: datetime | None = None
+    invalid_at: datetime | None = None
+    expired_at: datetime | None = None
+
+
+class HealthStatus(BaseModel):
+    status: str = "healthy"

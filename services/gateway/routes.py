@@ -1,0 +1,197 @@
+"""The Graphiti REST endpoints (upstream ``server/graph_service/routers``), served over engram.
+
+Writes go into engram's input stream (the pipeline turns them into episodes and facts
+asynchronously, like upstream's background queue); reads and deletes are answered by the
+recall service over NATS (services/recall/admin.py). Every handler maps NATS failures onto HTTP:
+503 (retry), 504 (timeout), 502 (unexpected reply); an unknown uuid is 404, never 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+from datetime import datetime, timezone
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, Security, status
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from engram.settings import EngramSettings
+from schemas import RecallResponse, subjects
+from schemas.messages import (
+    GraphDeleteResponse,
+    GraphEdgeRequest,
+    GraphEdgeResponse,
+    GraphEpisodeDeleteRequest,
+    GraphEpisodesRequest,
+    GraphEpisodesResponse,
+    GraphGroupDeleteRequest,
+)
+from services.gateway import mapping
+from services.gateway.bus import Bus, BusError
+from services.gateway.models import (
+    GROUP_ID_PATTERN,
+    MAX_GROUP_ID,
+    AddMessagesRequest,
+    EntityEdgeResult,
+    EpisodeResult,
+    GetMemoryRequest,
+    GetMemoryResponse,
+    HealthStatus,
+    Result,
+    SearchQuery,
+    SearchResults,
+)
+from services.gateway.settings import GatewaySettings
+
+DEGRADED_HEADER = "X-Engram-Recall-Degraded"
+
+PathGroupId = Annotated[str, Path(pattern=GROUP_ID_PATTERN, min_length=1, max_length=MAX_GROUP_ID,
+                                  description="Graph group id: ASCII letters, digits, '_' and '-'.")]
+PathUuid = Annotated[str, Path(min_length=1, max_length=256)]
+
+api_key_header = APIKeyHeader(name="x-api-key", auto_error=False, description="The gateway's API key, if one is set.")
+bearer = HTTPBearer(auto_error=False, description="The gateway's API key as a bearer token, if one is set.")
+
+
+def _raise(exc: BusError) -> HTTPException:
+    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    return HTTPException(exc.status, exc.detail, headers=headers)
+
+
+def _admin_failed(reason: str | None) -> HTTPException:
+    retry = bool(reason and reason.startswith("backend_error"))
+    return HTTPException(503 if retry else 502, f"graph admin failed: {reason}",
+                         headers={"Retry-After": "1"} if retry else None)
+
+
+def health_router() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthcheck", response_model=HealthStatus)
+    async def healthcheck() -> HealthStatus:
+        """Liveness, as upstream Graphiti answers it (no API key needed)."""
+        return HealthStatus()
+
+    return router
+
+
+def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings) -> APIRouter:
+    expected_key = gateway.api_key.get_secret_value() if gateway.api_key else ""
+
+    async def require_key(
+        key: Annotated[str | None, Security(api_key_header)] = None,
+        token: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None,
+    ) -> None:
+        if not expected_key:
+            return
+        given = key or (token.credentials if token else "")
+        if not given or not hmac.compare_digest(given.encode(), expected_key.encode()):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API key (x-api-key or Authorization: Bearer)",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    router = APIRouter(dependencies=[Depends(require_key)])
+    recall_timeout_ms = gateway.recall_timeout_ms
+    recall_wait_s = gateway.recall_timeout_ms / 1000 + 1.0  # recall answers (maybe degraded) within its timeout
+    admin_wait_s = gateway.admin_timeout_s
+    max_bytes = settings.turn.max_message_bytes
+
+    # --- ingest --------------------------------------------------------------------------
+    @router.post("/messages", status_code=status.HTTP_202_ACCEPTED, response_model=Result, tags=["ingest"],
+                 responses={503: {"description": "The broker did not confirm every message: retry."}})
+    async def add_messages(request: AddMessagesRequest) -> Result:
+        """Store messages durably in engram's input; turns become episodes and facts asynchronously.
+
+        202 only after NATS JetStream acknowledged every message (in order). On 503 retry the
+        same request: messages already stored are recognised by their id and not stored again.
+        """
+        messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc))
+        for i, message in enumerate(messages):
+            if len(message.model_dump_json().encode()) > max_bytes:
+                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                                    f"message {i + 1} is larger than {max_bytes} bytes (ENGRAM_TURN_MAX_MESSAGE_BYTES)")
+        try:
+            await bus.publish_messages(request.group_id, messages)
+        except BusError as exc:
+            raise _raise(exc) from exc
+        return Result(message="Messages added to processing queue", success=True)
+
+    # POST /promote (manual promotion of decisions / lessons learned, seed 003) belongs here
+    # with the other writes; it is owned by the promotion work and not implemented in this router.
+
+    # --- retrieval -----------------------------------------------------------------------
+    async def _recall(request, response: Response) -> list:  # noqa: ANN001
+        try:
+            answer = await bus.ask(subjects.RECALL, request, RecallResponse, recall_wait_s)
+        except BusError as exc:
+            raise _raise(exc) from exc
+        if answer.degraded:
+            # Recall fails open: the facts it has (maybe none) with 200, and the reason in a header.
+            response.headers[DEGRADED_HEADER] = (answer.reason or "degraded")[:200]
+        return [mapping.fact_result(item) for item in answer.items]
+
+    @router.post("/search", response_model=SearchResults, tags=["retrieve"])
+    async def search(query: SearchQuery, response: Response) -> SearchResults:
+        """Current facts for ``query`` in the given groups (hybrid BM25 + vector search), best first."""
+        request = mapping.search_request(query.query, query.group_ids, query.max_facts, recall_timeout_ms)
+        return SearchResults(facts=await _recall(request, response))
+
+    @router.post("/get-memory", response_model=GetMemoryResponse, tags=["retrieve"])
+    async def get_memory(request: GetMemoryRequest, response: Response) -> GetMemoryResponse:
+        """Facts relevant to the last few of ``messages`` in ``group_id``."""
+        recall = mapping.memory_request(request.group_id, request.messages, request.max_facts, recall_timeout_ms)
+        return GetMemoryResponse(facts=await _recall(recall, response))
+
+    @router.get("/episodes/{group_id}", response_model=list[EpisodeResult], tags=["retrieve"])
+    async def get_episodes(
+        group_id: PathGroupId, last_n: Annotated[int, Query(ge=1, le=1000)] = 10
+    ) -> list[EpisodeResult]:
+        """The group's latest ``last_n`` episodes (completed turns), newest first."""
+        answer = await _admin(subjects.GRAPH_EPISODES, GraphEpisodesRequest(group_id=group_id, last_n=last_n),
+                              GraphEpisodesResponse)
+        return [mapping.episode_result(e) for e in answer.episodes]
+
+    @router.get("/entity-edge/{uuid}", response_model=EntityEdgeResult, tags=["retrieve"],
+                responses={404: {"description": "No fact has this uuid."}})
+    async def get_entity_edge(uuid: PathUuid) -> EntityEdgeResult:
+        answer = await _admin(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=uuid), GraphEdgeResponse)
+        if answer.status == "not_found" or answer.edge is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"entity edge {uuid} not found")
+        return mapping.edge_result(answer.edge)
+
+    # --- deletes -------------------------------------------------------------------------
+    @router.delete("/entity-edge/{uuid}", response_model=Result, tags=["delete"],
+                   responses={404: {"description": "No fact has this uuid."}})
+    async def delete_entity_edge(uuid: PathUuid) -> Result:
+        await _delete(subjects.GRAPH_EDGE_DELETE, GraphEdgeRequest(uuid=uuid), f"entity edge {uuid}")
+        return Result(message="Entity Edge deleted", success=True)
+
+    @router.delete("/group/{group_id}", response_model=Result, tags=["delete"])
+    async def delete_group(group_id: PathGroupId) -> Result:
+        """Everything of the group's graph. Messages still in the pipeline (an open turn, a queued
+        episode) are written after this; delete again once they have been processed."""
+        await _delete(subjects.GRAPH_GROUP_DELETE, GraphGroupDeleteRequest(group_id=group_id), f"group {group_id}")
+        return Result(message="Group deleted", success=True)
+
+    @router.delete("/episode/{uuid}", response_model=Result, tags=["delete"],
+                   responses={404: {"description": "No episode has this uuid."}})
+    async def delete_episode(uuid: PathUuid) -> Result:
+        """The episode, the facts only it supported, and the entities left with no mention and no fact."""
+        await _delete(subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest(uuid=uuid), f"episode {uuid}")
+        return Result(message="Episode deleted", success=True)
+
+    async def _admin(subject: str, request, model):  # noqa: ANN001, ANN202
+        try:
+            answer = await bus.ask(subject, request, model, admin_wait_s)
+        except BusError as exc:
+            raise _raise(exc) from exc
+        if answer.status == "error":
+            raise _admin_failed(answer.reason)
+        return answer
+
+    async def _delete(subject: str, request, what: str) -> GraphDeleteResponse:  # noqa: ANN001
+        answer = await _admin(subject, request, GraphDeleteResponse)
+        if answer.status == "not_found":
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"{what} not found")
+        return answer
+
+    return router
