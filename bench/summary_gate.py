@@ -1,0 +1,734 @@
+"""Benchmark: summary refreshes, refresh-always (graphiti's inline behaviour) vs engram's summary-gate.
+
+One run over the LoCoMo conversations (default: every sample of locomo7.json, all sessions):
+
+1. extraction, in-process: each conversation is ONE group (its own FalkorDB graph), its turns
+   are episodes in time order through services/extractor/pipeline.py ``extract_episode`` (the
+   deterministic RulesExtractorClient, the hashing embedder unless ``--embedder``), and
+   ``build_node_deltas`` gives the NodeDeltas of each episode. After each episode is written,
+   every touched node is read back with ``store.load_node`` (active facts with embeddings,
+   facts no longer true, recent episodes): the graph state the gate sees for that delta.
+2. replay: the SAME delta stream, in order, is fed to each arm. Gate state (GateMeta per node)
+   and summaries live in memory, per arm; nothing is written back to the graph. Every refresh
+   is a real call of ``summarize.refresh_summaries`` with the RulesExtractorClient wrapped in
+   ``AccountingLLMClient`` (cl100k tokens); summaries are embedded with the run's embedder.
+
+   * refresh-always: every NodeDelta refreshes its node, one LLM call per delta (upstream);
+   * refresh-always, batched per episode: the same refreshes, one call per episode (up to
+     ``batch_size`` nodes), to separate what batching saves from what gating saves;
+   * gated: ``gate.decide`` with GateSettings (env ``ENGRAM_SUMMARY_*``, else defaults) and a
+     simulated wall clock, emulating services/summary_gate/app.py: a deferral schedules a tick
+     at ``floor(flush_after) + 1`` s; ticks fire (``decide_tick``) when the wall clock passes
+     them, before the next episode; a refresh (of a delta or a tick) takes along every other
+     node of the group whose deferral is due, up to ``batch_size`` per call; after the last
+     episode of a group every pending tick fires (the server schedule would).
+
+   Wall clock: each episode advances it by ``--episode-wall-s`` (default 5 s: a deferral that
+   is not re-armed for four episodes flushes inside the session), a new session by
+   ``--session-gap-s`` (default 3600 s: every deferral of a session flushes between sessions).
+   Episode time is LoCoMo's: sessions are dated days to weeks apart, and read_locomo spaces
+   the messages of a session 1 s apart, so ages inside one session are seconds.
+
+3. a drift-threshold sweep: the gated arm again (same recorded stream, no re-extraction) for
+   several ``drift_threshold`` values, with the knee picked by a stated rule;
+4. what-ifs (``--no-what-ifs`` to leave out): bench-only variations of the gated arm that are
+   NOT what the service does (batching one episode's refreshes, a flush that re-checks drift,
+   a 30-day staleness SLA, single-fact summaries without an LLM), to size possible changes.
+
+Metrics: summary LLM calls, tokens, node refreshes sent to the LLM, "skipped vs always" = 1 -
+node refreshes / refresh-always's node refreshes (one per delta; a deferral counts as skipped,
+its flush as a refresh), decisions by reason; staleness misses (a SKIP of a node whose active
+facts differ from the facts its summary was written from, with that summary older than
+``staleness_sla_s`` of episode time: must be 0); polarity misses (a delta with
+``polarity_flip`` or invalidated facts whose node was not refreshed at that delta: must be 0);
+facts missing from summaries vs a fresh refresh (``facts_summary`` of the same graph state: the
+staleness of content alone, since summaries are capped at ``max_summary_chars`` and even
+refresh-always leaves facts of hub nodes out), read at the next episode for every node an
+episode touched, and at the end; at the end, per node with active facts, the age of its summary
+relative to its latest active fact (episode time the fact was created minus
+``last_summary_ts``, hours, 0 when the summary is newer).
+
+Limits: the rules "LLM" answers a summary with the active facts themselves (newest first, cut at
+``max_summary_chars``), so "facts missing" is exact here and output tokens are shorter than a
+real model's; the rules extractor finds few entities per turn and many appear once, so the
+unavoidable first summaries (``new_entity``) weigh more than with a real model; the drift
+numbers depend on the embedder (hashing measures lexical overlap only; ``--embedder minilm``
+runs all-MiniLM-L6-v2 for the whole run, ~8 min on 2 cores instead of ~3).
+
+    python bench/summary_gate.py [--samples conv-26,conv-30] [--sessions N] [--embedder hashing|minilm]
+        [--episode-wall-s 5] [--session-gap-s 3600] [--no-what-ifs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["GRAPHITI_TELEMETRY_ENABLED"] = "false"
+
+from graphiti_core.embedder.client import EmbedderClient  # noqa: E402
+from graphiti_core.graphiti_types import GraphitiClients  # noqa: E402
+from graphiti_core.tracer import NoOpTracer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.extraction_cost import LOCOMO, driver, load  # noqa: E402
+from engram.embedded import start_falkordb  # noqa: E402
+from engram.models.accounting import AccountingLLMClient  # noqa: E402
+from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
+from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
+from schemas import NodeDelta, SummaryTick  # noqa: E402
+from services.extractor.app import NoRerank  # noqa: E402
+from services.extractor.deltas import build_node_deltas  # noqa: E402
+from services.extractor.pipeline import extract_episode  # noqa: E402
+from services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
+from services.summary_gate import store  # noqa: E402
+from services.summary_gate.gate import (  # noqa: E402
+    ActiveFact,
+    Decision,
+    GateMeta,
+    GateSettings,
+    after_refresh,
+    cosine_distance,
+    decide,
+    decide_tick,
+    fact_hash,
+    pooled,
+)
+from services.summary_gate.summarize import PROMPT_NAME, _normal, facts_summary, refresh_summaries  # noqa: E402
+
+WALL0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+SWEEP = (0.1, 0.2, 0.3, 0.35, 0.4, 0.5, 0.6)
+FOREVER = datetime.max.replace(tzinfo=timezone.utc)
+
+
+# --------------------------------------------------------------------------- recorded stream
+@dataclass(frozen=True)
+class Snap:
+    """A node as store.load_node read it right after an episode was written."""
+
+    name: str
+    fact_ids: tuple[str, ...]  # active facts, newest first (load_node's order)
+    invalidated: tuple[str, ...]
+    episodes: tuple[str, ...]
+
+
+@dataclass
+class Step:
+    episode_id: str
+    session_id: str
+    time: datetime
+    deltas: list[tuple[NodeDelta, Snap]]
+
+
+@dataclass
+class Conversation:
+    sample: str
+    group: str
+    episodes: int = 0
+    steps: list[Step] = field(default_factory=list)
+    final: dict[str, Snap] = field(default_factory=dict)  # every entity at the end of extraction
+    fact_born: dict[str, datetime] = field(default_factory=dict)  # fact uuid -> episode time it was created
+    untracked: int = 0  # nodes whose final facts differ from their last delta's snapshot
+
+
+FACTS: dict[str, ActiveFact] = {}  # fact uuid -> fact (text, embedding, valid_at), shared by every snapshot
+
+
+def snap_of(view: store.NodeView) -> Snap:
+    for f in view.facts:
+        FACTS.setdefault(f.uuid, f)
+    return Snap(view.name, tuple(f.uuid for f in view.facts), tuple(view.invalidated), tuple(view.episodes))
+
+
+def facts_of(snap: Snap) -> list[ActiveFact]:
+    return [FACTS[u] for u in snap.fact_ids]
+
+
+async def load_node(d: object, group: str, uuid: str, gs: GateSettings) -> store.NodeView | None:
+    return await store.load_node(d, group, uuid, max_facts=gs.max_facts_in_prompt, episodes=gs.episode_window)
+
+
+async def extract(url: str, sample: str, sessions: int | None, embedder: EmbedderClient, gs: GateSettings,
+                  window: int) -> Conversation:
+    _, episodes = load(sample, sessions if sessions is not None else 10_000)
+    group = "sg_" + sample.replace("-", "_")
+    conv = Conversation(sample=sample, group=group, episodes=len(episodes))
+    d = driver(url, group)
+    clients = GraphitiClients(driver=d, llm_client=RulesExtractorClient(), embedder=embedder,
+                              cross_encoder=NoRerank(), tracer=NoOpTracer())
+    instructions = validate_at_startup(ExtractionSettings()) or ""
+    ordered = sorted(enumerate(episodes), key=lambda ie: (ie[1].reference_time, ie[0]))
+    latest: dict[str, Snap] = {}
+    for _, ep in ordered:
+        ep = ep.model_copy(update={"group_id": group})
+        result = await extract_episode(clients, ep, custom_instructions=instructions, previous_window=window)
+        step = Step(ep.episode_id, ep.session_id, ep.reference_time, [])
+        for delta in build_node_deltas(ep, result):
+            for f in delta.new_facts:
+                conv.fact_born.setdefault(f.uuid, delta.episode_time)
+            view = await load_node(d, group, delta.node_uuid, gs)
+            if view is None:
+                continue
+            latest[delta.node_uuid] = snap_of(view)
+            step.deltas.append((delta, latest[delta.node_uuid]))
+        conv.steps.append(step)
+    rows = await store._rows(d, "MATCH (n:Entity) WHERE n.group_id = $g RETURN n.uuid AS uuid", g=group)
+    for row in rows:
+        view = await load_node(d, group, row["uuid"], gs)
+        if view is not None:
+            conv.final[row["uuid"]] = snap_of(view)
+            last = latest.get(row["uuid"])
+            if last is not None and set(last.fact_ids) != set(conv.final[row["uuid"]].fact_ids):
+                conv.untracked += 1
+    await d.close()
+    return conv
+
+
+# --------------------------------------------------------------------------- replay
+Mode = Literal["always", "gated"]
+Batching = Literal["delta", "episode"]
+
+
+@dataclass
+class Item:
+    """One node to refresh: its view, the state to apply after the refresh, the episode time it is current to."""
+
+    uuid: str
+    snap: Snap
+    meta: GateMeta
+    to: datetime
+    reason: str
+    drift: float | None = None
+
+
+@dataclass
+class Outcome:
+    name: str
+    threshold: float | None
+    deltas: int = 0
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    refreshes: int = 0
+    refreshed_by: Counter = field(default_factory=Counter)
+    decisions: Counter = field(default_factory=Counter)  # (action, reason) per delta
+    deferred: int = 0
+    stale_ticks: int = 0
+    flushes_below_threshold: int = 0
+    staleness_misses: Counter = field(default_factory=Counter)
+    polarity_deltas: int = 0
+    polarity_misses: int = 0
+    ages_h: list[float] = field(default_factory=list)
+    missing_all: list[float] = field(default_factory=list)
+    missing_fresh: list[float] = field(default_factory=list)
+    missing_seen: list[float] = field(default_factory=list)  # after each episode, per touched node
+    drift_at_rule: list[float] = field(default_factory=list)  # drift where rule 8 decided
+    baseline_drift: list[float] = field(default_factory=list)  # pooled facts vs summary, right after refresh
+    never_summarised: int = 0
+    composed: int = 0  # what-if: single-fact summaries written without an LLM call
+    flushes_dropped: int = 0  # what-if: flushes skipped for low drift
+    miss_examples: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def skipped_pct(self) -> float:
+        return 100.0 * (1 - self.refreshes / self.deltas) if self.deltas else 0.0
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Bench-only variations of the gate's behaviour, to size changes the lead may consider."""
+
+    drift_checked_flush: bool = False  # a flush (burst end, cap, tick) refreshes only if drift >= threshold or stale
+    compose_single_fact: bool = False  # a node with ONE active fact gets that fact as summary, no LLM call
+
+
+class Arm:
+    def __init__(self, name: str, mode: Mode, batching: Batching, gs: GateSettings, embedder: EmbedderClient,
+                 cache: dict[str, list[float]], args: argparse.Namespace, what_if: WhatIf = WhatIf()) -> None:
+        self.mode, self.batching, self.gs, self.embedder, self.cache = mode, batching, gs, embedder, cache
+        self.what_if = what_if
+        self.llm = AccountingLLMClient(RulesExtractorClient(), stage="bench")
+        self.episode_wall = timedelta(seconds=args.episode_wall_s)
+        self.session_gap = timedelta(seconds=args.session_gap_s)
+        self.out = Outcome(name, gs.drift_threshold if mode == "gated" else None)
+        self.meta: dict[str, GateMeta] = {}
+        self.summary: dict[str, str] = {}
+        self.basis: dict[str, str] = {}  # fact hash each summary was written from
+        self.latest: dict[str, Snap] = {}
+        self.ticks: list[tuple[datetime, int, str, str]] = []
+        self.seq = 0
+        self.group = ""
+
+    # -- LLM and embeddings
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        missing = sorted({t for t in texts if t not in self.cache})
+        if missing:
+            for t, v in zip(missing, await self.embedder.create_batch(missing)):
+                self.cache[t] = list(v)
+        return [self.cache[t] for t in texts]
+
+    async def refresh(self, items: list[Item]) -> None:
+        if self.what_if.compose_single_fact:
+            composed = [it for it in items if len(it.snap.fact_ids) == 1 and not it.snap.invalidated]
+            items = [it for it in items if not any(it is c for c in composed)]
+            for it in composed:
+                text = FACTS[it.snap.fact_ids[0]].fact.strip()
+                vec = (await self.embed([text]))[0]
+                self.meta[it.uuid] = after_refresh(it.meta, vec, it.to)
+                self.summary[it.uuid] = text
+                self.basis[it.uuid] = fact_hash(facts_of(it.snap))
+                self.out.composed += 1
+        for i in range(0, len(items), self.gs.batch_size):
+            chunk = items[i : i + self.gs.batch_size]
+            views = [
+                store.NodeView(uuid=it.uuid, name=it.snap.name, summary=self.summary.get(it.uuid, ""), meta=it.meta,
+                               facts=facts_of(it.snap), invalidated=list(it.snap.invalidated),
+                               episodes=list(it.snap.episodes))
+                for it in chunk
+            ]
+            summaries = await refresh_summaries(self.llm, views, max_facts=self.gs.max_facts_in_prompt,
+                                                max_chars=self.gs.max_summary_chars)
+            vectors = await self.embed(summaries)
+            for it, view, text, vec in zip(chunk, views, summaries, vectors):
+                self.meta[it.uuid] = after_refresh(it.meta, vec, it.to)
+                self.summary[it.uuid] = text
+                self.basis[it.uuid] = fact_hash(view.facts)
+                self.out.refreshes += 1
+                self.out.refreshed_by[it.reason] += 1
+                base = cosine_distance(pooled([f.embedding for f in view.facts if f.embedding]), vec)
+                if base is not None:
+                    self.out.baseline_drift.append(base)
+
+    # -- the app's batching: a refresh takes along the group's due deferrals
+    def due_items(self, now: datetime, exclude: set[str], limit: int) -> list[Item]:
+        due = sorted(
+            (m.pending.flush_after, u) for u, m in self.meta.items()
+            if m.pending is not None and m.pending.flush_after <= now and u not in exclude
+        )
+        items = []
+        for _, uuid in due[: max(limit, 0)]:
+            meta = self.meta[uuid]
+            tick = SummaryTick(group_id=self.group, node_uuid=uuid, token=meta.pending.token,
+                               scheduled_for=meta.pending.flush_after)
+            dec = decide_tick(tick, facts_of(self.latest[uuid]), meta)
+            it = self.item(uuid, dec, meta.pending.last_episode_time)
+            if it is not None:
+                items.append(it)
+        return items
+
+    def item(self, uuid: str, dec: Decision, to: datetime) -> Item | None:
+        """The refresh to run for ``dec``; None when the drift-checked-flush what-if drops it."""
+        if dec.drift is not None and dec.drift < self.gs.drift_threshold and dec.reason in ("burst", "cap_reached"):
+            self.out.flushes_below_threshold += 1
+            last = dec.meta.last_summary_ts
+            fresh_enough = last is not None and (to - last).total_seconds() < self.gs.staleness_sla_s
+            if self.what_if.drift_checked_flush and fresh_enough:
+                self.meta[uuid] = dec.meta.model_copy(update={"pending": None, "burst_active": False})
+                self.out.flushes_dropped += 1
+                return None
+        return Item(uuid, self.latest[uuid], dec.meta, to, dec.reason or "?", dec.drift)
+
+    async def fire_ticks(self, until: datetime) -> None:
+        while self.ticks and self.ticks[0][0] <= until:
+            fire_at, _, uuid, token = heapq.heappop(self.ticks)
+            meta = self.meta[uuid]
+            tick = SummaryTick(group_id=self.group, node_uuid=uuid, token=token, scheduled_for=fire_at)
+            dec = decide_tick(tick, facts_of(self.latest[uuid]), meta)
+            if dec.action == "stale_tick":
+                self.out.stale_ticks += 1
+                continue
+            first = self.item(uuid, dec, meta.pending.last_episode_time)
+            if first is not None:
+                await self.refresh([first, *self.due_items(fire_at, {uuid}, self.gs.batch_size - 1)])
+
+    # -- one conversation
+    async def run(self, conv: Conversation) -> None:
+        self.group, self.ticks, wall, session = conv.group, [], WALL0, None
+        previous: list[tuple[NodeDelta, Snap]] = []
+        for step in conv.steps:
+            wall += self.episode_wall if step.session_id == session or session is None else self.session_gap
+            session = step.session_id
+            await self.fire_ticks(wall)
+            self.measure_seen(previous)
+            previous = step.deltas
+            pending_items: list[Item] = []
+            for delta, snap in step.deltas:
+                self.out.deltas += 1
+                uuid = delta.node_uuid
+                self.latest[uuid] = snap
+                facts = facts_of(snap)
+                meta = self.meta.get(uuid, GateMeta())
+                polarity = bool(delta.polarity_flip or delta.invalidated_facts)
+                self.out.polarity_deltas += polarity
+                if self.mode == "always":
+                    meta = meta.model_copy(update={"fact_hash": fact_hash(facts)})
+                    dec = Decision(action="refresh", reason="drift", fact_hash=fact_hash(facts), meta=meta)
+                    self.out.decisions["refresh", "always"] += 1
+                    it = Item(uuid, snap, dec.meta, delta.episode_time, "always")
+                else:
+                    dec = decide(delta, facts, meta, wall, self.gs)
+                    self.out.decisions[dec.action, dec.reason] += 1
+                    if dec.reason in ("drift", "low_drift") and dec.drift is not None:
+                        self.out.drift_at_rule.append(dec.drift)
+                    it = self.item(uuid, dec, delta.episode_time) if dec.action == "refresh" else None
+                if dec.action != "refresh" and polarity:
+                    self.out.polarity_misses += 1
+                if dec.action == "skip":
+                    last = meta.last_summary_ts
+                    if (last is not None and self.basis.get(uuid) != dec.fact_hash
+                            and (delta.episode_time - last).total_seconds() >= self.gs.staleness_sla_s):
+                        self.out.staleness_misses[dec.reason] += 1
+                        if len(self.out.miss_examples) < 5:
+                            self.out.miss_examples.append(
+                                f"{delta.node_name!r} at {delta.episode_time:%Y-%m-%d} ({dec.reason}; summary from "
+                                f"{last:%Y-%m-%d}, {len(facts)} active facts, {len(delta.new_facts)} new in the delta)")
+                if dec.action == "refresh":
+                    if it is None:  # dropped by the drift-checked-flush what-if (state already stored)
+                        continue
+                    if self.batching == "episode":
+                        pending_items.append(it)
+                    else:
+                        extra = self.due_items(wall, {uuid}, self.gs.batch_size - 1) if self.mode == "gated" else []
+                        await self.refresh([it, *extra])
+                    continue
+                self.meta[uuid] = dec.meta  # skip / defer / duplicate: state only
+                if dec.action == "defer":
+                    self.out.deferred += 1
+                    p = dec.meta.pending
+                    assert p is not None
+                    fire_at = datetime.fromtimestamp(int(p.flush_after.timestamp()) + 1, tz=timezone.utc)
+                    self.seq += 1
+                    heapq.heappush(self.ticks, (fire_at, self.seq, uuid, p.token))
+            if pending_items:
+                if self.mode == "gated":
+                    pending_items += self.due_items(wall, {i.uuid for i in pending_items}, 10**6)
+                await self.refresh(pending_items)
+        await self.fire_ticks(wall + self.episode_wall)
+        self.measure_seen(previous)
+        await self.fire_ticks(FOREVER)  # the server schedule fires every remaining tick
+        self.measure_end(conv)
+
+    def missing_vs_fresh(self, uuid: str, snap: Snap) -> float | None:
+        """Share of the facts a fresh refresh would state that the arm's summary of ``uuid`` lacks."""
+        facts = facts_of(snap)
+        if not facts:
+            return None
+        view = store.NodeView(uuid=uuid, name=snap.name, summary="", meta=GateMeta(), facts=facts)
+        fresh = _normal(facts_summary(view, self.gs.max_facts_in_prompt, self.gs.max_summary_chars))
+        keys = {k for k in (_normal(f.fact) for f in facts) if k and k in fresh}
+        if not keys:
+            return None
+        norm = _normal(self.summary.get(uuid, ""))
+        return sum(k not in norm for k in keys) / len(keys)
+
+    def measure_seen(self, deltas: list[tuple[NodeDelta, Snap]]) -> None:
+        """What a recall at the next episode would read: each node the previous episode touched,
+        after the ticks due by then have fired."""
+        for delta, snap in deltas:
+            miss = self.missing_vs_fresh(delta.node_uuid, snap)
+            if miss is not None:
+                self.out.missing_seen.append(miss)
+
+    def measure_end(self, conv: Conversation) -> None:
+        for uuid, snap in conv.final.items():
+            if not snap.fact_ids:
+                continue
+            facts = facts_of(snap)
+            meta = self.meta.get(uuid)
+            summary = self.summary.get(uuid)
+            if meta is None or summary is None or meta.last_summary_ts is None:
+                self.out.never_summarised += 1
+                continue
+            norm = _normal(summary)
+            keys = {k for k in (_normal(f.fact) for f in facts) if k}
+            if keys:
+                self.out.missing_all.append(sum(k not in norm for k in keys) / len(keys))
+            miss = self.missing_vs_fresh(uuid, snap)
+            if miss is not None:
+                self.out.missing_fresh.append(miss)
+            born = [conv.fact_born[u] for u in snap.fact_ids if u in conv.fact_born]
+            if born:
+                self.out.ages_h.append(max(0.0, (max(born) - meta.last_summary_ts).total_seconds() / 3600))
+
+    def finish(self) -> Outcome:
+        self.out.calls = self.llm.calls.get(PROMPT_NAME, 0)
+        tok = self.llm.tokens.get(PROMPT_NAME, {"input": 0, "output": 0})
+        self.out.tokens_in, self.out.tokens_out = tok["input"], tok["output"]
+        return self.out
+
+
+async def replay(name: str, mode: Mode, batching: Batching, gs: GateSettings, convs: list[Conversation],
+                 embedder: EmbedderClient, cache: dict[str, list[float]], args: argparse.Namespace,
+                 what_if: WhatIf = WhatIf()) -> Outcome:
+    started = time.perf_counter()
+    arm = Arm(name, mode, batching, gs, embedder, cache, args, what_if)
+    for conv in convs:
+        await arm.run(conv)
+    out = arm.finish()
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+# --------------------------------------------------------------------------- report
+def mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def stale_nodes(o: Outcome) -> float:
+    return 100 * sum(a > 0 for a in o.ages_h) / len(o.ages_h) if o.ages_h else float("nan")
+
+
+def skip_pct(o: Outcome, base: Outcome) -> float:
+    return 100 * (1 - o.refreshes / base.refreshes) if base.refreshes else float("nan")
+
+
+def print_report(console: Console, title: str, arms: list[Outcome], sweep: list[Outcome], default: float) -> None:
+    base = arms[0]
+    cost = Table(title=f"Summary refresh cost: {title}")
+    for col in ("arm", "LLM calls", "nodes/call", "tokens in", "tokens out", "tokens vs always",
+                "node refreshes", "skipped vs always", "deferred", "stale ticks"):
+        cost.add_column(col, justify="left" if col == "arm" else "right")
+    for o in arms:
+        tok, btok = o.tokens_in + o.tokens_out, base.tokens_in + base.tokens_out
+        cost.add_row(o.name, f"{o.calls:,}", f"{o.refreshes / o.calls:.2f}" if o.calls else "-",
+                     f"{o.tokens_in:,}", f"{o.tokens_out:,}", f"{tok / btok:.2f}x",
+                     f"{o.refreshes:,}", f"{skip_pct(o, base):.1f}%", f"{o.deferred:,}", f"{o.stale_ticks:,}")
+    console.print(cost)
+
+    fresh = Table(title="Summary freshness and the must-be-zero counts (age: episode time of the node's latest "
+                        "active fact minus its summary's last_summary_ts, at the end)")
+    for col in ("arm", "staleness misses", "polarity misses", "mean age h", "p50 age h", "p90 age h", "max age h",
+                "stale nodes at end", "facts missing (all active, end)", "missing vs fresh (end)",
+                "missing vs fresh (next episode)"):
+        fresh.add_column(col, justify="left" if col == "arm" else "right")
+    for o in arms:
+        fresh.add_row(o.name, f"{sum(o.staleness_misses.values())}", f"{o.polarity_misses} of {o.polarity_deltas}",
+                      f"{mean(o.ages_h):.2f}", f"{p50(o.ages_h):.2f}", f"{pct(o.ages_h, 0.9):.2f}",
+                      f"{max(o.ages_h, default=0):.1f}", f"{stale_nodes(o):.1f}% of {len(o.ages_h)}",
+                      f"{100 * mean(o.missing_all):.1f}%", f"{100 * mean(o.missing_fresh):.1f}%",
+                      f"{100 * mean(o.missing_seen):.1f}%")
+    console.print(fresh)
+
+    gated = arms[-1]
+    reasons = Table(title=f"{gated.name}: decision per NodeDelta by reason ({gated.deltas:,} deltas), "
+                          f"then node refreshes")
+    for col in ("decision", "reason", "count", "% of deltas"):
+        reasons.add_column(col, justify="left" if col in ("decision", "reason") else "right")
+    order = {"skip": 0, "duplicate": 1, "defer": 2, "refresh": 3}
+    for (action, reason), n in sorted(gated.decisions.items(), key=lambda kv: (order.get(kv[0][0], 9), -kv[1])):
+        reasons.add_row(action, str(reason), f"{n:,}", f"{100 * n / gated.deltas:.1f}%")
+    skipped = sum(n for (a, _), n in gated.decisions.items() if a in ("skip", "duplicate"))
+    reasons.add_row("= skipped at the delta", "", f"{skipped:,}", f"{100 * skipped / gated.deltas:.1f}%")
+    for reason, n in gated.refreshed_by.most_common():
+        label = {"burst": "burst (flush of a deferral)", "cap_reached": "cap_reached (deferral cap)"}.get(
+            reason, reason)
+        reasons.add_row("node refresh", label, f"{n:,}", f"{100 * n / gated.deltas:.1f}%")
+    reasons.add_row("= node refreshes", "", f"{gated.refreshes:,}", f"{100 * gated.refreshes / gated.deltas:.1f}%")
+    console.print(reasons)
+
+    table = Table(title="drift_threshold sweep (gated, same delta stream; * = current default, K = knee)")
+    for col in ("drift_threshold", "LLM calls", "node refreshes", "skipped vs always", "low_drift skips",
+                "drift refreshes", "missing vs fresh (next episode)", "missing vs fresh (end)",
+                "facts missing (all, end)", "mean age h", "stale nodes at end", "staleness / polarity misses"):
+        table.add_column(col, justify="right")
+    k = knee(sweep, base)
+    for o in sweep:
+        mark = (" *" if o.threshold is not None and abs(o.threshold - default) < 1e-9 else "")
+        mark += " K" if o is k else ""
+        table.add_row(f"{o.threshold:g}{mark}", f"{o.calls:,}", f"{o.refreshes:,}", f"{skip_pct(o, base):.1f}%",
+                      f"{o.decisions['skip', 'low_drift']:,}", f"{o.decisions['refresh', 'drift']:,}",
+                      f"{100 * mean(o.missing_seen):.2f}%", f"{100 * mean(o.missing_fresh):.1f}%",
+                      f"{100 * mean(o.missing_all):.1f}%", f"{mean(o.ages_h):.2f}", f"{stale_nodes(o):.1f}%",
+                      f"{sum(o.staleness_misses.values())} / {o.polarity_misses}")
+    console.print(table)
+    d, b = gated.drift_at_rule, gated.baseline_drift
+    print(f"drift where the drift rule decided ({gated.name}): n={len(d)}, p10 {pct(d, 0.1):.3f}, "
+          f"p25 {pct(d, 0.25):.3f}, p50 {pct(d, 0.5):.3f}, p75 {pct(d, 0.75):.3f}, p90 {pct(d, 0.9):.3f}, "
+          f"max {max(d, default=float('nan')):.3f}; "
+          f"right after a refresh (pooled facts vs new summary): p50 {pct(b, 0.5):.3f}, p90 {pct(b, 0.9):.3f}")
+    print(f"refreshes that flushed a deferral (burst / cap_reached) although drift was below the threshold: "
+          f"{gated.flushes_below_threshold} of {gated.refreshed_by['burst'] + gated.refreshed_by['cap_reached']}")
+    print(justification(sweep, base, default))
+
+
+def print_what_ifs(console: Console, base: Outcome, rows: list[Outcome]) -> None:
+    table = Table(title="What-ifs (NOT current behaviour; bench-only variations of the gated arm, default threshold)")
+    for col in ("variant", "LLM calls", "calls vs always", "tokens vs always", "LLM node refreshes",
+                "skipped vs always", "composed w/o LLM", "flushes dropped", "missing vs fresh (next episode)",
+                "mean age h", "staleness / polarity misses"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    btok = base.tokens_in + base.tokens_out
+    for o in rows:
+        table.add_row(o.name, f"{o.calls:,}", f"{100 * (1 - o.calls / base.calls):.1f}% fewer",
+                      f"{(o.tokens_in + o.tokens_out) / btok:.2f}x", f"{o.refreshes:,}", f"{skip_pct(o, base):.1f}%",
+                      f"{o.composed:,}", f"{o.flushes_dropped:,}", f"{100 * mean(o.missing_seen):.2f}%",
+                      f"{mean(o.ages_h):.2f}", f"{sum(o.staleness_misses.values())} / {o.polarity_misses}")
+    console.print(table)
+
+
+GAIN_FLOOR = 1.0  # skip points per 0.1 of threshold below which raising the threshold is not worth it
+PLATEAU = 0.5  # points (skip and missing facts) within which two thresholds are the same in practice
+
+
+def knee(sweep: list[Outcome], base: Outcome) -> Outcome:
+    """Walk up the thresholds while a step still buys at least GAIN_FLOOR skip points per 0.1 AND
+    more skip points than it adds points of facts missing (vs a fresh summary, at the next
+    episode, per 0.1); the last threshold reached is the knee."""
+    chosen = sweep[0]
+    for prev, cur in zip(sweep, sweep[1:]):
+        span = (cur.threshold - prev.threshold) / 0.1
+        gain = (skip_pct(cur, base) - skip_pct(prev, base)) / span
+        loss = (mean(cur.missing_seen) - mean(prev.missing_seen)) * 100 / span
+        if gain < GAIN_FLOOR or gain <= loss:
+            break
+        chosen = cur
+    return chosen
+
+
+def justification(sweep: list[Outcome], base: Outcome, default: float) -> str:
+    k = knee(sweep, base)
+    by = {o.threshold: o for o in sweep}
+    cur, lo, hi = by.get(default), sweep[0], sweep[-1]
+    text = (
+        f"Knee: from {lo.threshold:g} to {k.threshold:g} the share of refreshes skipped rises from "
+        f"{skip_pct(lo, base):.1f}% to {skip_pct(k, base):.1f}% while facts missing from summaries (vs a fresh "
+        f"refresh, read at the next episode) go from {100 * mean(lo.missing_seen):.2f}% to "
+        f"{100 * mean(k.missing_seen):.2f}%; above it, up to {hi.threshold:g}, skips gain only "
+        f"{skip_pct(hi, base) - skip_pct(k, base):.1f} points more while missing facts change by "
+        f"{100 * (mean(hi.missing_seen) - mean(k.missing_seen)):+.2f} points and the mean end age by "
+        f"{mean(hi.ages_h) - mean(k.ages_h):+.2f} h. (Rule: raise the threshold while a step buys >= "
+        f"{GAIN_FLOOR:g} skip point per 0.1 and more skip points than missing-fact points.)"
+    )
+    if cur is not None:
+        same = (abs(skip_pct(cur, base) - skip_pct(k, base)) < PLATEAU
+                and abs(100 * (mean(cur.missing_seen) - mean(k.missing_seen))) < PLATEAU)
+        verdict = ("is the knee" if cur is k else
+                   f"is on the knee's plateau (within {PLATEAU:g} point of {k.threshold:g} on both)" if same else
+                   f"is not the knee ({k.threshold:g} is)")
+        text += (f" The current default {default:g} {verdict}: {skip_pct(cur, base):.1f}% skipped, "
+                 f"{100 * mean(cur.missing_seen):.2f}% missing at the next episode, mean end age "
+                 f"{mean(cur.ages_h):.2f} h.")
+    return text
+
+
+# --------------------------------------------------------------------------- main
+async def main(args: argparse.Namespace) -> None:
+    logging.disable(logging.WARNING)
+    console = Console(width=200)
+    started = time.perf_counter()
+    gs = GateSettings()
+    samples = [s for s in (args.samples or "").split(",") if s]
+    if not samples:
+        import json
+
+        samples = [c.get("sample_id", "conv") for c in json.loads(LOCOMO.read_text(encoding="utf-8"))]
+    embedder = build_embedder(EmbedderSettings(provider=args.embedder))
+    convs: list[Conversation] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_falkordb(Path(tmp))
+        try:
+            for sample in samples:
+                t = time.perf_counter()
+                conv = await extract(server.url, sample, args.sessions, embedder, gs, args.window)
+                convs.append(conv)
+                print(f"extracted {sample}: {conv.episodes} episodes, "
+                      f"{sum(len(s.deltas) for s in conv.steps)} deltas, {len(conv.final)} entities "
+                      f"in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+        finally:
+            server.stop()
+    extracted = time.perf_counter()
+    cache: dict[str, list[float]] = {}
+    arms = [
+        await replay("refresh-always", "always", "delta", gs, convs, embedder, cache, args),
+        await replay("refresh-always, batched per episode", "always", "episode", gs, convs, embedder, cache, args),
+        await replay(f"gated (drift {gs.drift_threshold:g})", "gated", "delta", gs, convs, embedder, cache, args),
+    ]
+    sweep = []
+    for t in sorted({*SWEEP, gs.drift_threshold}):
+        if abs(t - gs.drift_threshold) < 1e-9:
+            sweep.append(arms[-1])
+        else:
+            sweep.append(await replay(f"gated {t:g}", "gated", "delta",
+                                      gs.model_copy(update={"drift_threshold": t}), convs, embedder, cache, args))
+    month = gs.model_copy(update={"staleness_sla_s": 30 * 86400.0})
+    what_ifs = [
+        await replay("batched per episode", "gated", "episode", gs, convs, embedder, cache, args),
+        await replay("drift-checked flush", "gated", "delta", gs, convs, embedder, cache, args,
+                     WhatIf(drift_checked_flush=True)),
+        await replay("staleness_sla 30 d", "gated", "delta", month, convs, embedder, cache, args),
+        await replay("single-fact summaries w/o LLM", "gated", "delta", gs, convs, embedder, cache, args,
+                     WhatIf(compose_single_fact=True)),
+        await replay("batched per episode + single-fact w/o LLM", "gated", "episode", gs, convs, embedder, cache,
+                     args, WhatIf(compose_single_fact=True)),
+    ] if not args.no_what_ifs else []
+    episodes = sum(c.episodes for c in convs)
+    deltas = arms[0].deltas
+    title = (f"LoCoMo {','.join(samples)}{f', {args.sessions} sessions each' if args.sessions else ''}: "
+             f"{episodes:,} episodes, {deltas:,} NodeDeltas; embedder {args.embedder}; wall clock "
+             f"{args.episode_wall_s:g} s/episode, {args.session_gap_s:g} s between sessions")
+    print_report(console, title, arms, sweep, gs.drift_threshold)
+    gated = arms[-1]
+    if what_ifs:
+        print_what_ifs(console, arms[0], [gated, *what_ifs])
+    floor = gated.decisions["refresh", "new_entity"] + gated.decisions["refresh", "polarity"]
+    print(f"ceiling: new_entity + polarity refreshes are {floor:,} of {gated.deltas:,} deltas, so no gate that keeps "
+          f"them can skip more than {100 * (1 - floor / gated.deltas):.1f}% of refresh-always's node refreshes here")
+    for example in gated.miss_examples:
+        print(f"staleness miss: {example}")
+    skipped = 100 * (1 - gated.refreshes / arms[0].refreshes)
+    misses = sum(gated.staleness_misses.values())
+    ok = skipped >= 70 and misses == 0 and gated.polarity_misses == 0
+    print(f"VERDICT: gated skipped {skipped:.1f}% of refresh-always's node refreshes "
+          f"({100 * (1 - gated.calls / arms[0].calls):.1f}% of its LLM calls, "
+          f"{100 * (1 - (gated.tokens_in + gated.tokens_out) / (arms[0].tokens_in + arms[0].tokens_out)):.1f}% "
+          f"of its tokens; target >= 70%: {'MET' if skipped >= 70 else 'NOT MET'}); staleness misses {misses} "
+          f"{dict(gated.staleness_misses) if misses else ''}(must be 0), polarity misses {gated.polarity_misses} "
+          f"(must be 0) -> {'PASS' if ok else 'FAIL'}")
+    untracked = sum(c.untracked for c in convs)
+    shown = {"drift_threshold", "burst_window_s", "burst_min_episodes", "burst_quiet_s", "max_deferred_deltas",
+             "max_deferred_s", "staleness_sla_s", "batch_size", "max_summary_chars"}
+    print(f"settings: {gs.model_dump(include=shown)}")
+    print(f"nodes whose final facts differ from their last delta's snapshot (fact changes without a delta): "
+          f"{untracked}")
+    print(f"runtime: extraction {extracted - started:.1f}s, replays "
+          + ", ".join(f"{o.name} {o.seconds:.1f}s" for o in [*arms, *[s for s in sweep if s not in arms], *what_ifs])
+          + f"; total {time.perf_counter() - started:.1f}s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", default="", help="comma-separated LoCoMo sample ids (default: all)")
+    parser.add_argument("--sessions", type=int, default=None, help="first N sessions of each sample (default: all)")
+    parser.add_argument("--embedder", choices=("hashing", "minilm"), default="hashing")
+    parser.add_argument("--episode-wall-s", type=float, default=5.0, help="wall-clock seconds per episode")
+    parser.add_argument("--session-gap-s", type=float, default=3600.0, help="wall-clock seconds between sessions")
+    parser.add_argument("--no-what-ifs", action="store_true", help="skip the what-if table")
+    parser.add_argument("--window", type=int, default=2, help="previous episodes shown to extraction")
+    asyncio.run(main(parser.parse_args()))
