@@ -195,6 +195,31 @@ def recall(
 
 
 @app.command()
+def doctor(
+    smoke: Annotated[bool, typer.Option("--smoke", help="Also write to a temporary group, read it back, delete it.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Check every part of engram (and, with --smoke, one message through the whole pipeline)."""
+    from dataclasses import asdict
+
+    from engram.doctor import run_checks
+
+    checks = asyncio.run(run_checks(_settings(data_dir), smoke=smoke))
+    if json_output:
+        console.print_json(json.dumps([asdict(c) for c in checks]))
+    else:
+        table = Table(title="engram doctor")
+        for col in ("check", "status", "detail", "ms"):
+            table.add_column(col, justify="right" if col == "ms" else "left")
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in checks:
+            table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail, f"{c.took_ms:.0f}")
+        console.print(table)
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+
+
+@app.command()
 def promote(
     text: Annotated[str, typer.Argument(help="The decision, lesson, preference or procedure, in plain words.")],
     kind: Annotated[str, typer.Option(help="decision | lesson_learned | preference | procedure")] = "decision",

@@ -18,6 +18,15 @@ from pydantic import BaseModel
 from schemas import subjects
 from schemas.messages import ALL_MODELS, ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
 from schemas.messages import SessionClosed, SessionIdle, SummaryAudit, SummaryEvent, SummaryTick
+from schemas.messages import (
+    GraphDeleteResponse,
+    GraphEdgeRequest,
+    GraphEdgeResponse,
+    GraphEpisodeDeleteRequest,
+    GraphEpisodesRequest,
+    GraphEpisodesResponse,
+    GraphGroupDeleteRequest,
+)
 
 HERE = Path(__file__).parent
 JSON_DIR = HERE / "json"
@@ -38,6 +47,12 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
     "summary": (subjects.SUMMARY, SummaryEvent, "Every summary-gate decision."),
     "summaryAudit": (subjects.SUMMARY_AUDIT, SummaryAudit, "Sample of skipped summaries with facts and kept summary."),
     "recall": (subjects.RECALL, RecallRequest, "Recall request; the reply is a RecallResponse."),
+    "graphEpisodes": (subjects.GRAPH_EPISODES, GraphEpisodesRequest, "A group's latest episodes (graph admin, served by recall)."),
+    "graphEdgeGet": (subjects.GRAPH_EDGE_GET, GraphEdgeRequest, "One fact by uuid (graph admin)."),
+    "graphEdgeDelete": (subjects.GRAPH_EDGE_DELETE, GraphEdgeRequest, "Delete one fact by uuid (graph admin)."),
+    "graphEpisodeDelete": (subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest,
+                           "Delete an episode and what only it supported, leaving no orphans (graph admin)."),
+    "graphGroupDelete": (subjects.GRAPH_GROUP_DELETE, GraphGroupDeleteRequest, "Delete a whole group (graph admin)."),
     "deadLetter": (
         subjects.DLQ,
         None,
@@ -45,6 +60,16 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
         f"{subjects.HDR_DLQ_STAGE}, {subjects.HDR_DLQ_REASON}, {subjects.HDR_DLQ_DETAIL}, "
         f"{subjects.HDR_DLQ_SUBJECT} and {subjects.HDR_DLQ_TIME}.",
     ),
+}
+
+
+REPLIES: dict[str, type[BaseModel]] = {
+    "recall": RecallResponse,
+    "graphEpisodes": GraphEpisodesResponse,
+    "graphEdgeGet": GraphEdgeResponse,
+    "graphEdgeDelete": GraphDeleteResponse,
+    "graphEpisodeDelete": GraphDeleteResponse,
+    "graphGroupDelete": GraphDeleteResponse,
 }
 
 
@@ -78,14 +103,13 @@ def asyncapi_document() -> dict[str, Any]:
             messages["DeadLetter"] = {"name": "DeadLetter", "payload": {"type": "string", "format": "binary"}}
         channels[cid] = chan
         operations[f"publish_{cid}"] = {"action": "send", "channel": {"$ref": f"#/channels/{cid}"}}
-    messages["RecallResponse"] = {
-        "name": "RecallResponse",
-        "contentType": "application/json",
-        "payload": {"$ref": f"json/{RecallResponse.__name__}.schema.json"},
-    }
-    operations["publish_recall"]["reply"] = {
-        "messages": [{"$ref": "#/components/messages/RecallResponse"}]
-    }
+    for cid, reply in REPLIES.items():  # request/reply subjects: the reply's message
+        messages[reply.__name__] = {
+            "name": reply.__name__,
+            "contentType": "application/json",
+            "payload": {"$ref": f"json/{reply.__name__}.schema.json"},
+        }
+        operations[f"publish_{cid}"]["reply"] = {"messages": [{"$ref": f"#/components/messages/{reply.__name__}"}]}
     return {
         "asyncapi": "3.0.0",
         "info": {

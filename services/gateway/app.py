@@ -66,8 +66,6 @@ def create_rest_app(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     )
     app.include_router(health_router())
     app.include_router(graphiti_router(bus, settings, gateway))
-    # POST /promote (manual promotion, seed 003) is owned by the promotion work: its router is
-    # to be included here, next to the Graphiti routes, with the same API key dependency.
 
     @app.exception_handler(RequestValidationError)
     async def validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -73,6 +73,11 @@ class Bus:
         except Exception as exc:  # noqa: BLE001 - faststream's IncorrectState before connect/after stop
             raise BusError(503, "not connected to NATS") from exc
 
+    def jetstream(self) -> Any:
+        """The JetStream context (BusError 503 when not connected)."""
+        self._client()
+        return self.broker.config.connection_state.stream
+
     async def publish_messages(self, group_id: str, messages: list[ChatMessage]) -> PublishReport:
         """Store ``messages`` in order; raise BusError(503) at the first one the server did not
         acknowledge (the ones before it are stored: a retry deduplicates them)."""

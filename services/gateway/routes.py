@@ -15,6 +15,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, Security, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from pydantic import BaseModel
+
+from engram.promote import Promotion, publish_promotion
 from engram.settings import EngramSettings
 from schemas import RecallResponse, subjects
 from schemas.messages import (
@@ -62,6 +65,12 @@ def _admin_failed(reason: str | None) -> HTTPException:
     retry = bool(reason and reason.startswith("backend_error"))
     return HTTPException(503 if retry else 502, f"graph admin failed: {reason}",
                          headers={"Retry-After": "1"} if retry else None)
+
+
+class PromoteResult(BaseModel):
+    success: bool = True
+    group_id: str
+    episode_uuid: str
 
 
 def health_router() -> APIRouter:
@@ -115,8 +124,20 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             raise _raise(exc) from exc
         return Result(message="Messages added to processing queue", success=True)
 
-    # POST /promote (manual promotion of decisions / lessons learned, seed 003) belongs here
-    # with the other writes; it is owned by the promotion work and not implemented in this router.
+    @router.post("/promote", status_code=status.HTTP_202_ACCEPTED, response_model=PromoteResult, tags=["ingest"],
+                 responses={503: {"description": "The broker did not confirm the promotion: retry."}})
+    async def promote(promotion: Promotion) -> PromoteResult:
+        """Store a decision, lesson_learned, preference or procedure in the workspace or user scope
+        (seed 003). It is extracted like a turn, with the canonical relation vocabulary; promoting
+        the same text twice stores it once."""
+        try:
+            episode = await publish_promotion(bus.jetstream(), promotion, settings.group_prefix)
+        except BusError as exc:
+            raise _raise(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
+        return PromoteResult(group_id=episode.group_id, episode_uuid=episode.episode_id)
 
     # --- retrieval -----------------------------------------------------------------------
     async def _recall(request, response: Response) -> list:  # noqa: ANN001

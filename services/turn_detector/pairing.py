@@ -186,6 +186,7 @@ def _merge_scopes(current: ScopeKeys, incoming: ScopeKeys) -> ScopeKeys:
         session=current.session and incoming.session,
         workspace=incoming.workspace or current.workspace,
         user=incoming.user or current.user,
+        group=incoming.group or current.group,
     )
 
 

@@ -158,3 +158,12 @@ def test_an_explicit_group_replaces_the_derived_scope_groups() -> None:
     assert scope_groups("engram", "s1", ScopeKeys(group="cc_session_abc", workspace="w")) == [("session", "cc_session_abc")]
     assert scope_groups("engram", "s1", ScopeKeys(group="cc_workspace_9f")) == [("workspace", "cc_workspace_9f")]
     assert scope_groups("engram", "s1", ScopeKeys(group="mygroup")) == [("session", "mygroup")]
+
+
+def test_an_explicit_group_survives_scope_merging() -> None:
+    from schemas import ScopeKeys
+    from services.turn_detector.pairing import _merge_scopes
+
+    merged = _merge_scopes(ScopeKeys(), ScopeKeys(group="cc_session_abc"))
+    assert merged.group == "cc_session_abc"
+    assert _merge_scopes(merged, ScopeKeys(user="u")).group == "cc_session_abc"
