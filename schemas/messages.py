@@ -174,7 +174,10 @@ class SummaryEvent(_Model):
     reason: SummaryReason
     drift: float | None = None
     active_facts: int | None = Field(None, description="Active (not invalidated) facts of the node.")
-    batch_size: int | None = Field(None, description="Nodes refreshed by the same LLM call (refreshed only).")
+    batch_size: int | None = Field(
+        None, description="Nodes refreshed by the same LLM call (refreshed only); 0: composed from the node's "
+        "only fact(s) without an LLM call.",
+    )
     decided_at: AwareDatetime
 
 

@@ -49,13 +49,18 @@ from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
 from services.summary_gate import store
 from services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
-from services.summary_gate.summarize import refresh_summaries
+from services.summary_gate.summarize import facts_summary, refresh_summaries
 
 STAGE = "summary_gate"
 log = logging.getLogger("engram.summary_gate")
 
 REFRESHED = Counter("engram_summary_refreshed_total", "Summaries refreshed, by reason.", ["reason"])
 SKIPPED = Counter("engram_summary_skipped_total", "Summary refreshes skipped, by reason.", ["reason"])
+COMPOSED = Counter(
+    "engram_summary_composed_total",
+    "Refreshes answered without an LLM call (the node's few active facts are its summary), by reason.",
+    ["reason"],
+)
 DEFERRED = Counter("engram_summary_deferred_total", "Summary refreshes deferred (node in a burst).")
 MESSAGES = Counter("engram_summary_gate_messages_total", "Messages handled, by kind and outcome.", ["kind", "outcome"])
 LLM_SECONDS = Histogram(
@@ -177,10 +182,19 @@ class SummaryGate:
         decision = decide_tick(tick, node.facts, node.meta)
         if decision.action == "stale_tick":
             return "stale_tick"
+        now = self.clock()
+        if decision.action == "skip":  # the burst left the facts as the summary has them
+            await self._skip(driver, tick.group_id, node, decision, tick.token, now)
+            return "skipped"
         assert node.meta.pending is not None
-        await self._refresh(driver, tick.group_id, node, decision, tick.token, node.meta.pending.last_episode_time,
-                            self.clock())
+        await self._refresh(driver, tick.group_id, node, decision, tick.token, node.meta.pending.last_episode_time, now)
         return "flushed"
+
+    async def _skip(self, driver: Any, group_id: str, node: store.NodeView, decision: Decision, episode_id: str,
+                    now: datetime) -> None:
+        await self._publish_event(group_id, node, decision, episode_id, "skipped", now)
+        await store.save_meta(driver, group_id, node.uuid, decision.meta)
+        SKIPPED.labels(reason=decision.reason).inc()
 
     async def _load(self, driver: Any, group_id: str, node_uuid: str) -> store.NodeView | None:
         return await store.load_node(
@@ -199,21 +213,38 @@ class SummaryGate:
                 continue
             tick = SummaryTick(group_id=group_id, node_uuid=uuid, token=other.meta.pending.token,
                                scheduled_for=other.meta.pending.flush_after)
-            batch.append((other, decide_tick(tick, other.facts, other.meta), other.meta.pending.token,
-                          other.meta.pending.last_episode_time))
-        started = time.perf_counter()
-        summaries = await refresh_summaries(
-            self.llm, [b[0] for b in batch], max_facts=self.gate.max_facts_in_prompt,
-            max_chars=self.gate.max_summary_chars,
-        )
-        LLM_SECONDS.observe(time.perf_counter() - started)
-        BATCH_NODES.observe(len(batch))
+            mate = decide_tick(tick, other.facts, other.meta)
+            if mate.action == "skip":
+                await self._skip(driver, group_id, other, mate, other.meta.pending.token, now)
+            else:
+                batch.append((other, mate, other.meta.pending.token, other.meta.pending.last_episode_time))
+        # A node with at most compose_max_facts active facts: its summary is those facts, no LLM
+        # needed (bench/summary_gate.py: most first summaries on LoCoMo are of one-fact entities).
+        composed = {i for i, b in enumerate(batch) if len(b[0].facts) <= self.gate.compose_max_facts}
+        asked = [b[0] for i, b in enumerate(batch) if i not in composed]
+        answers: list[str] = []
+        if asked:
+            started = time.perf_counter()
+            answers = await refresh_summaries(
+                self.llm, asked, max_facts=self.gate.max_facts_in_prompt, max_chars=self.gate.max_summary_chars,
+            )
+            LLM_SECONDS.observe(time.perf_counter() - started)
+            BATCH_NODES.observe(len(asked))
+        remaining = iter(answers)
+        summaries = [
+            facts_summary(b[0], self.gate.max_facts_in_prompt, self.gate.max_summary_chars) if i in composed
+            else next(remaining)
+            for i, b in enumerate(batch)
+        ]
         vectors = await self.embedder.create_batch(summaries)
-        for (view, dec, ep_id, to), summary, vector in zip(batch, summaries, vectors):
+        for i, ((view, dec, ep_id, to), summary, vector) in enumerate(zip(batch, summaries, vectors)):
             meta = after_refresh(dec.meta, list(vector), to)
-            await self._publish_event(group_id, view, dec, ep_id, "refreshed", now, batch_size=len(batch))
+            await self._publish_event(group_id, view, dec, ep_id, "refreshed", now,
+                                      batch_size=0 if i in composed else len(asked))
             await store.save_summary(driver, group_id, view.uuid, summary, meta)
             REFRESHED.labels(reason=dec.reason).inc()
+            if i in composed:
+                COMPOSED.labels(reason=dec.reason).inc()
 
     # --- publishing --------------------------------------------------------------------------
     async def _publish_event(

@@ -14,14 +14,17 @@ Rules, in this order (the first that applies decides):
 2. ``new_entity``: the node has never been summarised -> refresh;
 3. ``polarity``: the delta invalidated a fact of the node or carries a negation cue ->
    refresh now, even inside a burst (a summary must never keep asserting what was retracted);
-4. ``unchanged_hash``: the stable hash of the active facts equals the stored one -> skip;
-5. ``burst``: the node got ``burst_min_episodes`` episodes within ``burst_window_s`` (episode
+4. ``staleness`` (checked before the hash, so a skipped change cannot hide an old summary): the
+   summary is older than ``staleness_sla_s`` (episode time) and the active facts differ from
+   the ones it was written from -> refresh;
+5. ``unchanged_hash``: the stable hash of the active facts equals the one of the last decision
+   -> skip;
+6. ``burst``: the node got ``burst_min_episodes`` episodes within ``burst_window_s`` (episode
    time) -> defer: the change accumulates in ``pending`` and a flush tick is scheduled
    ``burst_quiet_s`` (wall clock) later. A newer deferral re-arms the tick; a tick whose token
    is not the latest deferral's is stale. Hard caps: ``max_deferred_deltas`` deferrals or
    ``max_deferred_s`` of episode time since the first -> refresh (``cap_reached``);
-6. a pending deferral and a delta outside any burst -> refresh now (``burst``: the burst ended);
-7. ``staleness``: the summary is older than ``staleness_sla_s`` (episode time) -> refresh;
+7. a pending deferral and a delta outside any burst -> refresh now (``burst``: the burst ended);
 8. ``drift``: cosine distance between the mean of the active facts' embeddings and the stored
    summary embedding >= ``drift_threshold`` -> refresh, else skip (``low_drift``).
 
@@ -30,6 +33,9 @@ the latest deferral's tick is never superseded except by a newer deferral (with 
 or by a refresh that clears ``pending``. So the last deferral of any node always meets a tick
 that flushes it, whether or not another delta ever arrives (tests/services/summary_gate prove
 it over random sequences).
+
+A flush tick refreshes only if the active facts differ from the ones the summary was written
+from (else ``unchanged_hash``: the burst changed nothing that stayed).
 
 State is updated whatever the decision (fact hash, recent episode times, burst flag).
 """
@@ -77,6 +83,9 @@ class GateSettings(BaseSettings):
     max_facts_in_prompt: int = Field(40, ge=1, description="Most recent active facts shown to the summary prompt.")
     episode_window: int = Field(3, ge=0, description="Recent episodes mentioning the node shown to the prompt.")
     max_summary_chars: int = Field(800, ge=80, description="Longer summaries are cut at a sentence boundary.")
+    compose_max_facts: int = Field(
+        1, ge=0, description="A node with at most this many active facts gets them as its summary, without an LLM call.",
+    )
 
 
 class ActiveFact(BaseModel):
@@ -100,7 +109,8 @@ class GateMeta(BaseModel):
     """Gate state persisted on the entity node as JSON in ``_graphiti_meta``."""
 
     v: int = META_VERSION
-    fact_hash: str | None = None
+    fact_hash: str | None = Field(None, description="Hash of the active facts at the last decision.")
+    summary_fact_hash: str | None = Field(None, description="Hash of the active facts the summary was written from.")
     summary_embedding: list[float] | None = None
     last_summary_ts: datetime | None = Field(None, description="Episode time the summary is current to.")
     recent_episode_times: list[datetime] = Field(default_factory=list)
@@ -198,6 +208,10 @@ def decide(
         return refresh("new_entity")
     if delta.polarity_flip or delta.invalidated_facts:
         return refresh("polarity")
+    if current_hash != meta.summary_fact_hash and meta.last_summary_ts is not None and (
+        (delta.episode_time - meta.last_summary_ts).total_seconds() >= settings.staleness_sla_s
+    ):
+        return refresh("staleness")
     if current_hash == meta.fact_hash:
         return Decision(action="skip", reason="unchanged_hash", drift=drift, fact_hash=current_hash, meta=updated)
     if burst:
@@ -218,10 +232,6 @@ def decide(
         return Decision(action="defer", reason="burst", drift=drift, fact_hash=current_hash, meta=updated)
     if meta.pending is not None:
         return refresh("burst")
-    if meta.last_summary_ts is not None and (
-        (delta.episode_time - meta.last_summary_ts).total_seconds() >= settings.staleness_sla_s
-    ):
-        return refresh("staleness")
     if drift is None or drift >= settings.drift_threshold:
         return refresh("drift")
     return Decision(action="skip", reason="low_drift", drift=drift, fact_hash=current_hash, meta=updated)
@@ -233,15 +243,22 @@ def decide_tick(tick: SummaryTick, facts: Sequence[ActiveFact], meta: GateMeta) 
     if meta.pending is None or meta.pending.token != tick.token:
         return Decision(action="stale_tick", fact_hash=current_hash, meta=meta)
     updated = meta.model_copy(update={"fact_hash": current_hash, "burst_active": False})
+    if current_hash == meta.summary_fact_hash:
+        # the burst changed nothing that stayed: the summary still matches the facts
+        updated.pending = None
+        return Decision(action="skip", reason="unchanged_hash", drift=drift_of(facts, meta), fact_hash=current_hash,
+                        meta=updated)
     return Decision(action="refresh", reason="burst", drift=drift_of(facts, meta), fact_hash=current_hash, meta=updated)
 
 
 def after_refresh(meta: GateMeta, summary_embedding: list[float] | None, current_to: datetime) -> GateMeta:
-    """State once a refresh has been written: pending cleared, summary embedding and time set."""
+    """State once a refresh has been written: pending cleared, summary embedding, the facts'
+    hash it was written from, and the time it is current to."""
     last = meta.last_summary_ts
     return meta.model_copy(
         update={
             "summary_embedding": summary_embedding,
+            "summary_fact_hash": meta.fact_hash,
             "last_summary_ts": current_to if last is None or current_to > last else last,
             "pending": None,
             "burst_active": False if meta.pending else meta.burst_active,

@@ -223,6 +223,8 @@ def test_every_deferral_is_eventually_refreshed(gaps, wall_gaps, polarity, same)
             unflushed = True
         elif decision.action not in ("duplicate", "stale_tick"):
             meta = decision.meta
+            if decision.action == "skip" and meta.pending is None:
+                unflushed = False  # a flush found the summary still matching the facts
 
     def fire_due(until: datetime | None) -> None:
         nonlocal wall
@@ -251,3 +253,31 @@ def test_every_deferral_is_eventually_refreshed(gaps, wall_gaps, polarity, same)
     fire_due(None)  # no more deltas: time passes
     assert not unflushed, "a deferred refresh was never performed"
     assert meta.pending is None
+
+
+def test_a_skipped_change_cannot_hide_a_stale_summary() -> None:
+    """bench/summary_gate.py found it: after a low_drift skip the stored hash matched the facts,
+    so a later delta without new facts was skipped as unchanged_hash although the summary was
+    older than the SLA and behind its facts."""
+    base = [fact(1)]
+    meta = summarised(base)
+    facts = [*base, fact(2, [0.99, 0.05, 0])]
+    skip = decide(delta("e2", T0 + timedelta(days=1)), facts, meta, WALL, S)
+    assert (skip.action, skip.reason) == ("skip", "low_drift")
+    later = decide(delta("e3", T0 + timedelta(days=9)), facts, skip.meta, WALL, S)
+    assert (later.action, later.reason) == ("refresh", "staleness")
+    # but an old summary that still matches its facts is left alone
+    fresh = after_refresh(later.meta, [1.0, 0, 0], T0 + timedelta(days=9))
+    again = decide(delta("e4", T0 + timedelta(days=30)), facts, fresh, WALL, S)
+    assert (again.action, again.reason) == ("skip", "unchanged_hash")
+
+
+def test_a_flush_whose_burst_changed_nothing_that_stayed_is_skipped() -> None:
+    facts = [fact(1)]
+    meta = summarised(facts).model_copy(update={"recent_episode_times": [T0, T0 + timedelta(seconds=60)]})
+    d = decide(delta("e3", T0 + timedelta(seconds=120)), [*facts, fact(2, [0, 1, 0])], meta, WALL, S)
+    assert d.action == "defer"
+    # the new fact was removed again (e.g. its episode deleted) before the flush
+    tick = SummaryTick(group_id="g", node_uuid="n1", token="e3", scheduled_for=WALL)
+    flushed = decide_tick(tick, facts, d.meta)
+    assert (flushed.action, flushed.reason) == ("skip", "unchanged_hash") and flushed.meta.pending is None
