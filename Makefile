@@ -27,6 +27,10 @@ bench: $(STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/turn_detector.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/extraction_cost.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/pipeline_overhead.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/scale_out.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/summary_gate.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall_quality.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall.py
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.export
