@@ -246,6 +246,8 @@ def registered_metrics() -> tuple[frozenset[str], bool]:
     import services.turn_detector.metrics  # noqa: F401 - registers engram_turn_detector_*
     import services.extractor.app  # noqa: F401 - registers engram_extractor_* and engram_llm_*
     import services.summary_gate.app  # noqa: F401 - registers engram_summary_*
+    import services.recall.app  # noqa: F401 - registers engram_recall_*
+    import services.gateway.app  # noqa: F401 - registers engram_gateway_*
     from prometheus_client import REGISTRY
 
     faststream_exact = True
