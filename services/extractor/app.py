@@ -14,6 +14,15 @@ Per episode (strictly in order per group: one durable per episode partition, one
    duplicates nothing); then ack.
 Failures are retried with a delayed nack and dead-lettered after ``max_deliveries``.
 
+Pulling (engram/service.py ``CapacityPuller``): a replica asks for an episode only when one of
+its ``extractor_concurrency`` slots is free, one partition at a time, round-robin, with short
+no-wait pull requests; so an episode is never parked on a busy replica while holding its
+partition's single ack slot, and replicas scale (bench/scale_out.py). Idle replicas poll with a
+bounded backoff and wake at once on a new episode (core subscription on ``engram.episode.*``).
+Stop: no new pulls, in-flight episodes get ``stop_grace_s`` to finish, the rest are nacked for
+immediate redelivery. Messages still go through the FastStream subscriber of their partition
+(middlewares, engram_faststream_* metrics, tracing).
+
 Models come from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* (engram/models/factory.py): the offline rules
 extractor and hashing embedder by default, the local MiniLM embedder or any OpenAI-compatible
 endpoint by settings.
@@ -41,7 +50,7 @@ from pydantic import ValidationError
 from engram import dlq
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
-from engram.service import ServiceApp, make_broker, subscribe_partitions
+from engram.service import CapacityPuller, ServiceApp, make_broker, subscribe_partitions_with_capacity
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
@@ -90,9 +99,12 @@ class Extractor:
         # "it"/"that" across turns at little cost; its effect on recall quality is measured in step 4.
         self.previous_window = 2
         self.max_deliveries = settings.turn.max_deliveries
-        # Per-replica capacity. A pulled episode waits here with its heartbeat running; its
-        # partition's other episodes wait behind it (max_ack_pending=1), so per-group order holds.
+        # Per-replica capacity. The puller only pulls when one of as many slots is free, so an
+        # episode does not wait here in normal operation; this stays the hard bound on in-flight
+        # LLM work (a late, unsolicited delivery waits here with its heartbeat running).
         self.capacity = asyncio.Semaphore(settings.extractor_concurrency)
+        self.puller: CapacityPuller | None = None  # set by build()
+        self.stop_grace_s = 15.0  # in-flight episodes get this long at stop, then are nacked
 
     async def start(self) -> None:
         self.graph.validate()
@@ -101,7 +113,14 @@ class Extractor:
         self.js = self.broker.config.connection_state.stream
         await ensure_topology(self.js, Topology.from_settings(self.settings))
 
+    async def start_pulling(self) -> None:
+        """After the broker started its (non-fetching) subscribers: start the capacity puller."""
+        if self.puller is not None:
+            await self.puller.start(self.broker.config.connection_state.connection)
+
     async def stop(self) -> None:
+        if self.puller is not None:  # before the graph closes: in-flight episodes still use it
+            await self.puller.stop(self.stop_grace_s)
         await self.graph.close()
 
     async def _clients(self, group_id: str) -> GraphitiClients:
@@ -191,7 +210,11 @@ def build(settings: EngramSettings | None = None, llm: LLMClient | None = None) 
     extractor = Extractor(settings, broker, llm)
     topology = Topology.from_settings(settings)
     consumers = [topology.extractor_consumer(p) for p in range(settings.partitions)]
-    subscribe_partitions(broker, subjects.STREAM_EPISODES, consumers, extractor.handle, title="extractor")
-    app = ServiceApp(name="extractor", broker=broker, on_startup=[extractor.start], on_shutdown=[extractor.stop])
+    extractor.puller = subscribe_partitions_with_capacity(
+        broker, subjects.STREAM_EPISODES, consumers, extractor.handle, title="extractor",
+        capacity=settings.extractor_concurrency, wake_subject=subjects.EPISODE.format(group="*"), idle_max_s=0.2,
+    )
+    app = ServiceApp(name="extractor", broker=broker, on_startup=[extractor.start],
+                     after_startup=[extractor.start_pulling], on_shutdown=[extractor.stop])
     app.extractor = extractor  # type: ignore[attr-defined]
     return app

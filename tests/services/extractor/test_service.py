@@ -110,7 +110,10 @@ async def test_neo4j_without_uri_fails_at_start_with_a_clear_error(clean_nats, t
 
 
 async def test_two_replicas_keep_each_groups_episodes_in_order(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
-    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2)
+    # Concurrency 1: with 2 partitions, one replica of concurrency >= 2 can hold both partitions'
+    # episodes and legitimately do all the work (replicas pull only when they have a free slot).
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2,
+                              extractor_concurrency=1)
     replicas = [ex_app.build(settings, llm=RulesExtractorClient()) for _ in range(2)]
     handled: list[tuple[int, str, str]] = []  # (replica, group, turn id) in the order processing started
     for i, r in enumerate(replicas):
