@@ -71,6 +71,8 @@ def up(data_dir: DataDir = None) -> None:
             table.add_row("falkordb", sup.graph_url + ("" if sup.falkordb else "  (external)"))
         for svc in sup.services:
             table.add_row(svc.name, f"{svc.url}/metrics  {svc.url}/healthz")
+            if svc.name == "gateway":
+                table.add_row("graphiti REST api", f"{svc.url}  (docs: {svc.url}/docs)")
         console.print(table)
         console.print(f"data: {settings.data_dir}   logs: {settings.data_dir / 'logs'}   Ctrl-C to stop")
 

@@ -30,15 +30,23 @@ def summary_counters(metrics_url: str) -> dict[str, Any]:
             text = resp.read().decode()
     except OSError:
         return {}
-    out: dict[str, Any] = {"refreshed": {}, "skipped": {}, "deferred": 0.0}
+    out: dict[str, Any] = {"refreshed": {}, "skipped": {}, "composed": {}, "deferred": 0.0, "llm_calls": 0.0,
+                           "deltas": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "engram_summary_refreshed_total":
                 out["refreshed"][sample.labels["reason"]] = sample.value
             elif sample.name == "engram_summary_skipped_total":
                 out["skipped"][sample.labels["reason"]] = sample.value
+            elif sample.name == "engram_summary_composed_total":
+                out["composed"][sample.labels["reason"]] = sample.value
             elif sample.name == "engram_summary_deferred_total":
                 out["deferred"] = sample.value
+            elif sample.name == "engram_llm_calls_total" and sample.labels.get("stage") == "summary_gate":
+                out["llm_calls"] += sample.value
+            elif sample.name == "engram_summary_gate_messages_total" and sample.labels.get("kind") == "delta" \
+                    and sample.labels.get("outcome") in ("refresh", "skip", "defer"):
+                out["deltas"] += sample.value
     return out
 
 
@@ -49,13 +57,18 @@ def summary_gate_table(summary: dict[str, Any]) -> Any:
     table = Table(title="summary-gate decisions (since the service started)")
     for col in ("decision", "reason", "n"):
         table.add_column(col, justify="right" if col == "n" else "left")
-    for decision in ("refreshed", "skipped"):
-        for reason, n in sorted(summary.get(decision, {}).items()):
-            table.add_row(decision, reason, str(int(n)))
+    for reason, n in sorted(summary.get("refreshed", {}).items()):
+        table.add_row("refreshed", reason, str(int(n)))
+    for reason, n in sorted(summary.get("composed", {}).items()):
+        table.add_row("  composed, no LLM", reason, str(int(n)))
+    for reason, n in sorted(summary.get("skipped", {}).items()):
+        table.add_row("skipped", reason, str(int(n)))
     table.add_row("deferred", "burst", str(int(summary.get("deferred", 0))))
-    refreshed, skipped = sum(summary.get("refreshed", {}).values()), sum(summary.get("skipped", {}).values())
-    if refreshed + skipped:
-        table.caption = f"{100 * skipped / (refreshed + skipped):.0f}% of summary refreshes skipped"
+    deltas, calls = summary.get("deltas", 0), summary.get("llm_calls", 0)
+    if deltas:
+        # refresh-always (graphiti's behaviour) makes one summary LLM call per delta
+        table.caption = (f"{int(calls)} summary LLM calls for {int(deltas)} deltas: "
+                         f"{100 * (1 - calls / deltas):.0f}% of refresh calls skipped")
     return table
 
 
