@@ -93,11 +93,7 @@ class Extractor:
         self.graph = GraphDrivers(settings)  # FalkorDB: a driver per group; Neo4j: one shared driver
         self.js: JetStreamContext | None = None
         self.configured_prompt: str | None = None
-        # Previous turns shown to extraction. Cost per turn measured by bench/extraction_cost.py on
-        # LoCoMo conv-26 (3 sessions): window 0: 0.29x upstream tokens, 2: 0.30x, 4: 0.32x, 10: 0.34x.
-        # A turn already holds both sides of the exchange, so 2 keeps reference resolution for
-        # "it"/"that" across turns at little cost; its effect on recall quality is measured in step 4.
-        self.previous_window = 2
+        self.previous_window = self.extraction.previous_window
         self.max_deliveries = settings.turn.max_deliveries
         # Per-replica capacity. The puller only pulls when one of as many slots is free, so an
         # episode does not wait here in normal operation; this stays the hard bound on in-flight

@@ -407,3 +407,12 @@ def test_chunking_settings_come_from_nested_env(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("ENGRAM_EXTRACTION_CHUNKING__CHUNK_OVERLAP_TOKENS", "5000")
     with pytest.raises(ValueError, match="overlap"):
         ExtractionSettings()
+
+
+def test_previous_window_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ExtractionSettings().previous_window == 2
+    monkeypatch.setenv("ENGRAM_EXTRACTION_PREVIOUS_WINDOW", "5")
+    assert ExtractionSettings().previous_window == 5
+    monkeypatch.setenv("ENGRAM_EXTRACTION_PREVIOUS_WINDOW", "-1")
+    with pytest.raises(ValueError):
+        ExtractionSettings()
