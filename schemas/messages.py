@@ -243,7 +243,8 @@ class Provenance(_Model):
 
 class RecallItem(_Model):
     uuid: str
-    fact: str
+    fact: str = Field(description="The fact, or for kind=episode the remembered turn (shortened).")
+    kind: Literal["fact", "episode"] = Field("fact", description="A fact of the graph, or a past turn (episode).")
     name: str | None = Field(None, description="Relation name, e.g. WORKS_AT (synonyms mapped to the canonical vocabulary).")
     scope: ScopeName | None = None
     group_id: str

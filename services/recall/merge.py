@@ -67,13 +67,16 @@ def merge(results: Sequence[Sequence[RecallItem]], max_items: int) -> list[Recal
 
 HEADER = (
     "<graphiti_memory>\n"
-    "Facts remembered from earlier conversations, most relevant first. They may be stale or "
-    "superseded: what the user says now wins. Dates say when a fact was true.\n"
+    "Facts and past exchanges remembered from earlier conversations, most relevant first. They may "
+    "be stale or superseded: what the user says now wins. Dates say when a fact was true or when "
+    "an exchange happened.\n"
 )
 FOOTER = "</graphiti_memory>"
 
 
 def _date(item: RecallItem) -> str:
+    if item.kind == "episode":
+        return f" (said {item.valid_at.date().isoformat()})" if item.valid_at else ""
     if item.valid_at and item.invalid_at:
         return f" (valid {item.valid_at.date().isoformat()} to {item.invalid_at.date().isoformat()})"
     if item.valid_at:
