@@ -94,6 +94,17 @@ def build_llm(settings: LLMSettings | None = None) -> LLMClient:
     return RateLimitedLLMClient(inner, settings.requests_per_second)
 
 
+def embedding_dim(settings: EmbedderSettings | None = None) -> int:
+    """Length of the vectors ``build_embedder(settings)`` makes (for the graph's vector index):
+    384 for ``minilm``, ``dim`` otherwise (``openai`` vectors are cut to ``dim`` by graphiti)."""
+    settings = settings or EmbedderSettings()
+    if settings.provider == "minilm":
+        from engram.models.minilm_embedder import MINILM_DIM
+
+        return MINILM_DIM
+    return settings.dim
+
+
 def build_embedder(settings: EmbedderSettings | None = None) -> EmbedderClient:
     settings = settings or EmbedderSettings()
     if settings.provider == "hashing":
