@@ -232,6 +232,9 @@ class RecallRequest(_Model):
     scopes: RecallScopes = Field(default_factory=RecallScopes)
     group_ids: list[str] = Field(default_factory=list, description="Extra groups searched after the scopes.")
     max_facts: int = Field(10, ge=1, le=200)
+    include_episodes: bool = Field(
+        True, description="Also return past turns (kind=episode), fused with the facts; False: facts only.",
+    )
     token_budget: int = Field(1500, ge=16, le=100_000)
     timeout_ms: int = Field(500, ge=10, le=60_000)
 

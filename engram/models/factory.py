@@ -94,6 +94,13 @@ def build_llm(settings: LLMSettings | None = None) -> LLMClient:
     return RateLimitedLLMClient(inner, settings.requests_per_second)
 
 
+def vector_dim(embedder: EmbedderClient) -> int:
+    """The length of ``embedder``'s vectors (for the graph's vector index): its ``dim`` when it
+    has one (hashing, MiniLM), else what the settings say."""
+    dim = getattr(embedder, "dim", None)
+    return int(dim) if isinstance(dim, int) else embedding_dim(EmbedderSettings())
+
+
 def embedding_dim(settings: EmbedderSettings | None = None) -> int:
     """Length of the vectors ``build_embedder(settings)`` makes (for the graph's vector index):
     384 for ``minilm``, ``dim`` otherwise (``openai`` vectors are cut to ``dim`` by graphiti)."""

@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from engram import dlq
 from engram.graph import GraphDrivers
-from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
 from engram.service import CapacityPuller, ServiceApp, make_broker, subscribe_partitions_with_capacity
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
@@ -90,7 +90,9 @@ class Extractor:
         self.extraction = ExtractionSettings()
         self.llm = llm or build_llm(LLMSettings())
         self.embedder = build_embedder(EmbedderSettings())
-        self.graph = GraphDrivers(settings)  # FalkorDB: a driver per group; Neo4j: one shared driver
+        # FalkorDB: a driver per group; Neo4j: one shared driver. The vector index on facts is made
+        # with the group's graph, so recall can use it from the first fact on.
+        self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.js: JetStreamContext | None = None
         self.configured_prompt: str | None = None
         self.previous_window = self.extraction.previous_window

@@ -56,14 +56,16 @@ def chat_messages(group_id: str, messages: list[Message], now: datetime) -> list
 
 
 def search_request(query: str, group_ids: list[str], max_facts: int, timeout_ms: int) -> RecallRequest:
-    return RecallRequest(query=query, group_ids=group_ids, max_facts=max_facts,
+    # The Graphiti contract returns facts (edges): no past turns here.
+    return RecallRequest(query=query, group_ids=group_ids, max_facts=max_facts, include_episodes=False,
                          token_budget=RECALL_TOKEN_BUDGET, timeout_ms=timeout_ms)
 
 
 def memory_request(group_id: str, messages: list[Message], max_facts: int, timeout_ms: int) -> RecallRequest:
     return RecallRequest(
         recent_messages=[RecallMessage(role=m.role_type, content=m.content) for m in messages],
-        group_ids=[group_id], max_facts=max_facts, token_budget=RECALL_TOKEN_BUDGET, timeout_ms=timeout_ms,
+        group_ids=[group_id], max_facts=max_facts, include_episodes=False, token_budget=RECALL_TOKEN_BUDGET,
+        timeout_ms=timeout_ms,
     )
 
 

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram.graph import GraphDrivers
-from engram.models.factory import EmbedderSettings, build_embedder
+from engram.models.factory import EmbedderSettings, build_embedder, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
 from schemas import RecallRequest, RecallResponse, subjects
@@ -78,7 +78,7 @@ class Recall:
         self.settings = settings
         self.options = RecallSettings()
         self.embedder = embedder or build_embedder(EmbedderSettings())
-        self.graph = GraphDrivers(settings)
+        self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.count_tokens = token_counter()
         self.lexical = LexicalEpisodes()  # BM25 over each group's past turns (services/recall/lexical.py)
 
@@ -123,20 +123,22 @@ class Recall:
             return RecallResponse(reason="no query" if not query else "no scope or group given")
         vector = await self.embedder.create([query])
         per_group = await asyncio.gather(
-            *(self._search(group, scope, query, vector, request.max_facts) for scope, group in groups)
+            *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
+              for scope, group in groups)
         )
         items = merge(per_group, request.max_facts)
         kept, section = fit_budget(items, request.token_budget, self.count_tokens)
         return RecallResponse(items=kept, prompt_section=section)
 
-    async def _search(self, group: str, scope: str | None, query: str, vector: list[float], limit: int) -> list:
+    async def _search(self, group: str, scope: str | None, query: str, vector: list[float], limit: int,
+                      episodes: bool = True) -> list:
         if not await self.graph.exists(group):
             return []  # nothing written to this scope yet
         driver = await self.graph.driver(group)
         clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
                                   cross_encoder=NoRerank(), tracer=NoOpTracer())
         return await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
-                                  episode_weight=self.options.episode_weight)
+                                  episode_weight=self.options.episode_weight, episodes=episodes)
 
 
 def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:

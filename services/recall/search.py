@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from graphiti_core.edges import EntityEdge
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.search.search import search
 from graphiti_core.search.search_config import EpisodeReranker, EpisodeSearchConfig, EpisodeSearchMethod, SearchConfig
@@ -26,6 +27,7 @@ from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
 from services.recall.lexical import LexicalEpisodes
+from services.recall.vector import hybrid_fact_search_scored
 
 NOT_EXPIRED = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
 FACTS_AND_EPISODES = EDGE_HYBRID_SEARCH_RRF.model_copy(
@@ -89,29 +91,37 @@ async def search_group(
     query_vector: list[float] | None = None,
     lexical: LexicalEpisodes | None = None,
     episode_weight: float = 1.0,
+    episodes: bool = True,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
     Past turns come from ``lexical`` (BM25 kept by the recall service) when given, else from the
     graph's episode fulltext index."""
-    config = EDGE_HYBRID_SEARCH_RRF if lexical is not None else FACTS_AND_EPISODES
+    config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
-    if lexical is not None:
-        results, hits = await asyncio.gather(
-            search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector),
-            lexical.search(clients.driver, group_id, query, limit),
-        )
-        episodes = [_Turn(d.uuid, d.content, d.valid_at, d.created_at) for d, _ in hits]
-    else:
+
+    async def facts() -> tuple[list[EntityEdge], list[float | None], list[Any]]:
+        # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
+        # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
+        if query_vector is not None:
+            scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit)
+            if scored is not None:
+                return [e for e, _ in scored], [s for _, s in scored], []
         results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector)
-        episodes = [_Turn(ep.uuid, ep.content, ep.valid_at, ep.created_at) for ep in results.episodes[:limit]]
-    edges = results.edges[:limit]
-    scores = results.edge_reranker_scores or [None] * len(edges)
+        edges = results.edges[:limit]
+        return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit]
+
+    if episodes and lexical is not None:
+        (edges, scores, _), hits = await asyncio.gather(facts(), lexical.search(clients.driver, group_id, query, limit))
+        turns_found = [_Turn(d.uuid, d.content, d.valid_at, d.created_at) for d, _ in hits]
+    else:
+        edges, scores, graph_episodes = await facts()
+        turns_found = [_Turn(ep.uuid, ep.content, ep.valid_at, ep.created_at) for ep in graph_episodes] if episodes else []
     sources = await provenance(
-        clients.driver, group_id, sorted({u for e in edges for u in e.episodes} | {ep.uuid for ep in episodes})
+        clients.driver, group_id, sorted({u for e in edges for u in e.episodes} | {ep.uuid for ep in turns_found})
     )
-    episodes = [ep for ep in episodes if ep.uuid in sources]  # deleted since it was indexed
-    facts = [
+    turns_found = [ep for ep in turns_found if ep.uuid in sources]  # deleted since it was indexed
+    fact_items = [
         RecallItem(
             uuid=edge.uuid,
             fact=edge.fact,
@@ -138,6 +148,6 @@ async def search_group(
             created_at=_utc(ep.created_at),
             provenance=[Provenance(episode_id=ep.uuid, message_ids=sources.get(ep.uuid, []))],
         )
-        for ep in episodes
+        for ep in turns_found
     ]
-    return fuse(facts, turns, limit, episode_weight)
+    return fuse(fact_items, turns, limit, episode_weight)

@@ -91,6 +91,11 @@ async def test_recall_returns_session_facts_with_provenance(clean_nats, falkordb
         assert response.prompt_section.startswith("<graphiti_memory>") and "FastAPI" in response.prompt_section
         for item in response.items:
             assert item.provenance and all(set(p.message_ids) <= set(ids) and p.message_ids for p in item.provenance)
+        # past turns come back too (kind=episode), unless only facts are asked for
+        assert {i.kind for i in response.items} == {"fact", "episode"}
+        facts_only = await ask(nc, RecallRequest(query="Which web framework does the billing API use?",
+                                                 scopes=RecallScopes(session="recall-a"), include_episodes=False))
+        assert facts_only.items and all(i.kind == "fact" for i in facts_only.items)
         # the user scope holds the same turns: asking only by user key finds them too
         by_user = await ask(nc, RecallRequest(query="httpx deploy error", scopes=RecallScopes(user="ada@example.org")))
         assert by_user.items and all(i.scope == "user" for i in by_user.items)
