@@ -88,16 +88,22 @@ def subscribe_partitions(
     receiving the NatsMessage itself (see :func:`message_itself`)."""
     js_stream = JStream(name=stream, declare=False)
     for p, config in enumerate(consumers):
-        broker.subscriber(
-            config.filter_subject,
-            stream=js_stream,
-            durable=config.durable_name,
-            config=config,
-            pull_sub=PullSub(batch_size=1, timeout=5.0),
-            ack_policy=AckPolicy.MANUAL,
-            decoder=message_itself,
-            title=f"{title} partition {p}",
-        )(handler)
+        _partition_subscriber(broker, js_stream, config, f"{title} partition {p}")(handler)
+
+
+def _partition_subscriber(broker: NatsBroker, js_stream: JStream, config: Any, title: str) -> Any:
+    """The FastStream pull subscriber of one partition durable: one message at a time, manual
+    acks, the handler receiving the NatsMessage itself."""
+    return broker.subscriber(
+        config.filter_subject,
+        stream=js_stream,
+        durable=config.durable_name,
+        config=config,
+        pull_sub=PullSub(batch_size=1, timeout=5.0),
+        ack_policy=AckPolicy.MANUAL,
+        decoder=message_itself,
+        title=title,
+    )
 
 
 async def retry_or_dead_letter(
@@ -445,16 +451,7 @@ def subscribe_partitions_with_capacity(
     js_stream = JStream(name=stream, declare=False)
     subscribers: list[Any] = []
     for p, config in enumerate(consumers):
-        subscriber = broker.subscriber(
-            config.filter_subject,
-            stream=js_stream,
-            durable=config.durable_name,
-            config=config,
-            pull_sub=PullSub(batch_size=1, timeout=5.0),
-            ack_policy=AckPolicy.MANUAL,
-            decoder=message_itself,
-            title=f"{title} partition {p}",
-        )
+        subscriber = _partition_subscriber(broker, js_stream, config, f"{title} partition {p}")
         subscriber(handler)
         # FastStream 0.7.x creates the pull subscription and its fetch task here; fail loudly if
         # a FastStream upgrade moves it, rather than run two pullers.

@@ -50,7 +50,7 @@ from pydantic import ValidationError
 from engram import dlq
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
-from engram.service import CapacityPuller, ServiceApp, make_broker, subscribe_partitions_with_capacity
+from engram.service import CapacityPuller, ServiceApp, make_broker, retry_or_dead_letter, subscribe_partitions_with_capacity
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
@@ -131,7 +131,6 @@ class Extractor:
     async def handle(self, msg: Any) -> None:
         """``msg`` is the NatsMessage (see engram.service.message_itself)."""
         raw = msg.raw_message
-        meta = raw.metadata
         started = time.perf_counter()
         try:
             episode = Episode.model_validate_json(raw.data)
@@ -145,15 +144,11 @@ class Extractor:
             async with self.capacity:
                 outcome = await self._process(episode)
         except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
-            if meta.num_delivered >= self.max_deliveries:
-                log.error("giving up on episode seq=%s: %s", meta.sequence.stream, type(exc).__name__)
-                await self._dead_letter(raw, "processing_failed", f"{type(exc).__name__} after {meta.num_delivered} deliveries")
+            if await retry_or_dead_letter(
+                msg, exc, max_deliveries=self.max_deliveries, logger=log,
+                dead_letter=lambda reason, detail: self._dead_letter(raw, reason, detail),
+            ):
                 EPISODES.labels(outcome="dead_lettered").inc()
-                await msg.ack()
-            else:
-                log.warning("retrying episode seq=%s (delivery %s): %s", meta.sequence.stream, meta.num_delivered,
-                            type(exc).__name__, exc_info=log.isEnabledFor(logging.DEBUG))
-                await msg.nack(delay=min(60.0, 1.0 * 2 ** (meta.num_delivered - 1)))
             return
         finally:
             heartbeat.cancel()

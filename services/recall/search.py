@@ -19,7 +19,7 @@ from typing import Any
 from graphiti_core.edges import EntityEdge
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.search.search import search
-from graphiti_core.search.search_config import EpisodeReranker, EpisodeSearchConfig, EpisodeSearchMethod, SearchConfig
+from graphiti_core.search.search_config import EpisodeReranker, EpisodeSearchConfig, EpisodeSearchMethod
 from graphiti_core.search.search_config_recipes import EDGE_HYBRID_SEARCH_RRF
 from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, SearchFilters
 

@@ -148,3 +148,36 @@ async def test_two_replicas_keep_each_groups_episodes_in_order(clean_nats, falko
 
 async def _all_handled(js, handled: list, n: int) -> bool:  # noqa: ANN001
     return len(handled) >= n and await _extractors_idle(js)
+
+
+async def test_an_episode_that_keeps_failing_is_retried_then_dead_lettered(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    from engram.models.rules_llm import RulesExtractorClient as Rules
+
+    class BrokenLLM(Rules):
+        async def _generate_response(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            raise RuntimeError("model server down")
+
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2,
+                              turn=TurnDetectorSettings(max_deliveries=2))
+    extractor = ex_app.build(settings, llm=BrokenLLM())
+    await extractor.start()
+    nc = await nats.connect(clean_nats)
+    try:
+        js = nc.jetstream()
+        await publish(js, msg("x9", "u1", "user", "I moved the API from Flask to FastAPI.", 0, name="Ada"))
+        detector = td_app.build(settings)
+        await detector.start()
+        await close(js, "x9")
+
+        async def dead() -> list:  # noqa: ANN202
+            return [m for m in await read_all(js, subjects.STREAM_DLQ)] or None
+
+        letters = await wait_for(dead, 60)
+        await detector.stop()
+        assert letters and letters[0].headers[subjects.HDR_DLQ_REASON] == "processing_failed"
+        assert letters[0].headers[subjects.HDR_DLQ_STAGE] == "extractor"
+        assert "RuntimeError after 2 deliveries" in letters[0].headers[subjects.HDR_DLQ_DETAIL]
+        assert Episode.model_validate_json(letters[0].data).session_id == "x9"  # the original bytes
+    finally:
+        await nc.close()
+        await extractor.stop()

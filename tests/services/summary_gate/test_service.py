@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import typing
 
-import pytest
 
 from schemas import SummaryEvent, subjects
 from schemas.messages import SummaryReason
