@@ -23,7 +23,7 @@ from rich.text import Text
 from engram.ingest import publish_events, read_jsonl, read_locomo
 from engram.settings import EngramSettings
 from engram.status import collect_status, summary_gate_table
-from schemas import Episode, ScopeKeys, subjects
+from schemas import Episode, RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "coding-session.jsonl"
@@ -86,6 +86,18 @@ async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
     return out
 
 
+def _demo_questions(with_locomo: bool) -> list[tuple[str, RecallRequest]]:
+    """What an agent would ask recall before answering (the same as `engram recall ...`)."""
+    questions = [("Why did the tests fail on CI?", RecallRequest(
+        query="Why did the tests fail on CI?", scopes=RecallScopes(session="coding-1", workspace="examples/engram"),
+        max_facts=5, token_budget=600))]
+    if with_locomo:
+        questions.append(("When did Caroline go to the LGBTQ support group?", RecallRequest(
+            query="When did Caroline go to the LGBTQ support group?", scopes=RecallScopes(user="locomo-conv-26"),
+            max_facts=5, token_budget=600)))
+    return questions
+
+
 async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, console: Console) -> None:
     fresh = EngramSettings(data_dir=settings.data_dir)  # re-reads the runtime file
     nc = await nats.connect(fresh.resolved_nats_url(), **fresh.nats_options())
@@ -117,6 +129,11 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
             text = "entities: " + ", ".join(names) + "\n\nfacts:\n" + "\n".join(f"- {f}" for f in facts)
             text += "\n\nsummaries:\n" + "\n".join(f"- {name}: {summary}" for name, summary in summaries)
             console.print(Panel(Text(text), title=f"graph {group}", title_align="left"))
+        for title, request in _demo_questions(locomo is not None and locomo.exists()):
+            reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(), timeout=10)
+            answer = RecallResponse.model_validate_json(reply.data)
+            body = answer.prompt_section or f"(nothing recalled: {answer.reason})"
+            console.print(Panel(Text(body), title=f"engram recall: {title}  ({answer.took_ms:.0f} ms)", title_align="left"))
     finally:
         await nc.close()
     status = await collect_status(EngramSettings(data_dir=settings.data_dir))
