@@ -1472,11 +1472,17 @@ def third_person(sentence: str, speaker: str | None) -> str:
             return f"{speaker} {_AUX_3RD[low]}"
         if low in ("was", "did", "didn't", "can", "could", "will", "would", "should", "might", "must", "had", "can't", "won't", "wasn't", "couldn't", "wouldn't", "shouldn't"):
             return f"{speaker} {nxt}"
-        if low in ("also", "just", "really", "never", "always", "still", "finally", "recently", "actually", "even", "already", "usually", "often", "sometimes", "totally", "absolutely", "definitely"):
+        if low in ("also", "just", "really", "never", "always", "still", "finally", "recently", "actually", "even", "already", "usually", "often", "sometimes", "totally", "absolutely", "definitely", "no", "not"):
             return f"{speaker} {nxt}"
         return f"{speaker} {_third_person_verb(nxt)}"
 
     out = re.sub(r"(?<![\w'’-])I(?:(?P<clitic>['’](?:m|ve|ll|d))|\s+(?P<next>[A-Za-z'’]+))?(?![\w'’-])", repl_i, sentence)
+    # "I no longer live ..." -> "<speaker> no longer lives ..." (a negation: keep it intact)
+    out = re.sub(
+        rf"(?<=\b{re.escape(speaker)} )no longer ([a-z]+)\b",
+        lambda m: f"no longer {_third_person_verb(m.group(1))}",
+        out,
+    )
     # "I" + adverb + verb: conjugate the verb after the adverb
     out = re.sub(
         rf"(?<=\b{re.escape(speaker)} )(also|just|really|never|always|still|finally|usually|often|sometimes|actually|even|already) ([a-z]+)\b",
@@ -1536,6 +1542,22 @@ def _has_content(masked_sentence: str) -> bool:
     return bool(content) or not small_talk
 
 
+_VOCATIVE_BEFORE = re.compile(
+    r"(?:^|[,;:!?.]|\b(?:hey|hi|hello|thanks|thank you|wow|oh|yes|yeah|yep|congrats|congratulations|dear|sorry|"
+    r"bye|great|awesome|absolutely|sure|okay|ok|aw|aww|haha|lol|omg))\W*$",
+    re.I,
+)
+
+
+def _vocative(text: str, m: _Mention) -> bool:
+    """A person named to address them ("Thanks, Melanie!", "Wow, Caroline, way to go!",
+    "Caroline, did you ...?") is the listener, not an argument of the sentence's fact."""
+    if m.category not in ("person", "speaker") or m.pronoun:
+        return False
+    before, after = text[: m.start], text[m.end :].lstrip()
+    return bool(_VOCATIVE_BEFORE.search(before)) and (not after or after[0] in ",!?.")
+
+
 class _FactBuilder:
     def __init__(self, entities: dict[str, _Entity], max_fact_chars: int):
         self.entities = entities
@@ -1565,6 +1587,7 @@ class _FactBuilder:
         masked = _mask(text, [(m.start, m.end) for m in mentions if not m.pronoun])
         if not _has_content(masked):
             return  # "Wow, Melanie!", "Thanks, Caroline!": a name in a greeting is no fact
+        mentions = [m for m in mentions if not _vocative(text, m)]  # the listener is no argument
         verbs = _find_verbs(masked)
         switches = []
         for rx in _SWITCH_RES:

@@ -186,7 +186,8 @@ async def test_combined_extraction_locomo_chat_turn() -> None:
     assert ("Melanie's kids", "LIKES", "pottery") in got
     assert ("Melanie", "LIVES_IN", "Sweden") in got
     assert ("Melanie", "WORKS_AT", "Google") in got
-    assert ("Melanie", "RELATES_TO", "Caroline") in got  # the speaker plus one entity
+    # "Wow, that's cool, Caroline!": Caroline is the listener, not an argument -- no fact
+    assert not any({s, t} == {"Melanie", "Caroline"} for s, _, t in got)
     assert fact_of(response, "Caroline", "ATTENDED", "LGBTQ support group") == (
         "Caroline went to a LGBTQ support group yesterday and it was so powerful."
     )
@@ -672,3 +673,29 @@ async def test_greetings_with_a_name_are_not_facts() -> None:
     assert facts, "the support-group sentence should still give a fact"
     assert any("support group" in f for f in facts)
     assert not [f for f in facts if f.rstrip("!.").split(",")[0].strip().lower() in {"wow", "thanks", "hey", "totally agree"}], facts
+
+
+def test_first_person_negations_survive_the_third_person_rewrite() -> None:
+    """Found by a summary-gate test: "I no longer live in Boston" became "Alice noes longer live
+    in Boston", which lost the negation, so the old fact was never invalidated."""
+    from engram.models.rules_llm import contradicts, third_person
+
+    assert third_person("I no longer live in Boston.", "Alice") == "Alice no longer lives in Boston."
+    assert third_person("I do not like tea.", "Alice") == "Alice does not like tea."
+    assert third_person("I never go there.", "Alice") == "Alice never goes there."
+    assert contradicts("Alice no longer lives in Boston.", "Alice lives in Boston.")
+
+
+def test_a_name_used_to_address_the_listener_is_no_argument() -> None:
+    from engram.models.rules_llm import _Mention, _vocative
+
+    def mention(text: str, name: str) -> _Mention:
+        start = text.index(name)
+        return _Mention(name.lower(), start, start + len(name), "person")
+
+    for text, name in [("Thanks, Melanie!", "Melanie"), ("Wow, Caroline, way to go!", "Caroline"),
+                       ("Caroline, did you see it?", "Caroline"), ("Hey Mel!", "Mel")]:
+        assert _vocative(text, mention(text, name)), text
+    for text, name in [("I met Caroline at the park.", "Caroline"), ("Caroline went to Boston.", "Caroline"),
+                       ("I painted it for Melanie.", "Melanie")]:
+        assert not _vocative(text, mention(text, name)), text
