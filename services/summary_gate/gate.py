@@ -83,8 +83,10 @@ class GateSettings(BaseSettings):
     max_facts_in_prompt: int = Field(40, ge=1, description="Most recent active facts shown to the summary prompt.")
     episode_window: int = Field(3, ge=0, description="Recent episodes mentioning the node shown to the prompt.")
     max_summary_chars: int = Field(800, ge=80, description="Longer summaries are cut at a sentence boundary.")
+    # A summary of one or two short facts is those facts: an LLM adds nothing but cost. bench/
+    # summary_gate.py on LoCoMo: 1 -> 69.3% fewer LLM calls, 2 -> see docs/architecture.md.
     compose_max_facts: int = Field(
-        1, ge=0, description="A node with at most this many active facts gets them as its summary, without an LLM call.",
+        2, ge=0, description="A node with at most this many active facts gets them as its summary, without an LLM call.",
     )
 
 

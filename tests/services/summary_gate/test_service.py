@@ -35,11 +35,11 @@ async def test_new_entities_get_a_first_summary_and_gate_state(clean_nats, falko
         assert {e.node_name for e in events} == {"Alice", "Microsoft", "pytest"}
         assert all((e.decision, e.reason) == ("refreshed", "new_entity") for e in events), events
         assert all(e.group_id == group and e.episode_id for e in events)
-        # Alice has two facts: one LLM call; Microsoft and pytest have one fact each: their
-        # summary is that fact, composed without an LLM call (batch_size 0)
+        # Alice has two facts, Microsoft and pytest one each: at most compose_max_facts (2), so
+        # each summary is its facts, composed without an LLM call (batch_size 0)
         sizes = {e.node_name: e.batch_size for e in events}
-        assert sizes == {"Alice": 1, "Microsoft": 0, "pytest": 0}, sizes
-        assert p.refresh_calls() == 1
+        assert sizes == {"Alice": 0, "Microsoft": 0, "pytest": 0}, sizes
+        assert p.refresh_calls() == 0
 
         alice = await p.node(group, "Alice")
         assert alice["summary"] == "Alice works at Microsoft and Alice uses pytest."
@@ -313,3 +313,15 @@ async def test_every_skip_is_audited_at_full_sample_rate(clean_nats, falkordb_se
                                      "RETURN DISTINCT e.fact AS f", u=alice["uuid"])
         assert mine.active_facts and sorted(set(mine.active_facts)) == sorted(r["f"] for r in facts)
         assert mine.kept_summary == alice["summary"] != ""
+
+
+async def test_a_node_with_more_facts_than_compose_max_facts_asks_the_llm(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    session = new_session("sgllm")
+    group = group_of(session)
+    async with pipeline(clean_nats, falkordb_server.url, tmp_path, gate=GateSettings(compose_max_facts=1)) as p:
+        await p.say(session, "I work at Microsoft and I use pytest.")
+        await p.close(session)
+        await p.settle()
+        sizes = {e.node_name: e.batch_size for e in await p.events(group)}
+        assert sizes == {"Alice": 1, "Microsoft": 0, "pytest": 0}, sizes  # Alice: 2 facts > 1
+        assert p.refresh_calls() == 1
