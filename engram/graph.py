@@ -29,6 +29,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
+from datetime import datetime, timezone
 from typing import Any
 
 from graphiti_core.driver.driver import GraphDriver
@@ -38,6 +39,28 @@ from graphiti_core.driver.neo4j_driver import Neo4jDriver
 from engram.settings import EngramSettings
 
 log = logging.getLogger("engram.graph")
+
+async def query_rows(driver: GraphDriver, query: str, **params: Any) -> list[dict[str, Any]]:
+    """Rows of a Cypher query as dicts, whatever the driver returns (FalkorDriver: a tuple of
+    records, header, summary; Neo4jDriver: an EagerResult)."""
+    result = await driver.execute_query(query, **params)
+    records = result[0] if isinstance(result, tuple) else result.records
+    return [dict(r) for r in records]
+
+
+def as_utc(value: Any) -> datetime | None:
+    """A stored time as an aware datetime: FalkorDB keeps ISO strings, Neo4j its own DateTime;
+    naive times are UTC. None for None or a value that is no time; a malformed string raises."""
+    if value is None:
+        return None
+    if hasattr(value, "to_native"):  # neo4j.time.DateTime
+        value = value.to_native()
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
 
 SOCKET_CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 120.0  # a stalled graph fails the call (retried) instead of hanging forever

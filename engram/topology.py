@@ -143,20 +143,26 @@ class Topology:
     def turn_detector_filter(partition: int) -> str:
         return f"engram.in.{partition}.>"
 
-    def turn_detector_consumer(self, partition: int) -> ConsumerConfig:
+    @staticmethod
+    def _one_at_a_time(durable: str, filter_subject: str, description: str, ack_wait: float) -> ConsumerConfig:
+        """A partition durable: one message in flight (max_ack_pending=1), so a partition's
+        messages are handled in order, also across replicas and retries. Dead-lettering is done by
+        the handler (it sees num_delivered): the server must never drop a message after max_deliver."""
         return ConsumerConfig(
-            durable_name=self.turn_detector_durable(partition),
-            description=f"turn-detector, input partition {partition}",
-            filter_subject=self.turn_detector_filter(partition),
+            durable_name=durable,
+            description=description,
+            filter_subject=filter_subject,
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait_s,
-            # One message in flight per partition: per-session order, also across replicas.
+            ack_wait=ack_wait,
             max_ack_pending=1,
-            # Dead-lettering is done by the handler (it sees num_delivered); the server must never
-            # drop a message silently after max_deliver.
             max_deliver=-1,
         )
+
+    def turn_detector_consumer(self, partition: int) -> ConsumerConfig:
+        # per-session order
+        return self._one_at_a_time(self.turn_detector_durable(partition), self.turn_detector_filter(partition),
+                                   f"turn-detector, input partition {partition}", self.ack_wait_s)
 
     @staticmethod
     def extractor_durable(partition: int) -> str:
@@ -167,17 +173,10 @@ class Topology:
         return f"engram.episode.{partition}.*"
 
     def extractor_consumer(self, partition: int) -> ConsumerConfig:
-        return ConsumerConfig(
-            durable_name=self.extractor_durable(partition),
-            description=f"extractor, episode partition {partition}",
-            filter_subject=self.extractor_filter(partition),
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.EXPLICIT,
-            # LLM calls are slow: the handler also reports progress while it works.
-            ack_wait=max(self.ack_wait_s, 120.0),
-            max_ack_pending=1,  # graphiti needs a group's episodes in order
-            max_deliver=-1,
-        )
+        # graphiti needs a group's episodes in order; LLM calls are slow (the handler also
+        # reports progress while it works)
+        return self._one_at_a_time(self.extractor_durable(partition), self.extractor_filter(partition),
+                                   f"extractor, episode partition {partition}", max(self.ack_wait_s, 120.0))
 
     @staticmethod
     def summary_gate_durable(partition: int) -> str:
@@ -188,16 +187,9 @@ class Topology:
         return f"engram.delta.{partition}.*"
 
     def summary_gate_consumer(self, partition: int) -> ConsumerConfig:
-        return ConsumerConfig(
-            durable_name=self.summary_gate_durable(partition),
-            description=f"summary-gate, delta partition {partition}",
-            filter_subject=self.summary_gate_filter(partition),
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=max(self.ack_wait_s, 120.0),  # a refresh is an LLM call; the handler heartbeats too
-            max_ack_pending=1,  # a node's gate state must see its deltas in order
-            max_deliver=-1,
-        )
+        # a node's gate state must see its deltas in order; a refresh is an LLM call
+        return self._one_at_a_time(self.summary_gate_durable(partition), self.summary_gate_filter(partition),
+                                   f"summary-gate, delta partition {partition}", max(self.ack_wait_s, 120.0))
 
     def consumers(self) -> list[tuple[str, ConsumerConfig]]:
         return [

@@ -34,14 +34,13 @@ import contextlib
 import logging
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from faststream.nats import NatsBroker
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
-from engram.graph import GraphDrivers
+from engram.graph import GraphDrivers, as_utc, query_rows
 from engram.service import message_itself
 from schemas import subjects
 from schemas.messages import (
@@ -118,18 +117,6 @@ Q_DELETE_ENTITIES = (
 )
 Q_NEO4J_DELETE_GROUP = "MATCH (n) WHERE n.group_id = $group_id DETACH DELETE n RETURN count(n) AS n"
 Q_COUNT_EPISODES = "MATCH (e:Episodic) RETURN count(e) AS n"
-
-
-def _utc(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if hasattr(value, "to_native"):  # neo4j.time.DateTime
-        value = value.to_native()
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def _strings(value: Any) -> list[str]:
@@ -219,9 +206,7 @@ class _Neo4j(_Backend):
         return None
 
     async def _run(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        result = await self.driver.execute_query(query, **params)
-        records = result[0] if isinstance(result, tuple) else result.records
-        return [dict(r) for r in records]
+        return await query_rows(self.driver, query, **params)
 
     async def read(self, graph: str | None, query: str, /, **params: Any) -> list[dict[str, Any]]:
         return await self._run(query, params)
@@ -306,8 +291,8 @@ class GraphAdmin:
             GraphEpisode(
                 uuid=r["uuid"], name=r.get("name") or "", group_id=r.get("group_id") or req.group_id,
                 content=r.get("content") or "", source=str(r.get("source") or "message"),
-                source_description=r.get("source_description") or "", created_at=_utc(r.get("created_at")),
-                valid_at=_utc(r.get("valid_at")), entity_edges=_strings(r.get("entity_edges")),
+                source_description=r.get("source_description") or "", created_at=as_utc(r.get("created_at")),
+                valid_at=as_utc(r.get("valid_at")), entity_edges=_strings(r.get("entity_edges")),
                 message_ids=_strings(r.get("message_ids")),
             )
             for r in rows
@@ -322,9 +307,9 @@ class GraphAdmin:
         return GraphEdgeResponse(edge=GraphFact(
             uuid=r["uuid"], name=r.get("name") or "", fact=r.get("fact") or "", group_id=r.get("group_id") or "",
             source_node_uuid=r.get("source_node_uuid") or "", target_node_uuid=r.get("target_node_uuid") or "",
-            episodes=_strings(r.get("episodes")), valid_at=_utc(r.get("valid_at")),
-            invalid_at=_utc(r.get("invalid_at")), created_at=_utc(r.get("created_at")),
-            expired_at=_utc(r.get("expired_at")),
+            episodes=_strings(r.get("episodes")), valid_at=as_utc(r.get("valid_at")),
+            invalid_at=as_utc(r.get("invalid_at")), created_at=as_utc(r.get("created_at")),
+            expired_at=as_utc(r.get("expired_at")),
         ))
 
     async def delete_edge(self, req: GraphEdgeRequest) -> GraphDeleteResponse:

@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from engram.graph import query_rows
+
 _WORD = re.compile(r"\w+")
 STOPWORDS = frozenset(
     "a an and are as at be but by did do does for from had has have he her his i if in is it its me my "
@@ -76,12 +78,6 @@ class EpisodeIndex:
         return [(self.docs[i], score) for i, score in best]
 
 
-async def _rows(driver: Any, query: str, **params: Any) -> list[dict[str, Any]]:
-    result = await driver.execute_query(query, **params)
-    records = result[0] if isinstance(result, tuple) else result.records
-    return [dict(r) for r in records]
-
-
 class LexicalEpisodes:
     """BM25 indexes of every group this recall replica has searched."""
 
@@ -95,11 +91,11 @@ class LexicalEpisodes:
     async def _current(self, driver: Any, group_id: str) -> EpisodeIndex:
         async with self.locks.setdefault(group_id, asyncio.Lock()):
             index = self.indexes.get(group_id) or EpisodeIndex()
-            count = (await _rows(driver, "MATCH (e:Episodic) WHERE e.group_id = $g RETURN count(e) AS n", g=group_id))[0]["n"]
+            count = (await query_rows(driver, "MATCH (e:Episodic) WHERE e.group_id = $g RETURN count(e) AS n", g=group_id))[0]["n"]
             if count < len(index.docs):
                 index = EpisodeIndex()  # episodes were deleted: rebuild
             if count > len(index.docs):
-                rows = await _rows(
+                rows = await query_rows(
                     driver,
                     "MATCH (e:Episodic) WHERE e.group_id = $g RETURN e.uuid AS uuid, e.content AS content, "
                     "e.valid_at AS valid_at, e.created_at AS created_at ORDER BY e.created_at, e.uuid SKIP $skip",
@@ -109,7 +105,7 @@ class LexicalEpisodes:
                 if any(r["uuid"] in known for r in rows):
                     # written out of creation order: read everything again
                     index = EpisodeIndex()
-                    rows = await _rows(
+                    rows = await query_rows(
                         driver,
                         "MATCH (e:Episodic) WHERE e.group_id = $g RETURN e.uuid AS uuid, e.content AS content, "
                         "e.valid_at AS valid_at, e.created_at AS created_at ORDER BY e.created_at, e.uuid",

@@ -10,7 +10,6 @@ import re
 from collections.abc import Callable, Sequence
 
 from schemas import RecallItem, RecallRequest, subjects
-from schemas.relations import canonical_relation  # noqa: F401 - re-exported for recall's callers
 
 SCOPE_ORDER = ("session", "workspace", "user")
 RECENT_MESSAGES_IN_QUERY = 3

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from graphiti_core.edges import EntityEdge
@@ -23,6 +22,7 @@ from graphiti_core.search.search_config import EpisodeReranker, EpisodeSearchCon
 from graphiti_core.search.search_config_recipes import EDGE_HYBRID_SEARCH_RRF
 from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, SearchFilters
 
+from engram.graph import as_utc, query_rows
 from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
@@ -58,27 +58,17 @@ def fuse(facts: list[RecallItem], episodes: list[RecallItem], limit: int, episod
     return [item.model_copy(update={"score": round(score, 6)}) for score, item in scored[:limit]]
 
 
-def _utc(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if hasattr(value, "to_native"):
-        value = value.to_native()
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
 async def provenance(driver: Any, group_id: str, episode_uuids: list[str]) -> dict[str, list[str]]:
     """episode uuid -> its source message ids (empty for episodes written before they were stored)."""
     if not episode_uuids:
         return {}
-    result = await driver.execute_query(
+    rows = await query_rows(
+        driver,
         f"MATCH (e:Episodic) WHERE e.uuid IN $uuids AND e.group_id = $group_id "
         f"RETURN e.uuid AS uuid, e.{MESSAGE_IDS_PROPERTY} AS ids",
         uuids=episode_uuids, group_id=group_id,
     )
-    records = result[0] if isinstance(result, tuple) else result.records
-    return {r["uuid"]: list(r["ids"] or []) for r in records}
+    return {r["uuid"]: list(r["ids"] or []) for r in rows}
 
 
 async def search_group(
@@ -128,10 +118,10 @@ async def search_group(
             name=canonical_relation(edge.name),
             scope=scope,  # type: ignore[arg-type]
             group_id=group_id,
-            valid_at=_utc(edge.valid_at),
-            invalid_at=_utc(edge.invalid_at),
-            created_at=_utc(edge.created_at),
-            expired_at=_utc(edge.expired_at),
+            valid_at=as_utc(edge.valid_at),
+            invalid_at=as_utc(edge.invalid_at),
+            created_at=as_utc(edge.created_at),
+            expired_at=as_utc(edge.expired_at),
             score=score,
             provenance=[Provenance(episode_id=u, message_ids=sources.get(u, [])) for u in edge.episodes],
         )
@@ -144,8 +134,8 @@ async def search_group(
             kind="episode",
             scope=scope,  # type: ignore[arg-type]
             group_id=group_id,
-            valid_at=_utc(ep.valid_at),
-            created_at=_utc(ep.created_at),
+            valid_at=as_utc(ep.valid_at),
+            created_at=as_utc(ep.created_at),
             provenance=[Provenance(episode_id=ep.uuid, message_ids=sources.get(ep.uuid, []))],
         )
         for ep in turns_found

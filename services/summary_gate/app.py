@@ -167,11 +167,9 @@ class SummaryGate:
             await store.save_meta(driver, delta.group_id, node.uuid, decision.meta)
             DEFERRED.inc()
         else:
-            await self._publish_event(delta.group_id, node, decision, delta.episode_id, "skipped", now)
             if sampled_for_audit(node.uuid, delta.episode_id, self.gate.audit_sample_rate):
                 await self._publish_audit(delta, node, decision, now)
-            await store.save_meta(driver, delta.group_id, node.uuid, decision.meta)
-            SKIPPED.labels(reason=decision.reason).inc()
+            await self._skip(driver, delta.group_id, node, decision, delta.episode_id, now)
         return decision.action
 
     async def on_tick(self, tick: SummaryTick) -> str:

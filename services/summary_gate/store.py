@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from engram.graph import as_utc, query_rows
 from services.summary_gate.gate import ActiveFact, GateMeta
 
 META_PROPERTY = "_graphiti_meta"
@@ -39,17 +40,10 @@ class NodeView:
 
 
 def _as_datetime(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-    if hasattr(value, "to_native"):  # neo4j.time.DateTime
-        return _as_datetime(value.to_native())
     try:
-        parsed = datetime.fromisoformat(str(value))
+        return as_utc(value)
     except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        return None  # an unreadable stored time is treated as absent
 
 
 def parse_meta(raw: Any) -> GateMeta:
@@ -63,15 +57,9 @@ def parse_meta(raw: Any) -> GateMeta:
         return GateMeta()
 
 
-async def _rows(driver: Any, query: str, **params: Any) -> list[dict[str, Any]]:
-    result = await driver.execute_query(query, **params)
-    records = result[0] if isinstance(result, tuple) else result.records
-    return [dict(r) for r in records]
-
-
 async def load_node(driver: Any, group_id: str, node_uuid: str, *, max_facts: int, episodes: int) -> NodeView | None:
     """The node with its gate state, active facts (newest first) and context; None if absent."""
-    rows = await _rows(
+    rows = await query_rows(
         driver,
         f"MATCH (n:Entity {{uuid: $uuid}}) WHERE n.group_id = $group_id "
         f"RETURN n.name AS name, n.summary AS summary, n.`{META_PROPERTY}` AS meta",
@@ -80,7 +68,7 @@ async def load_node(driver: Any, group_id: str, node_uuid: str, *, max_facts: in
     if not rows:
         return None
     row = rows[0]
-    facts = await _rows(
+    facts = await query_rows(
         driver,
         # Filter the group on the node: FalkorDB 4.16 answers an undirected match filtered on
         # e.group_id with the node's OUTGOING edges only (an index scan), losing facts it is the object of.
@@ -99,7 +87,7 @@ async def load_node(driver: Any, group_id: str, node_uuid: str, *, max_facts: in
     ]
     epoch = datetime.min.replace(tzinfo=timezone.utc)
     active.sort(key=lambda f: (f.valid_at or epoch, f.uuid), reverse=True)
-    invalid = await _rows(
+    invalid = await query_rows(
         driver,
         "MATCH (n:Entity {uuid: $uuid})-[e:RELATES_TO]-(:Entity) "
         "WHERE n.group_id = $group_id AND (e.expired_at IS NOT NULL OR e.invalid_at IS NOT NULL) "
@@ -108,7 +96,7 @@ async def load_node(driver: Any, group_id: str, node_uuid: str, *, max_facts: in
     )
     context: list[dict[str, Any]] = []
     if episodes > 0:
-        context = await _rows(
+        context = await query_rows(
             driver,
             "MATCH (ep:Episodic)-[:MENTIONS]->(n:Entity {uuid: $uuid}) WHERE ep.group_id = $group_id "
             "RETURN ep.content AS content, ep.valid_at AS valid_at ORDER BY ep.valid_at DESC LIMIT $limit",
@@ -152,7 +140,7 @@ async def save_summary(driver: Any, group_id: str, node_uuid: str, summary: str,
 
 async def due_nodes(driver: Any, group_id: str, now: datetime, *, limit: int, exclude: str | None = None) -> list[str]:
     """uuids of the group's nodes whose deferred refresh is due at ``now`` (oldest first)."""
-    rows = await _rows(
+    rows = await query_rows(
         driver,
         f"MATCH (n:Entity) WHERE n.group_id = $group_id AND n.`{DUE_PROPERTY}` IS NOT NULL "
         f"AND n.`{DUE_PROPERTY}` <= $now AND n.uuid <> $exclude "
