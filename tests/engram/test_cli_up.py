@@ -42,10 +42,15 @@ class Up:
                                      stderr=subprocess.STDOUT, env={**_env(), **(env or {})})
         deadline = time.monotonic() + 90
         while not self.runtime_file.exists():
-            assert self.proc.poll() is None, "engram up exited early"
+            assert self.proc.poll() is None, f"engram up exited early:\n{self.log_tail()}"
             assert time.monotonic() < deadline, "engram up not ready in 90 s"
             time.sleep(0.1)
         self.runtime = json.loads(self.runtime_file.read_text())
+
+    def log_tail(self, lines: int = 30) -> str:
+        self.log.flush()
+        path = self.data_dir.parent / f"{self.data_dir.name}-up.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     @property
     def runtime_file(self) -> Path:
@@ -212,9 +217,30 @@ def test_dlq_list_and_replay(tmp_path: Path) -> None:
 
 
 def test_up_honours_configured_ports(tmp_path: Path) -> None:
-    from engram.embedded import free_port
+    import socket
 
-    ports = {"ENGRAM_NATS_PORT": free_port(), "ENGRAM_GRAPH_PORT": free_port(), "ENGRAM_HTTP_PORT": free_port()}
+    from engram.embedded import free_port
+    from engram.supervisor import SERVICES
+
+    def free_block(n: int, taken: set[int]) -> int:
+        """A port p with p .. p+n-1 all free: the services take ENGRAM_HTTP_PORT and the next ones."""
+        while True:
+            base = free_port()
+            block = range(base, base + n)
+            if taken.isdisjoint(block) and all(_bindable(p) for p in block):
+                return base
+
+    def _bindable(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    nats_port, graph_port = free_port(), free_port()
+    ports = {"ENGRAM_NATS_PORT": nats_port, "ENGRAM_GRAPH_PORT": graph_port,
+             "ENGRAM_HTTP_PORT": free_block(len(SERVICES), {nats_port, graph_port})}
     up = Up(tmp_path / "engram", env={k: str(v) for k, v in ports.items()})
     try:
         rt = up.runtime
