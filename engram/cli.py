@@ -367,13 +367,18 @@ def dlq_replay(
 
 @app.command()
 def demo(
-    data_dir: DataDir = None,
+    data_dir: Annotated[Optional[Path], typer.Option(
+        "--data-dir",
+        help="A new or empty directory for the demo's own throw-away stack (default ./.engram/demo). "
+        "The demo marks directories it creates and only ever deletes those: it refuses a non-empty "
+        "directory it did not create.",
+    )] = None,
     locomo: Annotated[Optional[Path], typer.Option(help="LoCoMo JSON to ingest as well (one conversation).")] = None,
 ) -> None:
     """Start engram, ingest a sample conversation, show the turns it built, stop."""
-    from engram.demo import run_demo
+    from engram.demo import DEFAULT_DEMO_DIR, run_demo
 
-    raise typer.Exit(run_demo(_settings(data_dir or Path(".engram/demo")), locomo, console))
+    raise typer.Exit(run_demo(_settings(data_dir or DEFAULT_DEMO_DIR), locomo, console))
 
 
 def main() -> None:  # pragma: no cover

@@ -20,6 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from engram.datadir_lock import lock_holder
 from engram.ingest import publish_events, read_jsonl, read_locomo
 from engram.settings import EngramSettings
 from engram.status import collect_status, summary_gate_table
@@ -147,11 +148,46 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
         console.print(summary_gate_table(status["summary_gate"]))
 
 
+DEFAULT_DEMO_DIR = Path(".engram/demo")
+"""Relative to the working directory: the demo never runs in the real stack's data dir."""
+DEMO_MARKER = ".engram-demo"
+"""Written into every directory the demo creates; only directories holding it are ever wiped."""
+
+
+class DemoDirRefused(RuntimeError):
+    """The demo would have to delete or share files it does not own."""
+
+
+def prepare_demo_dir(data_dir: Path) -> None:
+    """Make data_dir an empty directory the demo owns, or refuse.
+
+    A missing or empty directory becomes the demo's (marked with DEMO_MARKER). A directory the
+    demo marked earlier is emptied, unless an `engram up` still holds it. Anything else (a file, a
+    non-empty directory without the marker, such as a real stack's data dir) is refused untouched.
+    """
+    if data_dir.exists() and not data_dir.is_dir():
+        raise DemoDirRefused(f"{data_dir} is not a directory; give the demo a new or empty directory")
+    if data_dir.is_dir() and any(data_dir.iterdir()):
+        if not (data_dir / DEMO_MARKER).is_file():
+            raise DemoDirRefused(
+                f"{data_dir} is not empty and was not created by `engram demo`; it is left untouched. "
+                "Give --data-dir a new or empty directory"
+            )
+        holder = lock_holder(data_dir)
+        if holder is not None:
+            raise DemoDirRefused(f"{data_dir} is in use by a running engram (supervisor pid {holder or 'unknown'})")
+        shutil.rmtree(data_dir)  # the demo's own directory (marked above): start clean every time
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / DEMO_MARKER).write_text("created by `engram demo`; `engram demo` may delete this directory\n")
+
+
 def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) -> int:
     locomo = locomo or (DEFAULT_LOCOMO if DEFAULT_LOCOMO.exists() else None)
-    if settings.data_dir.exists():
-        shutil.rmtree(settings.data_dir)  # the demo's own directory: start clean every time
-    settings.data_dir.mkdir(parents=True)
+    try:
+        prepare_demo_dir(settings.data_dir)
+    except DemoDirRefused as exc:
+        console.print(f"[red]demo refused:[/red] {exc}")
+        return 2
     env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_NATS_URL", "ENGRAM_GRAPH_URL")}
     log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
     console.print(f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")

@@ -4,6 +4,8 @@ Start order: NATS and FalkorDB (unless external URLs are configured) -> topology
 (`engram serve NAME`, each its own process with its own /metrics port) -> runtime file. A service
 that dies is restarted with backoff. SIGINT/SIGTERM stops services first (they drain their
 in-flight message), then the servers, and removes the runtime file: no process is left behind.
+The data dir is locked first (engram/datadir_lock.py): a second `engram up` on it refuses,
+naming the running supervisor's pid, and touches nothing of the first stack.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import nats
 
+from engram.datadir_lock import DataDirLock
 from engram.embedded import ManagedProcess, free_port, http_ok, spawn, start_falkordb, start_nats
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
@@ -171,15 +174,22 @@ class Supervisor:
 
 
 async def run_up(settings: EngramSettings, on_ready=None) -> int:  # noqa: ANN001
-    sup = Supervisor(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, sup.request_stop)
+    # Before anything else: a second `up` on a running stack's data dir must touch nothing of it
+    # (not its servers' files, not its runtime file); DataDirLocked names the running supervisor.
+    lock = DataDirLock(settings.data_dir)
+    lock.acquire()
     try:
-        await sup.start()
-        if on_ready:
-            on_ready(sup)
-        await sup.supervise()
+        sup = Supervisor(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, sup.request_stop)
+        try:
+            await sup.start()
+            if on_ready:
+                on_ready(sup)
+            await sup.supervise()
+        finally:
+            await asyncio.to_thread(sup.stop)
     finally:
-        await asyncio.to_thread(sup.stop)
+        lock.release()
     return 0
