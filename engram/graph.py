@@ -20,25 +20,121 @@ facts on 2 cores) while the label's previous index keeps answering fulltext and 
 until it is built, vector queries fail and recall falls back to graphiti's search. Neo4j: no
 vector index is created (graphiti 0.31 creates none there either; its edge search stays brute
 force).
+
+Fulltext queries (FalkorDB): every group driver is an :class:`EngramFalkorDriver`. graphiti
+builds a RediSearch query from the words of a fact, a name or a recall query and strips only
+ASCII punctuation, so a lone ``_`` (markdown ``\\_\\_\\_\\_`` in a pasted quiz) or an ASCII
+control character reaches RediSearch as a term and the whole query is a syntax error -- the same
+error at every retry, so the episode was dead-lettered. The driver keeps only word tokens that
+hold a letter or digit (:func:`fulltext_words`), and a fulltext lookup that FalkorDB still
+rejects is answered as "no hits" (counted in ``engram_graph_fulltext_rejected_total{index}``,
+logged without the query) instead of failing the turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+import re
 import time
 import urllib.parse
 from datetime import datetime, timezone
 from typing import Any
 
 from graphiti_core.driver.driver import GraphDriver
+from graphiti_core.driver.falkordb.fulltext import build_falkor_fulltext_query
 from graphiti_core.driver.falkordb_driver import FalkorDriver
 from graphiti_core.driver.neo4j_driver import Neo4jDriver
+from prometheus_client import Counter
+from redis.exceptions import ResponseError
 
 from engram.settings import EngramSettings
 
 log = logging.getLogger("engram.graph")
+
+FULLTEXT_REJECTED = Counter(
+    "engram_graph_fulltext_rejected_total",
+    "Fulltext lookups FalkorDB rejected (RediSearch query error), answered as no hits; by index label.",
+    ["index"],
+)
+# A word token of a fulltext query: letters, digits and underscores. RediSearch rejects a term made
+# only of underscores when it is one character long ("_"), and ASCII control characters anywhere;
+# every other letter/digit of Unicode was checked to pass (as a term and inside one, FalkorDB 4.16).
+_WORD = re.compile(r"\w+")
+_FULLTEXT_CALL = re.compile(r"db\.idx\.fulltext\.query(?:Nodes|Relationships)\(\s*'(\w+)'")
+_REJECTION_REASON = re.compile(r"(RediSearch: [A-Za-z ]+)")
+_GRAPHITI_FALKOR_LOG = logging.getLogger("graphiti_core.driver.falkordb_driver")
+_quiet_rejections: contextvars.ContextVar[bool] = contextvars.ContextVar("engram_quiet_fulltext", default=False)
+
+
+def fulltext_words(text: str) -> str:
+    """``text`` reduced to what may reach RediSearch's query syntax: its word tokens (letters,
+    digits, underscores) that hold at least one letter or digit, joined by spaces. Every
+    RediSearch operator (``| - ~ * % @ : " ' ( ) [ ] { } $ => \\`` ...), lone punctuation and
+    control characters become separators. Underscores inside a word stay (``snake_case`` is one
+    indexed term in RediSearch); non-ASCII punctuation splits a word where RediSearch's indexer
+    may not (``don’t``), which costs a match, never an error."""
+    return " ".join(w for w in _WORD.findall(text) if any(c.isalnum() for c in w))
+
+
+class _DropQuietRejections(logging.Filter):
+    """graphiti's FalkorDriver logs a failed query at ERROR with its parameters, i.e. the message
+    text. While an :class:`EngramFalkorDriver` fulltext lookup runs (a context variable: per task,
+    so concurrent queries are unaffected), its RediSearch rejection is logged by engram instead,
+    without content. Installed once on graphiti's FalkorDB driver logger; it drops nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_quiet_rejections.get() and "RediSearch" in record.getMessage())
+
+
+_GRAPHITI_FALKOR_LOG.addFilter(_DropQuietRejections())
+
+
+class EngramFalkorDriver(FalkorDriver):
+    """graphiti's FalkorDriver whose fulltext lookups cannot fail a turn on content.
+
+    * :meth:`build_fulltext_query` (what graphiti's ``search_utils.fulltext_query`` calls for
+      every fact, node, episode and community fulltext search, and recall's BM25 half) builds
+      graphiti's query from :func:`fulltext_words` of the text, so no operator or stray
+      character reaches RediSearch's syntax;
+    * :meth:`execute_query` answers a fulltext procedure call that FalkorDB still rejects with a
+      RediSearch error as an empty result (``[], [], None``: graphiti's shape) and counts it.
+      graphiti's combined node lookup (``get_relevant_nodes``: vector and fulltext in one query)
+      then loses its vector candidates for that batch too: the fallback trades recall of one
+      lookup for the turn. Other errors propagate as before.
+    """
+
+    def sanitize(self, query: str) -> str:
+        return fulltext_words(query)
+
+    def build_fulltext_query(self, query: str, group_ids: list[str] | None = None, max_query_length: int = 128) -> str:
+        return build_falkor_fulltext_query(fulltext_words(query), group_ids, max_query_length)
+
+    def clone(self, database: str) -> GraphDriver:
+        if database == self._database:
+            return self
+        return EngramFalkorDriver(falkor_db=self.client, database=database)
+
+    async def execute_query(self, cypher_query_: str, **kwargs: Any) -> Any:
+        match = _FULLTEXT_CALL.search(cypher_query_) if isinstance(cypher_query_, str) else None
+        if match is None:
+            return await super().execute_query(cypher_query_, **kwargs)
+        token = _quiet_rejections.set(True)
+        try:
+            return await super().execute_query(cypher_query_, **kwargs)
+        except ResponseError as exc:
+            if "RediSearch" not in str(exc):
+                raise
+            FULLTEXT_REJECTED.labels(index=match.group(1)).inc()
+            reason = _REJECTION_REASON.search(str(exc))  # the words only: "... near <query word>" is content
+            log.warning("graph %s: FalkorDB rejected a fulltext query on %s (%s); continuing without that lookup",
+                        self._database, match.group(1), reason.group(1).strip() if reason else "RediSearch error")
+            return [], [], None
+        finally:
+            _quiet_rejections.reset(token)
+
 
 async def query_rows(driver: GraphDriver, query: str, **params: Any) -> list[dict[str, Any]]:
     """Rows of a Cypher query as dicts, whatever the driver returns (FalkorDriver: a tuple of
@@ -191,7 +287,7 @@ class GraphDrivers:
         if driver is None:
             if self._falkor_client is None:
                 self._falkor_client = self._new_client()  # sync callers only; driver() builds it off-loop
-            driver = FalkorDriver(falkor_db=self._falkor_client, database=group_id)
+            driver = EngramFalkorDriver(falkor_db=self._falkor_client, database=group_id)
             self.falkor[group_id] = driver
         return driver
 
@@ -240,8 +336,6 @@ class GraphDrivers:
     async def _ensure_vector_index(self, driver: FalkorDriver, dim: int) -> None:
         """Connection errors propagate (the next call tries again); an error the server answers
         with is logged and not retried: recall then falls back to graphiti's search."""
-        from redis.exceptions import ResponseError
-
         graph = driver._get_graph(None)  # noqa: SLF001 - raw graph: the driver logs every failure as an error
         try:
             action = await ensure_vector_index(graph, dim)

@@ -132,14 +132,15 @@ _NAME_TOKEN = re.compile(r"[\w']+", re.UNICODE)
 
 
 def safe_entity_name(name: str | None) -> bool:
-    """False for names that are empty, only punctuation, or only stopwords/pronouns.
+    """False for names that are empty, only punctuation (underscores included: "\\_\\_" is a
+    markdown blank, not a name), or only stopwords/pronouns.
 
     Case-insensitive; curly apostrophes count as straight ones ("It’s" is unsafe).
     """
     if not name or not name.strip():
         return False
     tokens = _NAME_TOKEN.findall(name.replace("\u2019", "'").casefold())
-    tokens = [t.strip("'") for t in tokens if t.strip("'")]
+    tokens = [t.strip("'_") for t in tokens if t.strip("'_")]
     if not tokens:
         return False
     return not all(t in UNSAFE_NAME_WORDS for t in tokens)
