@@ -155,11 +155,14 @@ class NodeDelta(_Model):
 
 
 SummaryReason = Literal[
-    "new_entity", "unchanged_hash", "low_drift", "drift", "polarity", "burst", "staleness", "cap_reached"
+    "new_entity", "unchanged_hash", "low_drift", "drift", "polarity", "burst", "staleness", "cap_reached",
+    "staleness_sweep",
 ]
 """Why the summary-gate decided as it did. ``burst`` on a *deferred* decision: the node is in a
 burst; on a *refreshed* one: the burst ended and the deferred refresh ran. ``cap_reached``: a
-deferral hit its hard cap (deltas or time) and the refresh ran."""
+deferral hit its hard cap (deltas or time) and the refresh ran. ``staleness_sweep``: a change the
+gate skipped was still missing from the summary ``staleness_sla_s`` of wall time later, with no
+delta since to trigger the episode-time ``staleness`` rule."""
 
 
 class SummaryEvent(_Model):
@@ -198,7 +201,8 @@ class SummaryAudit(_Model):
 
 
 class SummaryTick(_Model):
-    """Server-scheduled flush of a deferred summary refresh (internal to the summary-gate).
+    """Server-scheduled flush of a deferred summary refresh, or the staleness sweep of a skipped
+    change (internal to the summary-gate).
 
     Stored as a NATS message schedule on ``engram.sched.summary.<group>.<node>`` and fired into
     ``engram.delta.<group>``, so it is handled in the group's order like any NodeDelta.
@@ -219,6 +223,10 @@ class RecallScopes(_Model):
 
 
 class RecallMessage(_Model):
+    kind: Literal["flush", "staleness"] = Field(
+        "flush", description="flush: a deferred refresh after a burst; staleness: the staleness sweep of a "
+        "skipped change (token: episode_id of the first skip).",
+    )
     role: Role
     content: str
 

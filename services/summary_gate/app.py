@@ -10,9 +10,12 @@ partition, one message in flight, like the extractor):
     state in one statement;
   - defer: schedule a flush tick (NATS message schedule on ``engram.sched.summary.<group>.<node>``,
     fired into ``engram.delta.<group>``: it lands in the group's partition, in order);
-  - skip: store the state; a deterministic sample goes to ``engram.summary.audit.<group>``;
+  - skip: store the state; a deterministic sample goes to ``engram.summary.audit.<group>``; a
+    skip that leaves the summary behind its facts arms the staleness sweep: a ``staleness``
+    SummaryTick scheduled on the same subject ``staleness_sla_s`` of wall time later;
 * a SummaryTick: flush the node's deferred refresh unless a newer deferral or a refresh made the
-  tick stale.
+  tick stale; a ``staleness`` tick refreshes (reason ``staleness_sweep``) a node whose summary
+  still lacks the skipped change (gate.decide_sweep).
 Every decision is a SummaryEvent on ``engram.summary.<group>`` and a Prometheus counter.
 
 Crash safety: events and the tick are published (with deterministic Nats-Msg-Ids) BEFORE the
@@ -30,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from faststream.nats import NatsBroker
 from graphiti_core.embedder.client import EmbedderClient
@@ -110,7 +113,12 @@ class SummaryGate:
         self.graph.validate()
         await self.broker.connect()
         self.js = self.broker.config.connection_state.stream
-        await ensure_topology(self.js, Topology.from_settings(self.settings))
+        topology = Topology.from_settings(self.settings)
+        await ensure_topology(self.js, topology)
+        if self.gate.staleness_sla_s >= topology.episode_max_age_s:
+            # the sweep's schedule is a message in ENGRAM_DELTAS: it would age out before firing
+            log.warning("ENGRAM_SUMMARY_STALENESS_SLA_S (%.0f s) is not below the delta stream's retention (%.0f s): "
+                        "staleness sweeps would expire unfired", self.gate.staleness_sla_s, topology.episode_max_age_s)
 
     async def stop(self) -> None:
         await self.graph.close()
@@ -162,13 +170,19 @@ class SummaryGate:
         if decision.action == "refresh":
             await self._refresh(driver, delta.group_id, node, decision, delta.episode_id, delta.episode_time, now)
         elif decision.action == "defer":
-            await self._schedule_tick(delta.group_id, node.uuid, decision)
+            assert decision.meta.pending is not None
+            await self._schedule_tick(delta.group_id, node.uuid, decision.meta.pending.token,
+                                      decision.meta.pending.flush_after, "flush")
             await self._publish_event(delta.group_id, node, decision, delta.episode_id, "deferred", now)
             await store.save_meta(driver, delta.group_id, node.uuid, decision.meta)
             DEFERRED.inc()
         else:
             if sampled_for_audit(node.uuid, delta.episode_id, self.gate.audit_sample_rate):
                 await self._publish_audit(delta, node, decision, now)
+            if decision.arm_sweep:
+                assert decision.meta.stale is not None
+                await self._schedule_tick(delta.group_id, node.uuid, decision.meta.stale.token,
+                                          decision.meta.stale.sweep_at, "staleness")
             await self._skip(driver, delta.group_id, node, decision, delta.episode_id, now)
         return decision.action
 
@@ -181,16 +195,24 @@ class SummaryGate:
         if decision.action == "stale_tick":
             return "stale_tick"
         now = self.clock()
-        if decision.action == "skip":  # the burst left the facts as the summary has them
-            await self._skip(driver, tick.group_id, node, decision, tick.token, now)
+        if decision.action == "skip":  # the burst (or the skipped change) left the facts as the summary has them
+            # (a sweep's token is the episode_id of a skip that already has a "skipped" event: its own id)
+            await self._skip(driver, tick.group_id, node, decision, tick.token, now,
+                             msg_key="sweep" if tick.kind == "staleness" else "")
             return "skipped"
+        if tick.kind == "staleness":
+            # current to the newest episode the gate has seen for the node (no episode brought this tick)
+            seen = node.meta.recent_episode_times
+            current_to = max(seen) if seen else (node.meta.last_summary_ts or now)
+            await self._refresh(driver, tick.group_id, node, decision, tick.token, current_to, now)
+            return "swept"
         assert node.meta.pending is not None
         await self._refresh(driver, tick.group_id, node, decision, tick.token, node.meta.pending.last_episode_time, now)
         return "flushed"
 
     async def _skip(self, driver: Any, group_id: str, node: store.NodeView, decision: Decision, episode_id: str,
-                    now: datetime) -> None:
-        await self._publish_event(group_id, node, decision, episode_id, "skipped", now)
+                    now: datetime, msg_key: str = "") -> None:
+        await self._publish_event(group_id, node, decision, episode_id, "skipped", now, msg_key=msg_key)
         await store.save_meta(driver, group_id, node.uuid, decision.meta)
         SKIPPED.labels(reason=decision.reason).inc()
 
@@ -247,7 +269,7 @@ class SummaryGate:
     # --- publishing --------------------------------------------------------------------------
     async def _publish_event(
         self, group_id: str, node: store.NodeView, decision: Decision, episode_id: str, verdict: str,
-        now: datetime, batch_size: int | None = None,
+        now: datetime, batch_size: int | None = None, msg_key: str = "",
     ) -> None:
         event = SummaryEvent(
             group_id=group_id, node_uuid=node.uuid, node_name=node.name, episode_id=episode_id,
@@ -256,7 +278,7 @@ class SummaryGate:
             batch_size=batch_size, decided_at=now,
         )
         await self._publish(subjects.summary(group_id), event.model_dump_json().encode(),
-                            f"summary:{node.uuid}:{episode_id}:{verdict}")
+                            f"summary:{node.uuid}:{episode_id}:{verdict}{':' + msg_key if msg_key else ''}")
 
     async def _publish_audit(self, delta: NodeDelta, node: store.NodeView, decision: Decision, now: datetime) -> None:
         audit = SummaryAudit(
@@ -273,20 +295,22 @@ class SummaryGate:
             stream=subjects.STREAM_SUMMARY,
         )
 
-    async def _schedule_tick(self, group_id: str, node_uuid: str, decision: Decision) -> None:
+    async def _schedule_tick(
+        self, group_id: str, node_uuid: str, token: str, due: datetime, kind: Literal["flush", "staleness"],
+    ) -> None:
         """A server-side timer: fires the SummaryTick into the group's delta subject (in order).
-        A newer schedule on the same subject replaces the older one."""
-        assert self.js is not None and decision.meta.pending is not None
-        pending = decision.meta.pending
-        fire_at = datetime.fromtimestamp(int(pending.flush_after.timestamp()) + 1, tz=timezone.utc)  # whole seconds
-        tick = SummaryTick(group_id=group_id, node_uuid=node_uuid, token=pending.token, scheduled_for=fire_at)
+        A newer schedule on the same subject replaces the older one (a deferral's flush replaces
+        an armed sweep: see gate.py for why that is safe)."""
+        assert self.js is not None
+        fire_at = datetime.fromtimestamp(int(due.timestamp()) + 1, tz=timezone.utc)  # whole seconds
+        tick = SummaryTick(group_id=group_id, node_uuid=node_uuid, token=token, scheduled_for=fire_at, kind=kind)
         await self.js.publish(
             subjects.sched_summary(group_id, node_uuid),
             tick.model_dump_json().encode(),
             headers={
                 "Nats-Schedule": f"@at {fire_at.strftime('%Y-%m-%dT%H:%M:%SZ')}",
                 "Nats-Schedule-Target": subjects.delta(group_id),
-                subjects.HDR_MSG_ID: f"tick:{node_uuid}:{pending.token}",
+                subjects.HDR_MSG_ID: f"{'tick' if kind == 'flush' else 'sweep'}:{node_uuid}:{token}",
             },
             stream=subjects.STREAM_DELTAS,
         )

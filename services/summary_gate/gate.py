@@ -16,7 +16,7 @@ Rules, in this order (the first that applies decides):
    refresh now, even inside a burst (a summary must never keep asserting what was retracted);
 4. ``staleness`` (checked before the hash, so a skipped change cannot hide an old summary): the
    summary is older than ``staleness_sla_s`` (episode time) and the active facts differ from
-   the ones it was written from -> refresh;
+   the ones it was written from -> refresh (a quiet node is covered by the sweep, below);
 5. ``unchanged_hash``: the stable hash of the active facts equals the one of the last decision
    -> skip;
 6. ``burst``: the node got ``burst_min_episodes`` episodes within ``burst_window_s`` (episode
@@ -36,6 +36,20 @@ it over random sequences).
 
 A flush tick refreshes only if the active facts differ from the ones the summary was written
 from (else ``unchanged_hash``: the burst changed nothing that stayed).
+
+The staleness sweep (rule 4 only runs when a delta reaches the node, so a node whose last
+change was skipped would stay behind its facts until some later delta): a skip that leaves the
+summary behind the active facts, with no deferral pending and no sweep armed, arms one --
+``stale`` records the wall-clock time of that first skipped change, and the app schedules a
+``staleness`` tick at that time + ``staleness_sla_s``. The tick refreshes (``staleness_sweep``)
+if the summary still lags, else it is a no-op. Which clock: the sweep measures WALL time since
+the gate first skipped a change, not episode time, because a quiet node has no new episode to
+advance episode time, and because episode times of an import can be years old (measuring from
+them would refresh every skipped node of a replay at once). Rule 4 keeps episode time: while a
+conversation goes on, its own clock says how far a summary lags. The node's one schedule
+subject is shared with deferrals: a deferral replaces the sweep's schedule, which is safe because
+every deferral ends in a refresh or a flush that finds the summary current, and both clear
+``stale``; the next skip arms a new sweep.
 
 State is updated whatever the decision (fact hash, recent episode times, burst flag).
 """
@@ -75,7 +89,9 @@ class GateSettings(BaseSettings):
     max_deferred_deltas: int = Field(12, ge=1, description="Hard cap: deferrals before the refresh runs anyway.")
     max_deferred_s: float = Field(3600.0, gt=0, description="Hard cap: episode-time span of one deferral.")
     staleness_sla_s: float = Field(
-        7 * 86400.0, gt=0, description="A changed node whose summary is older than this (episode time) is refreshed."
+        7 * 86400.0, gt=0,
+        description="A changed node whose summary is older than this (episode time) is refreshed; a skipped change "
+        "still missing from the summary this long (wall time) later is refreshed by the staleness sweep.",
     )
     recent_kept: int = Field(16, ge=2, description="Recent episode times kept per node.")
     audit_sample_rate: float = Field(0.05, ge=0.0, le=1.0, description="Share of skips published for audit.")
@@ -107,6 +123,14 @@ class Pending(BaseModel):
     flush_after: datetime = Field(description="Wall-clock time the tick is scheduled for.")
 
 
+class Stale(BaseModel):
+    """An armed staleness sweep: the summary lags a change the gate skipped."""
+
+    since: datetime = Field(description="Wall-clock time of the first skipped change the summary lacks.")
+    token: str = Field(description="episode_id of that skip; only the tick carrying it sweeps.")
+    sweep_at: datetime = Field(description="Wall-clock time the sweep's tick is scheduled for.")
+
+
 class GateMeta(BaseModel):
     """Gate state persisted on the entity node as JSON in ``_graphiti_meta``."""
 
@@ -118,6 +142,7 @@ class GateMeta(BaseModel):
     recent_episode_times: list[datetime] = Field(default_factory=list)
     burst_active: bool = False
     pending: Pending | None = None
+    stale: Stale | None = Field(None, description="Armed staleness sweep (a skipped change not yet summarised).")
     applied: list[str] = Field(default_factory=list, description="Recent delta episode ids (redelivery guard).")
 
 
@@ -130,6 +155,7 @@ class Decision(BaseModel):
     drift: float | None = None
     fact_hash: str
     meta: GateMeta = Field(description="State to persist (before the refresh result, if any, is applied).")
+    arm_sweep: bool = Field(False, description="A staleness sweep was armed: schedule meta.stale's tick.")
 
 
 def fact_hash(facts: Sequence[ActiveFact]) -> str:
@@ -183,6 +209,16 @@ def in_burst(times: Sequence[datetime], episode_time: datetime, settings: GateSe
     return sum(1 for t in times if episode_time - window <= t <= episode_time) >= settings.burst_min_episodes
 
 
+def _skipped(reason: SummaryReason, drift: float | None, current_hash: str, meta: GateMeta, token: str,
+             now: datetime, settings: GateSettings) -> Decision:
+    """A skip; arms the staleness sweep when it leaves the summary behind the facts and neither a
+    deferral (whose flush will refresh) nor an earlier sweep is already on its way."""
+    arm = meta.stale is None and meta.pending is None and current_hash != meta.summary_fact_hash
+    if arm:
+        meta.stale = Stale(since=now, token=token, sweep_at=now + timedelta(seconds=settings.staleness_sla_s))
+    return Decision(action="skip", reason=reason, drift=drift, fact_hash=current_hash, meta=meta, arm_sweep=arm)
+
+
 def decide(
     delta: NodeDelta, facts: Sequence[ActiveFact], meta: GateMeta, now: datetime, settings: GateSettings
 ) -> Decision:
@@ -215,7 +251,7 @@ def decide(
     ):
         return refresh("staleness")
     if current_hash == meta.fact_hash:
-        return Decision(action="skip", reason="unchanged_hash", drift=drift, fact_hash=current_hash, meta=updated)
+        return _skipped("unchanged_hash", drift, current_hash, updated, delta.episode_id, now, settings)
     if burst:
         pending = meta.pending
         if pending is not None and (
@@ -236,26 +272,47 @@ def decide(
         return refresh("burst")
     if drift is None or drift >= settings.drift_threshold:
         return refresh("drift")
-    return Decision(action="skip", reason="low_drift", drift=drift, fact_hash=current_hash, meta=updated)
+    return _skipped("low_drift", drift, current_hash, updated, delta.episode_id, now, settings)
 
 
 def decide_tick(tick: SummaryTick, facts: Sequence[ActiveFact], meta: GateMeta) -> Decision:
-    """A flush tick: refresh if it belongs to the node's latest deferral, else it is stale."""
+    """A flush tick: refresh if it belongs to the node's latest deferral, else it is stale.
+    A staleness tick: see :func:`decide_sweep`."""
+    if tick.kind == "staleness":
+        return decide_sweep(tick, facts, meta)
     current_hash = fact_hash(facts)
     if meta.pending is None or meta.pending.token != tick.token:
         return Decision(action="stale_tick", fact_hash=current_hash, meta=meta)
     updated = meta.model_copy(update={"fact_hash": current_hash, "burst_active": False})
     if current_hash == meta.summary_fact_hash:
-        # the burst changed nothing that stayed: the summary still matches the facts
+        # the burst changed nothing that stayed: the summary still matches the facts (and so
+        # lags no skipped change either: a later skip arms a new sweep)
         updated.pending = None
+        updated.stale = None
         return Decision(action="skip", reason="unchanged_hash", drift=drift_of(facts, meta), fact_hash=current_hash,
                         meta=updated)
     return Decision(action="refresh", reason="burst", drift=drift_of(facts, meta), fact_hash=current_hash, meta=updated)
 
 
+def decide_sweep(tick: SummaryTick, facts: Sequence[ActiveFact], meta: GateMeta) -> Decision:
+    """A staleness tick: refresh (``staleness_sweep``) if it is the node's armed sweep and the
+    summary still lags the active facts; a sweep that a refresh already made moot is stale, and
+    one whose skipped change went away again is a skip that disarms it."""
+    current_hash = fact_hash(facts)
+    if meta.stale is None or meta.stale.token != tick.token:
+        return Decision(action="stale_tick", fact_hash=current_hash, meta=meta)
+    updated = meta.model_copy(update={"fact_hash": current_hash})
+    if current_hash == meta.summary_fact_hash:
+        updated.stale = None
+        return Decision(action="skip", reason="unchanged_hash", drift=drift_of(facts, meta), fact_hash=current_hash,
+                        meta=updated)
+    return Decision(action="refresh", reason="staleness_sweep", drift=drift_of(facts, meta), fact_hash=current_hash,
+                    meta=updated)
+
+
 def after_refresh(meta: GateMeta, summary_embedding: list[float] | None, current_to: datetime) -> GateMeta:
     """State once a refresh has been written: pending cleared, summary embedding, the facts'
-    hash it was written from, and the time it is current to."""
+    hash it was written from, and the time it is current to; no sweep is needed any more."""
     last = meta.last_summary_ts
     return meta.model_copy(
         update={
@@ -263,6 +320,7 @@ def after_refresh(meta: GateMeta, summary_embedding: list[float] | None, current
             "summary_fact_hash": meta.fact_hash,
             "last_summary_ts": current_to if last is None or current_to > last else last,
             "pending": None,
+            "stale": None,
             "burst_active": False if meta.pending else meta.burst_active,
         }
     )

@@ -281,3 +281,144 @@ def test_a_flush_whose_burst_changed_nothing_that_stayed_is_skipped() -> None:
     tick = SummaryTick(group_id="g", node_uuid="n1", token="e3", scheduled_for=WALL)
     flushed = decide_tick(tick, facts, d.meta)
     assert (flushed.action, flushed.reason) == ("skip", "unchanged_hash") and flushed.meta.pending is None
+
+
+# --------------------------------------------------------------------------- staleness sweep (issue 10, item 4)
+def sweep_tick(token: str) -> SummaryTick:
+    return SummaryTick(group_id="g", node_uuid="n1", token=token, scheduled_for=WALL, kind="staleness")
+
+
+def test_a_skip_that_leaves_the_summary_behind_arms_a_sweep_on_the_wall_clock() -> None:
+    base = [fact(1)]
+    facts = [*base, fact(2, [0.99, 0.05, 0])]
+    skip = decide(delta("e2", T0 + timedelta(days=1)), facts, summarised(base), WALL, S)
+    assert (skip.action, skip.reason) == ("skip", "low_drift") and skip.arm_sweep
+    assert skip.meta.stale is not None and skip.meta.stale.token == "e2"
+    # wall clock of the skip + SLA, whatever the episode time (here a day after the summary)
+    assert skip.meta.stale.since == WALL
+    assert skip.meta.stale.sweep_at == WALL + timedelta(seconds=S.staleness_sla_s)
+    # a later skip keeps the first skipped change's clock and schedules nothing new
+    later = decide(delta("e3", T0 + timedelta(days=1, seconds=5)), facts, skip.meta, WALL + timedelta(hours=1), S)
+    assert (later.action, later.reason) == ("skip", "unchanged_hash") and not later.arm_sweep
+    assert later.meta.stale == skip.meta.stale
+    # the sweep's tick refreshes with its own reason; another token is stale
+    assert decide_tick(sweep_tick("e3"), facts, later.meta).action == "stale_tick"
+    swept = decide_tick(sweep_tick("e2"), facts, later.meta)
+    assert (swept.action, swept.reason) == ("refresh", "staleness_sweep")
+    assert after_refresh(swept.meta, [1, 0, 0], T0).stale is None
+
+
+def test_nothing_pending_arms_no_sweep() -> None:
+    facts = [fact(1)]
+    d = decide(delta("e2", T0 + timedelta(days=1)), facts, summarised(facts), WALL, S)
+    assert (d.action, d.reason) == ("skip", "unchanged_hash")
+    assert not d.arm_sweep and d.meta.stale is None
+    # a sweep tick for a node that holds no armed sweep does nothing
+    assert decide_tick(sweep_tick("e2"), facts, d.meta).action == "stale_tick"
+
+
+def test_a_refresh_disarms_the_sweep_and_a_sweep_finding_the_summary_current_skips() -> None:
+    base = [fact(1)]
+    facts = [*base, fact(2, [0.99, 0.05, 0])]
+    skip = decide(delta("e2", T0 + timedelta(hours=1)), facts, summarised(base), WALL, S)
+    assert skip.arm_sweep
+    polar = decide(delta("e3", T0 + timedelta(hours=2), flip=True), facts, skip.meta, WALL, S)
+    assert polar.action == "refresh"
+    assert decide_tick(sweep_tick("e2"), facts, after_refresh(polar.meta, [1, 0, 0], T0)).action == "stale_tick"
+    # the skipped fact went away again (e.g. its episode was deleted) before the sweep
+    gone = decide_tick(sweep_tick("e2"), base, skip.meta)
+    assert (gone.action, gone.reason) == ("skip", "unchanged_hash") and gone.meta.stale is None
+
+
+def test_no_sweep_is_armed_while_a_deferral_is_pending() -> None:
+    meta = summarised([fact(1)]).model_copy(update={"recent_episode_times": [T0, T0 + timedelta(seconds=60)]})
+    facts = [fact(1), fact(2, [0.0, 1.0, 0.0])]
+    defer = decide(delta("e3", T0 + timedelta(seconds=120)), facts, meta, WALL, S)
+    assert defer.action == "defer"
+    # a mention inside the burst: unchanged facts, the flush tick will refresh them
+    again = decide(delta("e4", T0 + timedelta(seconds=130)), facts, defer.meta, WALL, S)
+    assert (again.action, again.reason) == ("skip", "unchanged_hash") and not again.arm_sweep
+
+
+def test_a_deferral_replaces_the_sweep_and_its_flush_disarms_it() -> None:
+    """Deferral and sweep share the node's schedule subject: the deferral's flush replaces the
+    sweep's tick, so the flush must leave no armed sweep behind (or a later skip would never
+    arm a new one), also when it finds the summary current."""
+    base = [fact(1)]
+    skipped = [*base, fact(2, [0.99, 0.05, 0])]
+    skip = decide(delta("e2", T0), skipped, summarised(base, T0 - timedelta(hours=1)), WALL, S)
+    assert skip.arm_sweep
+    meta = skip.meta.model_copy(update={"recent_episode_times": [T0 - timedelta(seconds=60), T0]})
+    burst = [*skipped, fact(3, [0.0, 1.0, 0.0])]
+    defer = decide(delta("e3", T0 + timedelta(seconds=60)), burst, meta, WALL, S)
+    assert defer.action == "defer" and defer.meta.stale is not None
+    tick = SummaryTick(group_id="g", node_uuid="n1", token="e3", scheduled_for=WALL)
+    flushed = decide_tick(tick, burst, defer.meta)
+    assert flushed.action == "refresh" and after_refresh(flushed.meta, [1, 0, 0], T0).stale is None
+    reverted = decide_tick(tick, base, defer.meta)  # both new facts went away before the flush
+    assert (reverted.action, reverted.reason) == ("skip", "unchanged_hash") and reverted.meta.stale is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gaps=st.lists(st.integers(min_value=0, max_value=900), min_size=1, max_size=40),
+    wall_gaps=st.lists(st.floats(min_value=0.0, max_value=300.0), min_size=40, max_size=40),
+    polarity=st.lists(st.booleans(), min_size=40, max_size=40),
+    same=st.lists(st.booleans(), min_size=40, max_size=40),
+    near=st.lists(st.booleans(), min_size=40, max_size=40),
+)
+def test_every_skipped_change_reaches_a_summary_without_another_delta(gaps, wall_gaps, polarity, same,
+                                                                      near) -> None:  # noqa: ANN001
+    """Random deltas as above, plus low-drift changes that the gate skips, and a model of the
+    server's schedules in which a deferral's flush and a staleness sweep share the node's ONE
+    schedule subject (a newer schedule replaces the older, whatever its kind). After the last
+    delta the clock runs on until no tick is pending: the summary must then be written from the
+    node's current facts -- no skipped change may stay out of it."""
+    # an SLA longer than most episode gaps (so skips happen) and shorter than a run's wall-clock
+    # span (so sweeps also fire between deltas, not only after the last one)
+    gs = S.model_copy(update={"staleness_sla_s": 1800.0})
+    meta = GateMeta()
+    facts = [fact(0)]
+    wall = WALL
+    ticks: list[tuple[datetime, int, SummaryTick]] = []
+    latest: SummaryTick | None = None
+    seq = 0
+
+    def schedule(token: str, due: datetime, kind: str) -> None:
+        nonlocal latest, seq
+        seq += 1
+        latest = SummaryTick(group_id="g", node_uuid="n1", token=token, scheduled_for=due, kind=kind)
+        heapq.heappush(ticks, (due, seq, latest))
+
+    def apply(decision) -> None:  # noqa: ANN001
+        nonlocal meta
+        if decision.action == "refresh":
+            meta = after_refresh(decision.meta, pooled([f.embedding for f in facts]), T0)
+        elif decision.action not in ("duplicate", "stale_tick"):
+            meta = decision.meta
+        if decision.action == "defer":
+            schedule(meta.pending.token, meta.pending.flush_after, "flush")
+        if decision.arm_sweep:
+            schedule(meta.stale.token, meta.stale.sweep_at, "staleness")
+
+    def fire_due(until: datetime | None) -> None:
+        nonlocal wall
+        while ticks and (until is None or ticks[0][0] <= until):
+            at, _, tick = heapq.heappop(ticks)
+            if tick is not latest:
+                continue  # replaced by a newer schedule on the same subject
+            wall = max(wall, at)
+            apply(decide_tick(tick, facts, meta))
+
+    at = T0
+    for i, gap in enumerate(gaps):
+        at += timedelta(seconds=gap)
+        fire_due(wall + timedelta(seconds=wall_gaps[i]))
+        wall += timedelta(seconds=wall_gaps[i])
+        if not same[i]:
+            # near: a fact whose embedding is close to the pool (a low-drift skip)
+            facts.append(fact(i + 1, [1.0, 0.01 * i, 0.0] if near[i] else [1.0, float(i % 5), float(i % 2)]))
+        apply(decide(delta(f"e{i}", at, flip=polarity[i] and i % 7 == 0), facts, meta, wall, gs))
+    fire_due(None)
+    assert meta.summary_fact_hash == fact_hash(facts), "a skipped change never reached the summary"
+    assert meta.pending is None and meta.stale is None

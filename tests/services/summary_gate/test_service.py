@@ -5,6 +5,7 @@ and audits. The pure gate rules are tested in test_gate.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import typing
 
@@ -151,6 +152,58 @@ async def test_deferred_refresh_is_flushed_by_the_server_schedule(clean_nats, fa
         alice = await p.node(group, "Alice")
         assert alice["due"] is None and alice["gate"].pending is None
         assert alice["summary"] == "Alice uses Docker. Alice uses pytest."  # active facts, newest first
+
+
+# --------------------------------------------------------------------------- 3b. staleness sweep
+async def test_a_skipped_change_is_swept_into_the_summary_with_no_further_delta(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """Issue 10, item 4: the last change of a quiet node was skipped as low drift; the staleness
+    sweep (a server-side schedule, SLA of wall time since the skip) refreshes it although no
+    delta ever reaches the node again. A node with nothing pending gets no sweep."""
+    session = new_session("sgsweep")
+    group = group_of(session)
+    sla = 3.0
+    # drift_threshold 2.0 (the maximum cosine distance): every change after the first summary is
+    # a low-drift skip; episodes 1 s apart stay inside the episode-time SLA
+    gate = GateSettings(staleness_sla_s=sla, drift_threshold=2.0)
+    swept_before = counter("engram_summary_refreshed_total", reason="staleness_sweep")
+    async with pipeline(clean_nats, falkordb_server.url, tmp_path, gate=gate) as p:
+        await p.say(session, "I use pytest.", at=0)
+        await p.say(session, "I use Docker.", at=1)
+        await p.settle()
+        await p.close(session)  # nothing is published for Alice after this
+        await p.settle()
+        pytest_node = await p.node(group, "pytest")
+        await p.publish_delta(mention(group, pytest_node, "pytest", "mention-p", 0))  # summary current: no sweep
+        await p.settle()
+        events = await p.events(group)
+        assert decisions(events, "Alice") == [("refreshed", "new_entity"), ("skipped", "low_drift")]
+        assert (await p.node(group, "Alice"))["summary"] == "Alice uses pytest."
+
+        async def swept() -> list[SummaryEvent]:
+            return [e for e in await p.events(group) if e.reason == "staleness_sweep"]
+
+        [sweep] = await wait_for(swept, 30) or [None]
+        assert sweep is not None, decisions(await p.events(group))
+        await asyncio.sleep(sla + 2)  # long enough for any other node's sweep to fire too
+        await p.settle()
+        events = await p.events(group)
+        assert decisions(events, "Alice") == [
+            ("refreshed", "new_entity"), ("skipped", "low_drift"), ("refreshed", "staleness_sweep"),
+        ]
+        [skip] = [e for e in events if e.node_name == "Alice" and e.decision == "skipped"]
+        # measured on the wall clock from the skip (whole-second schedule: up to 1 s later)
+        assert sla <= (sweep.decided_at - skip.decided_at).total_seconds() < sla + 4
+        assert sweep.episode_id == skip.episode_id and sweep.active_facts == 2
+        alice = await p.node(group, "Alice")
+        assert alice["summary"] == "Alice uses Docker. Alice uses pytest."
+        assert alice["gate"].stale is None and alice["gate"].summary_fact_hash == alice["gate"].fact_hash
+
+        # nothing pending elsewhere: pytest (a mention, summary current) and Docker (new) are not swept
+        assert decisions(events, "pytest") == [("refreshed", "new_entity"), ("skipped", "unchanged_hash")]
+        assert decisions(events, "Docker") == [("refreshed", "new_entity")]
+        ticks = [(d["node_uuid"], d["kind"]) for d in await p.deltas(group) if d.get("type") == "summary_tick"]
+        assert ticks == [(alice["uuid"], "staleness")]
+        assert counter("engram_summary_refreshed_total", reason="staleness_sweep") == swept_before + 1
 
 
 # --------------------------------------------------------------------------- 4. restart, duplicates
