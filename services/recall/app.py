@@ -35,7 +35,7 @@ from services.extractor.app import NoRerank
 from services.extractor.chunking import token_counter
 from services.recall.admin import register_admin
 from services.recall.merge import fit_budget, groups_for, merge, query_text
-from services.recall.lexical import LexicalEpisodes
+from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes
 from services.recall.search import search_group
 
 log = logging.getLogger("engram.recall")
@@ -71,6 +71,17 @@ class RecallSettings(BaseSettings):
         1.1, ge=0.0, le=10.0,
         description="Weight of past turns against facts when a group's two rankings are fused (RRF).",
     )
+    lexical_max_groups: int = Field(
+        DEFAULT_MAX_GROUPS, ge=1,
+        description="Groups whose BM25 index over past turns is kept in memory; the least recently used "
+        "beyond this are dropped and rebuilt from the graph on their next recall.",
+    )
+    lexical_max_bytes: int = Field(
+        DEFAULT_MAX_BYTES, ge=1,
+        description="Episode text (UTF-8 bytes) held in those indexes in all, least recently used dropped "
+        "first; the indexes take about 17x this in memory (measured on LoCoMo turns). A group larger than this "
+        "alone is rebuilt on every recall.",
+    )
 
 
 class Recall:
@@ -80,7 +91,8 @@ class Recall:
         self.embedder = embedder or build_embedder(EmbedderSettings())
         self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.count_tokens = token_counter()
-        self.lexical = LexicalEpisodes()  # BM25 over each group's past turns (services/recall/lexical.py)
+        # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
+        self.lexical = LexicalEpisodes(self.options.lexical_max_groups, self.options.lexical_max_bytes)
 
     async def start(self) -> None:
         self.graph.validate()
@@ -150,7 +162,7 @@ def build(settings: EngramSettings | None = None, embedder: EmbedderClient | Non
     async def on_request(msg: Any) -> RecallResponse:
         return await recall.handle(msg.body)
 
-    register_admin(broker, recall.graph)  # engram.graph.* for the gateway
+    register_admin(broker, recall.graph, recall.embedder)  # engram.graph.* for the gateway
     app = ServiceApp(name="recall", broker=broker, on_startup=[recall.start], on_shutdown=[recall.stop])
     app.recall = recall  # type: ignore[attr-defined]
     return app

@@ -3,10 +3,24 @@
 Why not the graph's fulltext index: FalkorDB ranks it with TF-IDF over an OR of the query words,
 and bench/recall_quality.py measured LoCoMo evidence recall@10 at 60.6% with it against 69.8%
 for plain BM25 over the same turns. So recall keeps a BM25 index per group, built from the
-Episodic nodes on first use and brought up to date on every request with one count query:
-new episodes (the extractor writes a group's episodes in order) are appended; fewer episodes
-than indexed (a delete) rebuilds the index. The graph stays the source of truth: an item whose
-episode no longer exists is dropped when its provenance is read.
+Episodic nodes on first use.
+
+Kept current by comparing sets, not counts: every request reads the uuids of the group's
+episodes (one query, uuids only) and compares them with the uuids indexed. Equal: the index is
+used as it is. Otherwise episodes that are gone are dropped (the index is rebuilt in memory from
+the documents it keeps, no graph read) and only the episodes it lacks are read and added. A
+count (the rule before) misses a delete followed by an insert for good, and neither the newest
+``created_at`` nor FalkorDB's node ids fix that: ids of deleted nodes are reused, and
+``created_at`` is the writer's clock. Cost: the uuid list is O(episodes) per request (measured
+in docs/architecture.md, "Recall: measured"); step 6 of the roadmap replaces this index. An
+episode's content is never rewritten under the same uuid (engram deletes and writes anew), so
+the set of uuids is the whole state; after an in-place rewrite, call ``invalidate``.
+
+Bounded: the indexes are kept least recently used first, at most ``max_groups`` groups and
+``max_bytes`` of indexed episode text (UTF-8) in all; the least recently used are dropped beyond
+either and rebuilt from the graph on their next request. A group larger than ``max_bytes`` on
+its own is built for the request and not kept. The graph stays the source of truth: an item
+whose episode no longer exists is dropped when its provenance is read.
 
 k1 = 1.5, b = 0.75, lower-cased word tokens, no stemming, a small English stopword list.
 """
@@ -17,9 +31,13 @@ import asyncio
 import heapq
 import math
 import re
-from collections import Counter
+import weakref
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge
 
 from engram.graph import query_rows
 
@@ -30,6 +48,23 @@ STOPWORDS = frozenset(
     "will with you your".split()
 )
 K1, B = 1.5, 0.75
+DEFAULT_MAX_GROUPS = 1024
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~17x that in memory (LoCoMo turns)
+
+Q_UUIDS = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN collect(e.uuid) AS uuids"
+_FIELDS = "e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at"
+Q_EPISODES = f"MATCH (e:Episodic) WHERE e.group_id = $g RETURN {_FIELDS} ORDER BY e.created_at, e.uuid"
+Q_EPISODES_IN = (
+    f"MATCH (e:Episodic) WHERE e.group_id = $g AND e.uuid IN $uuids RETURN {_FIELDS} ORDER BY e.created_at, e.uuid"
+)
+
+EVICTIONS = PromCounter(
+    "engram_recall_lexical_evictions_total",
+    "Group BM25 indexes dropped from memory, by reason (groups, bytes: a bound was passed; "
+    "too_large: one group's text alone exceeds ENGRAM_RECALL_LEXICAL_MAX_BYTES, built per request).",
+    ["reason"],
+)
+INDEXED_BYTES = Gauge("engram_recall_lexical_indexed_bytes", "Episode text (UTF-8 bytes) held in BM25 indexes.")
 
 
 def tokens(text: str) -> list[str]:
@@ -44,6 +79,14 @@ class Doc:
     created_at: Any
     terms: Counter
     length: int
+    text_bytes: int = 0
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Doc:
+        content = row["content"] or ""
+        words = tokens(content)
+        return cls(row["uuid"], content, row["valid_at"], row["created_at"], Counter(words), len(words),
+                   len(content.encode("utf-8", "surrogatepass")))
 
 
 @dataclass
@@ -51,13 +94,24 @@ class EpisodeIndex:
     docs: list[Doc] = field(default_factory=list)
     postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # term -> [(doc index, tf)]
     total_length: int = 0
+    uuids: set[str] = field(default_factory=set)
+    text_bytes: int = 0
+
+    @classmethod
+    def of(cls, docs: list[Doc]) -> EpisodeIndex:
+        index = cls()
+        for doc in docs:
+            index.add(doc)
+        return index
 
     def add(self, doc: Doc) -> None:
         index = len(self.docs)
         self.docs.append(doc)
+        self.uuids.add(doc.uuid)
         for term, tf in doc.terms.items():
             self.postings.setdefault(term, []).append((index, tf))
         self.total_length += doc.length
+        self.text_bytes += doc.text_bytes
 
     def search(self, query: str, k: int) -> list[tuple[Doc, float]]:
         """Top ``k`` episodes by BM25; only documents holding a query term are scored."""
@@ -79,42 +133,70 @@ class EpisodeIndex:
 
 
 class LexicalEpisodes:
-    """BM25 indexes of every group this recall replica has searched."""
+    """BM25 indexes of the groups this recall replica searched most recently (bounded LRU)."""
 
-    def __init__(self) -> None:
-        self.indexes: dict[str, EpisodeIndex] = {}
-        self.locks: dict[str, asyncio.Lock] = {}
+    def __init__(self, max_groups: int = DEFAULT_MAX_GROUPS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_groups = max_groups
+        self.max_bytes = max_bytes
+        self.indexes: OrderedDict[str, EpisodeIndex] = OrderedDict()  # least recently used first
+        self.indexed_bytes = 0
+        # One lock per group while some request uses it: a map of every group ever seen would
+        # grow without bound too.
+        self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def invalidate(self, group_id: str) -> None:
-        self.indexes.pop(group_id, None)
+        self._drop(group_id, None)
+
+    def _drop(self, group_id: str, reason: str | None) -> None:
+        index = self.indexes.pop(group_id, None)
+        if index is not None:
+            self.indexed_bytes -= index.text_bytes
+            INDEXED_BYTES.dec(index.text_bytes)
+            if reason:
+                EVICTIONS.labels(reason=reason).inc()
+
+    def _keep(self, group_id: str, index: EpisodeIndex) -> None:
+        """Store ``index`` as the most recently used, then evict down to the bounds. No await in
+        here: the map and the byte count change together."""
+        self._drop(group_id, None)
+        if index.text_bytes > self.max_bytes:
+            EVICTIONS.labels(reason="too_large").inc()
+            return
+        self.indexes[group_id] = index
+        self.indexed_bytes += index.text_bytes
+        INDEXED_BYTES.inc(index.text_bytes)
+        while len(self.indexes) > self.max_groups:
+            self._drop(next(iter(self.indexes)), "groups")
+        while self.indexed_bytes > self.max_bytes:
+            self._drop(next(iter(self.indexes)), "bytes")
 
     async def _current(self, driver: Any, group_id: str) -> EpisodeIndex:
-        async with self.locks.setdefault(group_id, asyncio.Lock()):
-            index = self.indexes.get(group_id) or EpisodeIndex()
-            count = (await query_rows(driver, "MATCH (e:Episodic) WHERE e.group_id = $g RETURN count(e) AS n", g=group_id))[0]["n"]
-            if count < len(index.docs):
-                index = EpisodeIndex()  # episodes were deleted: rebuild
-            if count > len(index.docs):
-                rows = await query_rows(
-                    driver,
-                    "MATCH (e:Episodic) WHERE e.group_id = $g RETURN e.uuid AS uuid, e.content AS content, "
-                    "e.valid_at AS valid_at, e.created_at AS created_at ORDER BY e.created_at, e.uuid SKIP $skip",
-                    g=group_id, skip=len(index.docs),
-                )
-                known = {d.uuid for d in index.docs}
-                if any(r["uuid"] in known for r in rows):
-                    # written out of creation order: read everything again
-                    index = EpisodeIndex()
-                    rows = await query_rows(
-                        driver,
-                        "MATCH (e:Episodic) WHERE e.group_id = $g RETURN e.uuid AS uuid, e.content AS content, "
-                        "e.valid_at AS valid_at, e.created_at AS created_at ORDER BY e.created_at, e.uuid",
-                        g=group_id,
-                    )
+        lock = self.locks.get(group_id)
+        if lock is None:
+            lock = self.locks[group_id] = asyncio.Lock()
+        async with lock:
+            rows = await query_rows(driver, Q_UUIDS, g=group_id)
+            in_graph = set(rows[0]["uuids"] or []) if rows else set()
+            index = self.indexes.get(group_id)
+            if index is not None and index.uuids == in_graph:
+                self.indexes.move_to_end(group_id)
+                return index
+            if index is None or not index.uuids <= in_graph:
+                # first use, evicted, or episodes deleted: keep what is still there, no graph read
+                index = EpisodeIndex.of([d for d in index.docs if d.uuid in in_graph] if index else [])
+            self._drop(group_id, None)  # changed: accounted again by _keep once up to date
+            missing = in_graph - index.uuids
+            if missing:
+                if len(missing) * 2 > len(in_graph):  # mostly new: one scan beats a long IN list
+                    rows = await query_rows(driver, Q_EPISODES, g=group_id)
+                else:
+                    rows = await query_rows(driver, Q_EPISODES_IN, g=group_id, uuids=sorted(missing))
+                # Read after the uuids: an episode written in between is added now, one deleted
+                # in between is absent here; the next request's comparison settles either.
                 for r in rows:
-                    words = tokens(r["content"] or "")
-                    index.add(Doc(r["uuid"], r["content"] or "", r["valid_at"], r["created_at"], Counter(words), len(words)))
-            self.indexes[group_id] = index
+                    if r["uuid"] not in index.uuids:
+                        index.add(Doc.of(r))
+            self._keep(group_id, index)
             return index
 
     async def search(self, driver: Any, group_id: str, query: str, k: int) -> list[tuple[Doc, float]]:

@@ -1,14 +1,19 @@
-"""BM25 over a group's episodes (services/recall/lexical.py): ranking, incremental updates and
-rebuild after deletes against a real FalkorDB graph."""
+"""BM25 over a group's episodes (services/recall/lexical.py): ranking, incremental updates,
+deletes followed by inserts, and the bounded LRU of group indexes, against a real FalkorDB graph."""
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from graphiti_core.driver.falkordb_driver import FalkorDriver
+from prometheus_client import REGISTRY
 
+from engram.settings import EngramSettings
+from services.recall.app import Recall
 from services.recall.lexical import Doc, EpisodeIndex, LexicalEpisodes, tokens
 from tests.services.extractor.test_pipeline import _host_port
 
@@ -57,3 +62,139 @@ async def test_index_follows_the_graph(falkordb_server) -> None:  # noqa: ANN001
     finally:
         await driver.client.select_graph(group).delete()
         await driver.close()
+
+
+class CountingDriver:
+    """The real driver, with each query's row count recorded (the refresh rule must stay cheap)."""
+
+    def __init__(self, driver: FalkorDriver) -> None:
+        self.driver = driver
+        self.rows: list[int] = []
+
+    async def execute_query(self, query: str, **params):  # noqa: ANN003, ANN201
+        result = await self.driver.execute_query(query, **params)
+        self.rows.append(len(result[0]))
+        return result
+
+
+@pytest.fixture
+async def graph(falkordb_server) -> AsyncIterator[tuple[FalkorDriver, Callable[..., Awaitable[None]]]]:  # noqa: ANN001
+    """A fresh FalkorDB graph and ``add(group, uuid, text, minute)`` writing an Episodic node."""
+    host, port = _host_port(falkordb_server.url)
+    name = f"lex_{uuid.uuid4().hex[:8]}"
+    driver = FalkorDriver(host=host, port=port, database=name)
+
+    async def add(group: str, uid: str, text: str, minute: int) -> None:
+        await driver.execute_query(
+            "CREATE (:Episodic {uuid: $u, group_id: $g, content: $c, created_at: $t, valid_at: $t})",
+            u=uid, g=group, c=text, t=(T0 + timedelta(minutes=minute)).isoformat(),
+        )
+
+    try:
+        yield driver, add
+    finally:
+        await driver.client.select_graph(name).delete()
+        await driver.close()
+
+
+async def delete(driver: FalkorDriver, uid: str) -> None:
+    await driver.execute_query("MATCH (e:Episodic {uuid: $u}) DETACH DELETE e", u=uid)
+
+
+async def found(lexical: LexicalEpisodes, driver: object, group: str, query: str) -> set[str]:
+    return {d.uuid for d, _ in await lexical.search(driver, group, query, 10)}
+
+
+@pytest.mark.parametrize("new_minute", [10, -10], ids=["newest", "older-than-indexed"])
+async def test_an_episode_written_after_a_delete_is_indexed(graph, new_minute: int) -> None:  # noqa: ANN001
+    """Issue 10 item 9: the count stays 2 after delete + insert, and the rule by count never read
+    the new episode. "older-than-indexed": the writer's clock is behind, so neither would the
+    newest created_at have told."""
+    driver, add = graph
+    lexical = LexicalEpisodes()
+    await add("g", "e0", "user: we deploy nginx with ansible", 0)
+    await add("g", "e1", "user: nginx crashed on staging", 1)
+    assert await found(lexical, driver, "g", "nginx") == {"e0", "e1"}
+    await delete(driver, "e1")
+    await add("g", "e2", "user: the kubernetes upgrade is on friday", new_minute)
+    assert await found(lexical, driver, "g", "kubernetes") == {"e2"}
+    assert await found(lexical, driver, "g", "nginx") == {"e0"}
+    assert await found(lexical, driver, "g", "staging") == set()
+    # and the same again on the index it keeps
+    await delete(driver, "e0")
+    await add("g", "e3", "assistant: ansible playbook for the kubernetes nodes", new_minute - 1)
+    assert await found(lexical, driver, "g", "kubernetes") == {"e2", "e3"}
+    assert await found(lexical, driver, "g", "nginx") == set()
+
+
+async def test_refresh_reads_only_what_changed(graph) -> None:  # noqa: ANN001
+    driver, add = graph
+    counting = CountingDriver(driver)
+    lexical = LexicalEpisodes()
+    for i in range(6):
+        await add("g", f"e{i}", f"user: turn {i} about postgres", i)
+    assert len(await found(lexical, counting, "g", "postgres")) == 6
+    assert counting.rows == [1, 6]  # the uuid list (one row), then every episode once
+    counting.rows.clear()
+    await found(lexical, counting, "g", "postgres")
+    assert counting.rows == [1]  # unchanged: the uuid list only
+    counting.rows.clear()
+    await add("g", "e6", "user: postgres backups", 6)
+    assert "e6" in await found(lexical, counting, "g", "backups postgres")
+    assert counting.rows == [1, 1]  # the new episode only
+    counting.rows.clear()
+    await delete(driver, "e2")
+    assert "e2" not in await found(lexical, counting, "g", "postgres")
+    assert counting.rows == [1]  # a delete is applied in memory
+    assert lexical.indexes["g"].uuids == {"e0", "e1", "e3", "e4", "e5", "e6"}
+
+
+async def test_lru_bounds_groups_and_bytes_and_rebuilds_what_it_evicted(graph) -> None:  # noqa: ANN001
+    driver, add = graph
+    before = {r: evictions(r) for r in ("groups", "bytes", "too_large")}
+    for n, group in enumerate(("g1", "g2", "g3")):
+        await add(group, f"{group}-a", f"user: {group} talks about redis", n)
+    lexical = LexicalEpisodes(max_groups=2)
+    for group in ("g1", "g2", "g3"):
+        assert await found(lexical, driver, group, "redis") == {f"{group}-a"}
+    assert list(lexical.indexes) == ["g2", "g3"]
+    assert evictions("groups") == before["groups"] + 1
+    assert len(lexical.locks) == 0  # no lock kept for a group no request is using
+
+    # g1 changes while it is out of memory; its rebuild reads the graph as it is now
+    await delete(driver, "g1-a")
+    await add("g1", "g1-b", "user: g1 moved to valkey", 9)
+    assert await found(lexical, driver, "g1", "redis valkey") == {"g1-b"}
+    assert list(lexical.indexes) == ["g3", "g1"]
+    await found(lexical, driver, "g3", "redis")  # a hit makes g3 the most recently used
+    assert list(lexical.indexes) == ["g1", "g3"]
+
+    # bytes: room for two groups' text, not three
+    sizes = {g: len(f"user: {g} talks about redis".encode()) for g in ("g2", "g3")}
+    by_bytes = LexicalEpisodes(max_groups=10, max_bytes=sizes["g2"] + sizes["g3"])
+    for group in ("g1", "g2", "g3"):
+        await found(by_bytes, driver, group, "redis")
+    assert list(by_bytes.indexes) == ["g2", "g3"]
+    assert by_bytes.indexed_bytes == sizes["g2"] + sizes["g3"]
+    assert evictions("bytes") == before["bytes"] + 1
+    assert await found(by_bytes, driver, "g1", "valkey") == {"g1-b"}
+    assert list(by_bytes.indexes) == ["g3", "g1"]
+
+    # one group larger than the bound: answered from a fresh index every time, never kept
+    tiny = LexicalEpisodes(max_bytes=8)
+    assert await found(tiny, driver, "g2", "redis") == {"g2-a"}
+    await add("g2", "g2-b", "user: redis cluster", 10)
+    assert await found(tiny, driver, "g2", "redis") == {"g2-a", "g2-b"}
+    assert not tiny.indexes and tiny.indexed_bytes == 0
+    assert evictions("too_large") == before["too_large"] + 2
+
+
+def test_recall_settings_bound_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGRAM_RECALL_LEXICAL_MAX_GROUPS", "7")
+    monkeypatch.setenv("ENGRAM_RECALL_LEXICAL_MAX_BYTES", "4096")
+    recall = Recall(EngramSettings(graph_url="falkor://127.0.0.1:1"))
+    assert (recall.lexical.max_groups, recall.lexical.max_bytes) == (7, 4096)
+
+
+def evictions(reason: str) -> float:
+    return REGISTRY.get_sample_value("engram_recall_lexical_evictions_total", {"reason": reason}) or 0.0
