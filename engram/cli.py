@@ -301,8 +301,8 @@ def ingest(
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
     console.print(
-        f"published {report.messages} messages in {report.sessions} sessions "  # type: ignore[attr-defined]
-        f"({report.closes} session closes, {report.duplicates} already present)"  # type: ignore[attr-defined]
+        f"published {report.messages}, already present {report.duplicates} messages "  # type: ignore[attr-defined]
+        f"in {report.sessions} sessions ({report.closes} session closes)"  # type: ignore[attr-defined]
     )
 
 

@@ -1,6 +1,8 @@
 """Dead letters: publish with the reason, list, and replay into the original subject.
 
-A dead letter keeps the original bytes and headers, plus Engram-Dlq-* headers. Its Nats-Msg-Id
+A dead letter keeps the original message and headers with secrets scrubbed (the turn-detector's
+scrubber: a dead letter is stored for 30 days and must not keep what the pipeline would never
+store), plus Engram-Dlq-* headers; replay works from the scrubbed text. Its Nats-Msg-Id
 is derived from the source stream sequence, so a redelivered poison message is dead-lettered
 once. Replay re-publishes the body with a fresh Nats-Msg-Id (the original id is still inside the
 input stream's duplicate window and would be dropped), then deletes the dead letter.
@@ -9,7 +11,9 @@ input stream's duplicate window and would be dropped), then deletes the dead let
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
+from typing import Any
 from datetime import datetime, timezone
 
 from nats.aio.client import Client
@@ -18,6 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter
 
 from schemas import subjects
+from services.turn_detector.secrets import scrub_secrets
 
 DLQ_MESSAGES = Counter(
     "engram_dlq_messages_total",
@@ -50,7 +55,8 @@ async def dead_letter(
     source_id: str,
 ) -> None:
     """Publish one dead letter and wait for the PubAck (the caller acks the source after)."""
-    out = {k: v for k, v in (headers or {}).items() if not _is_transport_header(k)}
+    payload = scrub_payload(payload)
+    out = {k: scrub_secrets(v).text for k, v in (headers or {}).items() if not _is_transport_header(k)}
     if subjects.HDR_MSG_ID in out:
         out[HDR_ORIGINAL_MSG_ID] = out.pop(subjects.HDR_MSG_ID)
     out.update(
@@ -65,6 +71,31 @@ async def dead_letter(
     )
     await js.publish(subjects.dlq(stage), payload, headers=out, stream=subjects.STREAM_DLQ)
     DLQ_MESSAGES.labels(stage=stage, reason=reason).inc()
+
+
+def scrub_payload(payload: bytes) -> bytes:
+    """Secrets scrubbed from a payload: JSON string values one by one (the document stays valid
+    JSON, so a scrubbed dead letter still replays), anything else as text."""
+    text = payload.decode("utf-8", errors="replace")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return scrub_secrets(text).text.encode("utf-8")
+    scrubbed, changed = _scrub_json(document)
+    return json.dumps(scrubbed, ensure_ascii=False).encode("utf-8") if changed else payload
+
+
+def _scrub_json(value: Any) -> tuple[Any, bool]:
+    if isinstance(value, str):
+        result = scrub_secrets(value)
+        return result.text, result.text != value
+    if isinstance(value, list):
+        items = [_scrub_json(v) for v in value]
+        return [v for v, _ in items], any(c for _, c in items)
+    if isinstance(value, dict):
+        pairs = {k: _scrub_json(v) for k, v in value.items()}
+        return {k: v for k, (v, _) in pairs.items()}, any(c for _, c in pairs.values())
+    return value, False
 
 
 def _is_transport_header(name: str) -> bool:

@@ -3,7 +3,9 @@
 Readers yield :class:`ChatMessage` and :class:`SessionClosed` events in conversation order.
 Message ids are deterministic, so ingesting the same file twice publishes nothing new: the
 server drops a repeated Nats-Msg-Id inside the duplicate window, and the turn-detector drops a
-repeated message id after it.
+repeated message id after it. The Nats-Msg-Id is :func:`schemas.subjects.message_dedupe_id` of
+(session, scopes, message id, session epoch): the same file ingested into another workspace or
+user is stored again, and one ingested again after its group was deleted is stored too.
 """
 
 from __future__ import annotations
@@ -50,9 +52,12 @@ def read_jsonl(path: Path, scopes: ScopeKeys, close_sessions: bool = True) -> It
                 row = json.loads(line)
                 session = str(row["session_id"])
                 ts = _utc(row.get("timestamp"), now)
-                message_id = row.get("message_id") or hashlib.sha256(
-                    f"{session}|{lineno}|{row['role']}|{ts.isoformat()}|{row['content']}".encode()
-                ).hexdigest()[:32]
+                # Without an id the line's position and text identify the message; the time
+                # only when the file gives one (``now`` would make every re-ingest new).
+                stamp = ts.isoformat() if row.get("timestamp") is not None else ""
+                message_id = str(row.get("message_id") or hashlib.sha256(
+                    f"{session}|{lineno}|{row['role']}|{stamp}|{row['content']}".encode()
+                ).hexdigest()[:32])
                 yield ChatMessage(
                     message_id=message_id,
                     session_id=session,
@@ -149,39 +154,58 @@ def read_transcript(path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterabl
     return list(read_locomo(path, scopes, samples))
 
 
-def subject_and_id(event: Event) -> tuple[str, str]:
+def subject_and_id(event: Event, epoch: int = 0) -> tuple[str, str]:
+    """The subject and Nats-Msg-Id to publish ``event`` with (see schemas.subjects)."""
     if isinstance(event, ChatMessage):
-        return subjects.in_message(event.session_id), event.message_id
-    return subjects.in_close(event.session_id), f"close:{event.session_id}:{event.closed_at.isoformat()}"
+        return subjects.in_message(event.session_id), subjects.message_dedupe_id(
+            event.session_id, event.scopes, event.message_id, epoch)
+    return subjects.in_close(event.session_id), subjects.close_dedupe_id(
+        event.session_id, event.closed_at.isoformat(), epoch)
 
 
 @dataclass
 class IngestReport:
     messages: int = 0
+    """Messages stored now (not counting ones the server already had)."""
     sessions: int = 0
     closes: int = 0
     duplicates: int = 0
+    """Messages the server already had (re-sent within its duplicate window)."""
 
 
 async def publish_events(js, events: Iterable[Event], progress=None) -> IngestReport:  # noqa: ANN001
     """Publish in order, awaiting each PubAck (so per-session order and durability hold)."""
     report = IngestReport()
     sessions: set[str] = set()
+    epochs = await _epochs(js)
+    session_epoch: dict[str, int] = {}
     for event in events:
-        subject, msg_id = subject_and_id(event)
+        if event.session_id not in session_epoch:
+            session_epoch[event.session_id] = await epochs.get(event.session_id) if epochs else 0
+        subject, msg_id = subject_and_id(event, session_epoch[event.session_id])
         ack = await js.publish(
             subject,
             event.model_dump_json().encode(),
             headers={subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"},
         )
-        if ack.duplicate:
-            report.duplicates += 1
         if isinstance(event, ChatMessage):
-            report.messages += 1
             sessions.add(event.session_id)
-        else:
+            if ack.duplicate:
+                report.duplicates += 1
+            else:
+                report.messages += 1
+        elif not ack.duplicate:
             report.closes += 1
         if progress is not None:
             progress()
     report.sessions = len(sessions)
     return report
+
+
+async def _epochs(js):  # noqa: ANN001, ANN202
+    from engram.epochs import SessionEpochs
+
+    try:
+        return await SessionEpochs.open(js)
+    except Exception:  # noqa: BLE001 - a NATS without engram's buckets yet: nothing was ever deleted
+        return None

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from schemas import Episode, EpisodeMessage, ExtractionOverride, subjects
 from schemas.relations import vocabulary_text
 from services.turn_detector.pairing import episode_id_for
+from services.turn_detector.secrets import scrub_secrets
 
 PromotionKind = Literal["decision", "lesson_learned", "preference", "procedure"]
 PROMOTION_SESSION = "promotion"
@@ -48,9 +49,11 @@ def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
     # Rendered like a chat turn ("user (<name>): text", services/turn_detector/pairing.py), so
     # every extractor reads it the same way; the kind travels in source_description.
     speaker = f"user ({promotion.author})" if promotion.author else "user"
-    content = f"{speaker}: {promotion.text.strip()}"
+    # Scrubbed like every chat turn: a promotion skips the turn-detector, which is where chat
+    # messages lose their secrets, and goes straight into the episode stream and the graph.
+    content = f"{speaker}: {scrub_secrets(promotion.text.strip()).text}"
     if promotion.rationale:
-        content += f"\nRationale: {promotion.rationale.strip()}"
+        content += f"\nRationale: {scrub_secrets(promotion.rationale.strip()).text}"
     return Episode(
         episode_id=episode_id_for(group_id, turn_id),
         group_id=group_id,

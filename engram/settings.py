@@ -31,6 +31,12 @@ class TurnDetectorSettings(BaseSettings):
     max_turn_chars: int = Field(48_000, gt=0, description="Hard cap of one turn's rendered content.")
     recent_ids_kept: int = Field(64, ge=1, description="Message ids remembered per session for dedupe.")
     max_deliveries: int = Field(5, ge=1, description="Delivery attempts before a message is dead-lettered.")
+    input_retention_s: float = Field(
+        60.0, ge=0,
+        description="How long a session's raw input messages (and superseded checkpoints) stay in NATS once a "
+        "checkpoint covers them; then they are erased from disk. 0 = erase right after processing. Messages "
+        "not yet processed are kept (up to the input stream's max age, 7 days).",
+    )
 
 
 class EngramSettings(BaseSettings):

@@ -24,6 +24,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
     StorageType,
@@ -37,6 +38,28 @@ from schemas import subjects
 log = logging.getLogger(__name__)
 
 DAY = 24 * 3600.0
+SESSION_STATE_HISTORY = 64
+
+
+def _kv_stream_config(cfg: KeyValueConfig) -> StreamConfig:
+    """The stream nats-py would create for ``cfg``, except that messages may be deleted: engram
+    erases superseded and deleted session checkpoints byte by byte (STREAM.MSG.DELETE overwrites
+    the stored message), which a standard KV bucket (deny_delete) refuses."""
+    return StreamConfig(
+        name=f"KV_{cfg.bucket}",
+        description=cfg.description,
+        subjects=[f"$KV.{cfg.bucket}.>"],
+        allow_direct=True,
+        allow_rollup_hdrs=True,
+        deny_delete=False,
+        deny_purge=False,
+        discard=DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        max_age=cfg.ttl,
+        max_msgs_per_subject=cfg.history,
+        num_replicas=1,
+        storage=cfg.storage,
+    )
 
 
 @dataclass(frozen=True)
@@ -204,10 +227,20 @@ class Topology:
             KeyValueConfig(
                 bucket=subjects.KV_TURN_SESSIONS,
                 description="turn-detector session state: open turn, last sequence, recent ids.",
-                history=1,
+                # Superseded checkpoints stay (up to 64) until the turn-detector erases them
+                # (services/turn_detector/retention.py): a KV replacement at history 1 removes
+                # the old value without overwriting its bytes on disk.
+                history=SESSION_STATE_HISTORY,
                 ttl=self.session_state_ttl_s,
                 storage=StorageType.FILE,
-            )
+            ),
+            KeyValueConfig(
+                bucket=subjects.KV_SESSION_EPOCHS,
+                description="session -> epoch of its last erasure by a delete (engram/epochs.py).",
+                history=1,
+                ttl=max(DAY, 4 * self.duplicate_window_s),
+                storage=StorageType.FILE,
+            ),
         ]
 
 
@@ -224,7 +257,18 @@ async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
         try:
             await js.key_value(cfg.bucket)
         except nats.js.errors.BucketNotFoundError:
-            await js.create_key_value(cfg)
+            try:
+                await js.add_stream(_kv_stream_config(cfg))
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != 10058:  # created concurrently by another service
+                    raise
+            continue
+        info = await js.stream_info(f"KV_{cfg.bucket}")
+        if info.config.deny_delete:
+            # A bucket made before engram erased checkpoints: NATS cannot lift deny_delete on an
+            # existing stream. It works, but superseded values are not erased from disk.
+            log.warning("KV bucket %s refuses deletes (made by an older engram): recreate it to erase old "
+                        "session checkpoints from disk", cfg.bucket)
     for stream, ccfg in topology.consumers():
         # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
         # ack_wait or max_ack_pending takes effect on restart instead of being ignored.

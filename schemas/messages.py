@@ -54,7 +54,10 @@ class ChatMessage(_Model):
     """One chat message as an agent publishes it on ``engram.in.message.<session_id>``."""
 
     schema_version: Literal[1] = 1
-    message_id: str = Field(pattern=MESSAGE_ID_PATTERN, description="Unique per message; also the Nats-Msg-Id.")
+    message_id: str = Field(pattern=MESSAGE_ID_PATTERN, description="Unique per message within its session. Publish it with header "
+                            "Nats-Msg-Id = sha256(json([session_id, scopes, message_id, epoch]))[:40] "
+                            "prefixed 'm-' (schemas.subjects.message_dedupe_id): JetStream deduplicates "
+                            "per stream, so a bare id would collide across sessions.")
     session_id: str = Field(pattern=SESSION_ID_PATTERN)
     role: Role
     content: str
@@ -63,6 +66,12 @@ class ChatMessage(_Model):
     name: str | None = Field(None, max_length=256, description="Speaker name, e.g. 'Caroline' or a tool name.")
     source_description: str | None = Field(None, max_length=512)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    idle_timeout_s: float | None = Field(
+        None, gt=0, le=86_400,
+        description="Complete the open turn after this many seconds without a new message in the session, "
+        "instead of the turn-detector's ENGRAM_TURN_IDLE_TIMEOUT_S (the session's latest message decides). "
+        "For publishers that send no session close and may end on a user message, e.g. the REST gateway.",
+    )
 
     _utc = field_validator("timestamp")(_as_utc)
 
@@ -214,6 +223,10 @@ class SummaryTick(_Model):
     node_uuid: str = Field(pattern=TOKEN_PATTERN)
     token: str = Field(description="episode_id of the deferral that armed it; a newer deferral makes it stale.")
     scheduled_for: AwareDatetime
+    kind: Literal["flush", "staleness"] = Field(
+        "flush", description="flush: a deferred refresh after a burst; staleness: the staleness sweep of a "
+        "skipped change (token: episode_id of the first skip).",
+    )
 
 
 class RecallScopes(_Model):
@@ -223,10 +236,6 @@ class RecallScopes(_Model):
 
 
 class RecallMessage(_Model):
-    kind: Literal["flush", "staleness"] = Field(
-        "flush", description="flush: a deferred refresh after a burst; staleness: the staleness sweep of a "
-        "skipped change (token: episode_id of the first skip).",
-    )
     role: Role
     content: str
 
@@ -369,6 +378,50 @@ class GraphDeleteResponse(_Model):
     deleted_entities: int = 0
 
 
+class GraphGroupsRequest(_Model):
+    """Request on ``engram.graph.groups``: every group that holds a node (graphiti's "all groups")."""
+
+    schema_version: Literal[1] = 1
+
+
+class GraphGroupsResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    group_ids: list[str] = Field(default_factory=list, description="Sorted.")
+
+
+class GraphEntityNodeRequest(_Model):
+    """Request on ``engram.graph.entity.save``: create an entity node with a name and a summary in
+    a group, as graphiti's ``POST /entity-node`` does (the same uuid again updates that node).
+    A name made only of stopwords or punctuation is refused (reason ``invalid: ...``)."""
+
+    schema_version: Literal[1] = 1
+    uuid: str = GRAPH_UUID
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    name: str = Field(min_length=1, max_length=1000)
+    summary: str = Field("", max_length=100_000)
+
+
+class GraphEntity(_Model):
+    """An Entity node as stored (without its name embedding)."""
+
+    uuid: str
+    name: str
+    group_id: str
+    labels: list[str] = Field(default_factory=list)
+    created_at: AwareDatetime | None = None
+    summary: str = ""
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class GraphEntityNodeResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    node: GraphEntity | None = None
+
+
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     ChatMessage,
     SessionClosed,
@@ -387,4 +440,8 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     GraphEpisodeDeleteRequest,
     GraphGroupDeleteRequest,
     GraphDeleteResponse,
+    GraphGroupsRequest,
+    GraphGroupsResponse,
+    GraphEntityNodeRequest,
+    GraphEntityNodeResponse,
 )

@@ -8,8 +8,13 @@ Tokens that end up inside a subject (session ids, group ids, stage names) are re
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from typing import Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # schemas.messages imports this module: no runtime import the other way
+    from schemas.messages import ScopeKeys
 
 TOKEN_PATTERN = r"^[a-zA-Z0-9_-]{1,200}$"
 SESSION_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"
@@ -19,7 +24,7 @@ Scope = Literal["session", "workspace", "user"]
 
 # --- input side (publishers -> turn-detector) ---------------------------------------------
 IN_MESSAGE = "engram.in.message.{session}"
-"""A ChatMessage of one chat session. Publishers should set ``Nats-Msg-Id`` = message_id."""
+"""A ChatMessage of one chat session. Publishers set ``Nats-Msg-Id`` = :func:`message_dedupe_id`."""
 IN_CLOSE = "engram.in.close.{session}"
 """A SessionClosed event: flushes the session's open turn now."""
 IN_IDLE = "engram.in.idle.{session}"
@@ -35,6 +40,9 @@ SUMMARY_AUDIT = "engram.summary.audit.{group}"
 SCHED_SUMMARY = "engram.sched.summary.{group}.{node}"
 """Where the summary-gate stores a deferred refresh's flush schedule (one pending per node)."""
 RECALL = "engram.recall"
+CTL_FORGET_SESSIONS = "engram.ctl.sessions.forget"
+"""Core NATS (no stream): a JSON list of session ids whose state a delete erased; every
+turn-detector replica drops them from its cache."""
 DLQ = "engram.dlq.{stage}"
 
 # --- graph admin (NATS request/reply, served by the recall service; used by the gateway) ----
@@ -49,7 +57,12 @@ GRAPH_EPISODE_DELETE = "engram.graph.episode.delete"
 and the entities that are left with no mention and no fact."""
 GRAPH_GROUP_DELETE = "engram.graph.group.delete"
 """GraphGroupDeleteRequest -> GraphDeleteResponse: everything of one group."""
-GRAPH_ADMIN_SUBJECTS = (GRAPH_EPISODES, GRAPH_EDGE_GET, GRAPH_EDGE_DELETE, GRAPH_EPISODE_DELETE, GRAPH_GROUP_DELETE)
+GRAPH_GROUPS = "engram.graph.groups"
+"""GraphGroupsRequest -> GraphGroupsResponse: every group that holds a node."""
+GRAPH_ENTITY_SAVE = "engram.graph.entity.save"
+"""GraphEntityNodeRequest -> GraphEntityNodeResponse: create (or update) one entity node."""
+GRAPH_ADMIN_SUBJECTS = (GRAPH_EPISODES, GRAPH_EDGE_GET, GRAPH_EDGE_DELETE, GRAPH_EPISODE_DELETE, GRAPH_GROUP_DELETE,
+                        GRAPH_GROUPS, GRAPH_ENTITY_SAVE)
 
 # --- streams -------------------------------------------------------------------------------
 STREAM_IN = "ENGRAM_IN"
@@ -67,6 +80,47 @@ HDR_DLQ_STAGE = "Engram-Dlq-Stage"
 HDR_DLQ_SUBJECT = "Engram-Dlq-Subject"
 HDR_DLQ_TIME = "Engram-Dlq-Time"
 HDR_MSG_ID = "Nats-Msg-Id"
+
+KV_SESSION_EPOCHS = "engram_session_epochs"
+"""Session -> epoch (milliseconds of the last delete that erased the session). Absent = 0."""
+
+
+# --- deduplication ids -----------------------------------------------------------------------
+def _dedupe_digest(*parts: object) -> str:
+    key = json.dumps(parts, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
+
+
+def message_dedupe_id(session_id: str, scopes: "ScopeKeys | Mapping[str, Any] | None", message_id: str,
+                      epoch: int = 0) -> str:
+    """The ``Nats-Msg-Id`` of a ChatMessage on ``engram.in.message.<session>``.
+
+    JetStream deduplicates per *stream*, over every subject, for ``duplicate_window`` (600 s):
+    a bare message id such as "m1" would make session s2's first message a duplicate of session
+    s1's and drop it. The id is therefore a hash of everything that makes a message distinct:
+
+        sha256(json([session_id, scopes, message_id, epoch]))[:40]  (hex; scopes as a dict without
+        null fields, keys sorted; ``epoch`` is 0 unless the session was erased by a delete)
+
+    so the same message re-published (a retry, a re-ingest) is dropped, while the same id in
+    another session, or sent to other workspace/user scopes, is stored. ``epoch`` is the
+    session's value in the ``engram_session_epochs`` KV bucket (:mod:`engram.epochs`): deleting a
+    group bumps the epochs of the sessions that fed it, so content posted again after a delete
+    is stored instead of being dropped as a duplicate of what was deleted. Publishers that never
+    delete can leave it 0.
+    """
+    if scopes is None:
+        scope_dict: dict[str, Any] = {"session": True}
+    elif hasattr(scopes, "model_dump"):
+        scope_dict = scopes.model_dump(exclude_none=True)  # type: ignore[union-attr]
+    else:
+        scope_dict = {k: v for k, v in dict(scopes).items() if v is not None}
+    return "m-" + _dedupe_digest(session_id, scope_dict, message_id, int(epoch))
+
+
+def close_dedupe_id(session_id: str, closed_at: str, epoch: int = 0) -> str:
+    """The ``Nats-Msg-Id`` of a SessionClosed (``closed_at`` as ISO-8601 text)."""
+    return "c-" + _dedupe_digest(session_id, closed_at, int(epoch))
 
 
 def is_valid_token(value: str) -> bool:

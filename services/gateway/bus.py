@@ -20,6 +20,7 @@ from faststream.nats import NatsBroker
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
+from engram.epochs import SessionEpochs
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, subjects
@@ -60,12 +61,14 @@ class Bus:
         self.settings = settings
         self.broker = broker
         self.publish_timeout_s = publish_timeout_s
+        self.epochs: SessionEpochs | None = None
 
     async def start(self) -> None:
         """Connect and declare the topology, as every service does: the gateway may be the first
         engram process a fresh NATS sees, and its publishes need the input stream."""
         await self.broker.connect()
         await ensure_topology(self.broker.config.connection_state.stream, Topology.from_settings(self.settings))
+        self.epochs = await SessionEpochs.open(self.broker.config.connection_state.stream)
 
     def _client(self) -> Any:
         try:
@@ -85,12 +88,16 @@ class Bus:
         js = self.broker.config.connection_state.stream
         report = PublishReport()
         subject = subjects.in_message(group_id)
+        try:
+            epoch = await self.epochs.get(group_id) if self.epochs is not None else 0
+        except Exception as exc:  # noqa: BLE001 - without the epoch a re-post after a delete could be dropped
+            raise BusError(503, f"cannot read the session epoch ({_why(exc)}); retry") from exc
         for i, message in enumerate(messages):
             try:
                 ack = await js.publish(
                     subject, message.model_dump_json().encode(), timeout=self.publish_timeout_s,
                     stream=subjects.STREAM_IN,
-                    headers={subjects.HDR_MSG_ID: dedupe_header(group_id, message.message_id),
+                    headers={subjects.HDR_MSG_ID: dedupe_header(message, epoch),
                              "content-type": "application/json"},
                 )
             except Exception as exc:  # noqa: BLE001 - whatever it was, the message is not known to be stored

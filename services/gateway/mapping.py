@@ -6,8 +6,10 @@ import hashlib
 import json
 from datetime import datetime, timedelta, timezone
 
+from schemas import subjects
 from schemas import ChatMessage, RecallItem, RecallMessage, RecallRequest, ScopeKeys
 from schemas.messages import GraphEpisode, GraphFact
+from schemas.relations import canonical_relation
 from services.gateway.models import EntityEdgeResult, EpisodeResult, FactResult, Message
 
 RECALL_TOKEN_BUDGET = 100_000
@@ -18,31 +20,41 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def message_id_for(group_id: str, message: Message, timestamp: datetime) -> str:
-    """The client's uuid, else a hash of what the message is: a retried POST maps to the same id."""
+def message_id_for(group_id: str, message: Message, occurrence: int = 0) -> str:
+    """The client's uuid, else a hash of what the message is -- group, role, name, content, the
+    client's timestamp if it sent one, and ``occurrence`` (how many equal messages came before it
+    in the same request) -- so a retried POST maps to the same ids and is stored once, while two
+    equal messages of one request are both kept. Never the arrival time: a retry arrives later.
+    Without uuid and timestamp, an equal message POSTed again is the same message (send either
+    to tell repeats apart, as the Graphiti contract allows)."""
     if message.uuid:
         return message.uuid
-    key = json.dumps([group_id, message.role_type, message.role or "", message.content, _utc(timestamp).isoformat()],
-                     ensure_ascii=False, separators=(",", ":"))
+    stamp = _utc(message.timestamp).isoformat() if message.timestamp else ""
+    key = json.dumps([group_id, message.role_type, message.role or "", message.name or "", message.content, stamp,
+                      occurrence], ensure_ascii=False, separators=(",", ":"))
     return "gw-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
-def dedupe_header(group_id: str, message_id: str) -> str:
-    """The Nats-Msg-Id. JetStream deduplicates per stream, not per subject: scoping the id by group
-    keeps a client uuid that is written to two groups (session + workspace) from being dropped
-    as a duplicate in the second."""
-    return f"{group_id}:{message_id}"
+def dedupe_header(message: ChatMessage, epoch: int = 0) -> str:
+    """The Nats-Msg-Id: :func:`schemas.subjects.message_dedupe_id` (session, scopes, id, epoch),
+    like every engram publisher. ``epoch`` changes when a delete erased the session."""
+    return subjects.message_dedupe_id(message.session_id, message.scopes, message.message_id, epoch)
 
 
-def chat_messages(group_id: str, messages: list[Message], now: datetime) -> list[ChatMessage]:
+def chat_messages(group_id: str, messages: list[Message], now: datetime,
+                  idle_timeout_s: float | None = None) -> list[ChatMessage]:
     """One ChatMessage per REST message, in order, all in session ``group_id`` writing to exactly
     that group. Messages without a timestamp get ``now`` plus their index in microseconds: their
     order is kept and two equal messages of one request get different ids."""
     out = []
+    seen: dict[str, int] = {}
     for i, m in enumerate(messages):
         timestamp = _utc(m.timestamp) if m.timestamp else now + timedelta(microseconds=i)
+        base = message_id_for(group_id, m)
+        occurrence = seen.get(base, 0)
+        seen[base] = occurrence + 1
         out.append(ChatMessage(
-            message_id=message_id_for(group_id, m, timestamp),
+            message_id=message_id_for(group_id, m, occurrence) if occurrence else base,
             session_id=group_id,
             role=m.role_type,
             content=m.content,
@@ -51,6 +63,7 @@ def chat_messages(group_id: str, messages: list[Message], now: datetime) -> list
             name=m.role or None,
             source_description=m.source_description or None,
             metadata={"name": m.name} if m.name else {},
+            idle_timeout_s=idle_timeout_s,
         ))
     return out
 
@@ -69,8 +82,22 @@ def memory_request(group_id: str, messages: list[Message], max_facts: int, timeo
     )
 
 
+def ranked_across_groups(per_group: list[list[RecallItem]], max_facts: int) -> list[RecallItem]:
+    """One ranking of several groups' answers, for a search over all groups: by recall's fused
+    score (rank-based, so the groups' best facts interleave), one item per uuid, ``max_facts``."""
+    items = sorted((item for items in per_group for item in items), key=lambda i: -(i.score or 0.0))
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        if item.uuid not in seen:
+            seen.add(item.uuid)
+            out.append(item)
+    return out[:max_facts]
+
+
 def fact_result(item: RecallItem) -> FactResult:
-    return FactResult(uuid=item.uuid, name=item.name, fact=item.fact, valid_at=item.valid_at,
+    # recall already names facts canonically; mapped here as well so both REST paths share one rule
+    return FactResult(uuid=item.uuid, name=canonical_relation(item.name), fact=item.fact, valid_at=item.valid_at,
                       invalid_at=item.invalid_at, created_at=item.created_at, expired_at=item.expired_at)
 
 
@@ -83,4 +110,5 @@ def episode_result(episode: GraphEpisode) -> EpisodeResult:
 
 
 def edge_result(edge: GraphFact) -> EntityEdgeResult:
-    return EntityEdgeResult(**edge.model_dump())
+    """The stored edge, named as recall (and so /search) names it: one edge, one name."""
+    return EntityEdgeResult(**edge.model_dump(exclude={"name"}), name=canonical_relation(edge.name) or edge.name)

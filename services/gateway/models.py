@@ -8,7 +8,7 @@ is create-with-uuid and idempotent, ``group_id`` is validated, ``center_node_uui
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,8 +40,9 @@ class Message(_In):
         None, pattern=MESSAGE_ID_PATTERN,
         description="Optional client id of the message. Unlike upstream Graphiti this creates the message "
         "with that id, and posting the same uuid again to the same group stores nothing new. Without it, "
-        "the id is a hash of (group_id, role_type, role, content, timestamp): send a timestamp so that a "
-        "retried POST is deduplicated.",
+        "the id is a hash of (group_id, role_type, role, name, content, timestamp if sent, position among "
+        "equal messages of the request): a retried POST is stored once. Send a uuid or a timestamp to "
+        "tell a genuinely repeated message in a later request apart from a retry.",
     )
     name: str = Field("", max_length=256, description="Free-form name of the message (kept as metadata).")
     role_type: Literal["user", "assistant", "system"] = Field(description="Who wrote it.")
@@ -61,10 +62,11 @@ class Result(BaseModel):
 
 
 class SearchQuery(_In):
-    group_ids: list[GroupId] = Field(
-        min_length=1, max_length=50,
-        description="Groups to search, in priority order. Required: engram searches named groups only "
-        "(upstream's search over all groups is not offered).",
+    group_ids: list[GroupId] | None = Field(
+        None, max_length=50,
+        description="Groups to search, in priority order. Omitted, null or empty: every group that holds a "
+        "node, as upstream Graphiti searches all groups, ranked together (up to "
+        "ENGRAM_GATEWAY_SEARCH_ALL_MAX_GROUPS groups; with more, a 400 asks to name them).",
     )
     query: str = Field(min_length=1)
     max_facts: int = Field(10, ge=1, le=200)
@@ -121,6 +123,25 @@ class EntityEdgeResult(BaseModel):
     valid_at: datetime | None = None
     invalid_at: datetime | None = None
     expired_at: datetime | None = None
+
+
+class AddEntityNodeRequest(_In):
+    uuid: str = Field(min_length=1, max_length=256, description="The node's uuid; the same uuid again updates it.")
+    group_id: GroupId
+    name: str = Field(min_length=1, max_length=1000, description="The entity's name (not only stopwords/punctuation).")
+    summary: str = Field("", max_length=100_000)
+
+
+class EntityNodeResult(BaseModel):
+    """The saved node, as upstream returns it, without ``name_embedding`` (a vector nobody reads)."""
+
+    uuid: str
+    name: str
+    group_id: str
+    labels: list[str] = Field(default_factory=list)
+    created_at: datetime | None = None
+    summary: str = ""
+    attributes: dict[str, Any] = Field(default_factory=dict)
 
 
 class HealthStatus(BaseModel):

@@ -7,6 +7,9 @@ Services talk only through NATS, so the HTTP gateway reads and deletes graph dat
 * ``engram.graph.edge.delete``     GraphEdgeRequest -> GraphDeleteResponse
 * ``engram.graph.episode.delete``  GraphEpisodeDeleteRequest -> GraphDeleteResponse
 * ``engram.graph.group.delete``    GraphGroupDeleteRequest -> GraphDeleteResponse
+* ``engram.graph.groups``          GraphGroupsRequest -> GraphGroupsResponse (groups holding a node)
+* ``engram.graph.entity.save``     GraphEntityNodeRequest -> GraphEntityNodeResponse (graphiti's
+  ``POST /entity-node``: an entity with a name, its name embedding and a summary)
 
 No orphans: deleting an episode deletes its MENTIONS edges, the facts (RELATES_TO) whose
 ``episodes`` list becomes empty (the others only lose the episode's uuid), and then every entity
@@ -52,9 +55,15 @@ from schemas.messages import (
     GraphEpisodesRequest,
     GraphEpisodesResponse,
     GraphFact,
+    GraphEntity,
+    GraphEntityNodeRequest,
+    GraphEntityNodeResponse,
     GraphGroupDeleteRequest,
+    GraphGroupsRequest,
+    GraphGroupsResponse,
 )
-from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+from services.extractor.pipeline import MESSAGE_IDS_PROPERTY, safe_entity_name
+from services.recall import purge
 
 log = logging.getLogger("engram.recall.admin")
 QUEUE_GROUP = "graph-admin"
@@ -83,7 +92,10 @@ Q_EPISODES = (
     "ORDER BY coalesce(e.valid_at, e.created_at) DESC, e.created_at DESC LIMIT $last_n"
 )
 Q_EDGE = f"MATCH (a:Entity)-[r:RELATES_TO {{uuid: $uuid}}]->(b:Entity) RETURN {EDGE_FIELDS} LIMIT 1"
-Q_EPISODE_GROUP = "MATCH (e:Episodic {uuid: $uuid}) RETURN e.group_id AS group_id LIMIT 1"
+Q_EPISODE_GROUP = (
+    "MATCH (e:Episodic {uuid: $uuid}) RETURN e.group_id AS group_id, "
+    f"e.{MESSAGE_IDS_PROPERTY} AS message_ids LIMIT 1"
+)
 Q_MENTIONED = (
     "MATCH (e:Episodic {uuid: $uuid})-[:MENTIONS]->(n:Entity) WHERE e.group_id = $group_id RETURN n.uuid AS uuid"
 )
@@ -117,6 +129,8 @@ Q_DELETE_ENTITIES = (
 )
 Q_NEO4J_DELETE_GROUP = "MATCH (n) WHERE n.group_id = $group_id DETACH DELETE n RETURN count(n) AS n"
 Q_COUNT_EPISODES = "MATCH (e:Episodic) RETURN count(e) AS n"
+Q_ANY_NODE = "MATCH (n) RETURN 1 AS n LIMIT 1"
+Q_NEO4J_GROUPS = "MATCH (n) WHERE n.group_id IS NOT NULL RETURN DISTINCT n.group_id AS group_id"
 
 
 def _strings(value: Any) -> list[str]:
@@ -142,6 +156,13 @@ class _Backend:
 
     async def drop_group(self, group_id: str) -> GraphDeleteResponse:
         raise NotImplementedError
+
+    async def non_empty_groups(self) -> list[str]:
+        """Every group holding at least one node."""
+        raise NotImplementedError
+
+    async def compact(self) -> None:
+        """Rewrite the database's files so deleted data leaves the disk (FalkorDB: AOF and RDB)."""
 
     async def close(self) -> None:
         pass
@@ -194,6 +215,46 @@ class _Falkor(_Backend):
         await (init if init is not None else driver.build_indices_and_constraints())
         return GraphDeleteResponse(group_id=group_id, deleted_episodes=episodes)
 
+    async def non_empty_groups(self) -> list[str]:
+        # A deleted group's graph is re-created empty (with its indices): nothing in it to list.
+        sem = asyncio.Semaphore(SCAN_CONCURRENCY)
+
+        async def holds_a_node(name: str) -> bool:
+            async with sem:
+                try:
+                    return bool(await self.read(name, Q_ANY_NODE))
+                except Exception as exc:  # noqa: BLE001 - a graph deleted meanwhile
+                    if "empty key" in str(exc):
+                        return False
+                    raise
+
+        names = await self.group_names()
+        found = await asyncio.gather(*(holds_a_node(n) for n in names))
+        return [n for n, hit in zip(names, found) if hit]
+
+    async def compact(self) -> None:
+        """BGREWRITEAOF (and BGSAVE when RDB snapshots are on), waited for: Redis keeps every
+        write in its append-only file, so a deleted graph stays on disk until the file is
+        rewritten from memory, and an older dump.rdb holds it until the next snapshot."""
+        conn = self.client.connection
+        for command, flag in (("BGREWRITEAOF", "aof_rewrite_in_progress"), ("BGSAVE", "rdb_bgsave_in_progress")):
+            info = await conn.info("persistence")
+            if command == "BGREWRITEAOF" and not info.get("aof_enabled"):
+                continue
+            if command == "BGSAVE" and not (await conn.config_get("save")).get("save"):
+                continue
+            for _ in range(200):  # a rewrite already running must finish before another starts
+                if not (await conn.info("persistence")).get(flag) and not (
+                        await conn.info("persistence")).get("aof_rewrite_scheduled"):
+                    break
+                await asyncio.sleep(0.05)
+            await conn.execute_command(command)
+            for _ in range(600):
+                await asyncio.sleep(0.05)
+                info = await conn.info("persistence")
+                if not info.get(flag) and not info.get("aof_rewrite_scheduled"):
+                    break
+
     async def close(self) -> None:
         await self.client.aclose()
 
@@ -220,14 +281,24 @@ class _Neo4j(_Backend):
         await self._run(Q_NEO4J_DELETE_GROUP, {"group_id": group_id})
         return GraphDeleteResponse(group_id=group_id, deleted_episodes=episodes)
 
+    async def non_empty_groups(self) -> list[str]:
+        return sorted(str(r["group_id"]) for r in await self._run(Q_NEO4J_GROUPS, {}) if r.get("group_id"))
+
 
 Req = TypeVar("Req", bound=BaseModel)
 Resp = TypeVar("Resp", bound=BaseModel)
 
 
 class GraphAdmin:
-    def __init__(self, graph: GraphDrivers) -> None:
+    def __init__(self, graph: GraphDrivers, broker: NatsBroker | None = None, embedder: Any = None) -> None:
+        """``embedder``: graphiti EmbedderClient for entity name embeddings (the extractor's, so
+        graphiti's entity resolution finds saved nodes); without it entity.save fails."""
         self.graph = graph
+        self.embedder = embedder
+        self.broker = broker  # for erasing a deleted group's or episode's messages (purge.py)
+
+    def _js(self) -> Any:
+        return self.broker.config.connection_state.stream if self.broker is not None else None
 
     @contextlib.asynccontextmanager
     async def _backend(self) -> AsyncIterator[_Backend]:
@@ -348,12 +419,50 @@ class GraphAdmin:
                                                     uuid=req.uuid))
             orphans = await self._delete_orphans(db, graph, group, sorted(candidates), episode=req.uuid)
             episodes = _first_int(await db.write(graph, Q_DELETE_EPISODE, uuid=req.uuid, group_id=group))
+            message_ids = _strings(row.get("message_ids"))
+            await db.compact()
+        js = self._js()
+        if js is not None:
+            await purge.erase_episode(js, group, req.uuid, message_ids)
         return GraphDeleteResponse(group_id=group, deleted_episodes=episodes, deleted_facts=deleted_facts,
                                    updated_facts=updated, deleted_entities=orphans)
 
     async def delete_group(self, req: GraphGroupDeleteRequest) -> GraphDeleteResponse:
+        js = self._js()
+        if js is not None:
+            # Streams first: a queued episode erased here can no longer re-create the graph.
+            report = await purge.erase_group(js, self.graph.settings.group_prefix, req.group_id)
+            if report.sessions:
+                await self.broker.publish(sorted(report.sessions), subjects.CTL_FORGET_SESSIONS)
         async with self._backend() as db:
-            return await db.drop_group(req.group_id)
+            response = await db.drop_group(req.group_id)
+            await db.compact()
+        return response
+
+    async def groups(self, req: GraphGroupsRequest) -> GraphGroupsResponse:
+        async with self._backend() as db:
+            return GraphGroupsResponse(group_ids=sorted(await db.non_empty_groups()))
+
+    async def save_entity(self, req: GraphEntityNodeRequest) -> GraphEntityNodeResponse:
+        """graphiti server's ``save_entity_node``: EntityNode(name, uuid, group_id, summary), its
+        name embedding, saved (MERGE on uuid). Through the group's driver, so a new group's graph
+        gets its indices like one the extractor creates."""
+        from graphiti_core.nodes import EntityNode
+
+        if not safe_entity_name(req.name):
+            # The extractor drops such names too: an entity named only "Is" crashed FalkorDB 4.16
+            # in graphiti's name lookup (services/extractor/pipeline.py).
+            return GraphEntityNodeResponse(status="error", reason="invalid: the name is empty, punctuation or "
+                                           "only stopwords/pronouns")
+        if self.embedder is None:
+            raise RuntimeError("no embedder configured for entity names")
+        node = EntityNode(uuid=req.uuid, name=req.name, group_id=req.group_id, summary=req.summary)
+        await node.generate_name_embedding(self.embedder)
+        await node.save(await self.graph.driver(req.group_id))
+        return GraphEntityNodeResponse(node=GraphEntity(
+            uuid=node.uuid, name=node.name, group_id=node.group_id, labels=list(node.labels),
+            created_at=as_utc(node.created_at), summary=node.summary, attributes=dict(node.attributes or {}),
+        ))
 
 
 async def answer(
@@ -376,9 +485,9 @@ async def answer(
     return response
 
 
-def register_admin(broker: NatsBroker, graph: GraphDrivers) -> GraphAdmin:
+def register_admin(broker: NatsBroker, graph: GraphDrivers, embedder: Any = None) -> GraphAdmin:
     """Subscribe the graph admin handlers (queue group ``graph-admin``: one replica answers)."""
-    admin = GraphAdmin(graph)
+    admin = GraphAdmin(graph, broker, embedder)
 
     @broker.subscriber(subjects.GRAPH_EPISODES, queue=QUEUE_GROUP, title="graph episodes", decoder=message_itself)
     async def on_episodes(msg: Any) -> GraphEpisodesResponse:
@@ -403,5 +512,15 @@ def register_admin(broker: NatsBroker, graph: GraphDrivers) -> GraphAdmin:
     async def on_group_delete(msg: Any) -> GraphDeleteResponse:
         return await answer("group_delete", msg.body, GraphGroupDeleteRequest, admin.delete_group,
                             GraphDeleteResponse)
+
+    @broker.subscriber(subjects.GRAPH_GROUPS, queue=QUEUE_GROUP, title="graph groups", decoder=message_itself)
+    async def on_groups(msg: Any) -> GraphGroupsResponse:
+        return await answer("groups", msg.body, GraphGroupsRequest, admin.groups, GraphGroupsResponse)
+
+    @broker.subscriber(subjects.GRAPH_ENTITY_SAVE, queue=QUEUE_GROUP, title="graph entity save",
+                       decoder=message_itself)
+    async def on_entity_save(msg: Any) -> GraphEntityNodeResponse:
+        return await answer("entity_save", msg.body, GraphEntityNodeRequest, admin.save_entity,
+                            GraphEntityNodeResponse)
 
     return admin

@@ -25,6 +25,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from engram import dlq
+from engram.epochs import SessionEpochs
 from engram.service import ServiceApp, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
@@ -40,8 +41,10 @@ from services.turn_detector.pairing import (
     apply_idle,
     apply_message,
     episodes_for,
+    idle_timeout_for,
     plan_idle,
 )
+from services.turn_detector.retention import InputEraser
 from services.turn_detector.state import SessionStore, StaleState
 
 STAGE = "turn_detector"
@@ -63,6 +66,8 @@ class TurnDetector:
         self.broker = broker
         self.noise = NoiseSettings()
         self.store: SessionStore | None = None
+        self.epochs: SessionEpochs | None = None
+        self.eraser: InputEraser | None = None
         self.js: JetStreamContext | None = None
         self.clock = time.time  # replaced in tests
 
@@ -72,6 +77,19 @@ class TurnDetector:
         self.js = self.broker.config.connection_state.stream
         await ensure_topology(self.js, Topology.from_settings(self.settings))
         self.store = SessionStore(await self.js.key_value(subjects.KV_TURN_SESSIONS))
+        self.epochs = await SessionEpochs.open(self.js)
+        self.eraser = InputEraser(self.js, self.turn.input_retention_s)
+        self.eraser.start()
+
+    async def stop(self) -> None:
+        if self.eraser is not None:
+            await self.eraser.stop()
+
+    def forget_sessions(self, session_ids: list[str]) -> None:
+        """Drop cached states of sessions a delete just erased (their KV checkpoints are gone)."""
+        if self.store is not None:
+            for session_id in session_ids:
+                self.store.forget(session_id)
 
     async def handle(self, msg: Any) -> None:
         """``msg`` is the NatsMessage (see engram.service.message_itself)."""
@@ -158,8 +176,8 @@ class TurnDetector:
         elif isinstance(event, SessionClosed):
             result = apply_close(state, now=now)
         else:
-            result = apply_idle(state, now=now, idle_timeout_s=self.turn.idle_timeout_s)
-        plan_idle(result.state, self.turn.idle_timeout_s)
+            result = apply_idle(state, now=now, idle_timeout_s=idle_timeout_for(state, self.turn.idle_timeout_s))
+        plan_idle(result.state, idle_timeout_for(result.state, self.turn.idle_timeout_s))
         return result
 
     async def _load(self, session_id: str, partition: int, seq: int) -> tuple[SessionState, int]:
@@ -167,6 +185,10 @@ class TurnDetector:
         only (by this or another replica) and are still in the input stream, up to ``seq``."""
         assert self.store is not None and self.js is not None
         state, revision = await self.store.load(session_id)
+        if revision == 0 and self.epochs is not None:
+            # A session started afresh: after a delete erased it, its epoch makes every turn id
+            # (and so episode id) new, so re-posted content is not dropped as a duplicate.
+            state.epoch = await self.epochs.get(session_id)
         session_subjects = f"engram.in.{partition}.*.{session_id}"
         next_seq = state.last_seq + 1
         while True:
@@ -209,8 +231,10 @@ class TurnDetector:
             # on the stream under the right episode id, and the server would then drop the
             # correct one as a duplicate. After a crash between the two, the redelivery branch
             # above re-publishes the outbox.
-            await self.store.persist(partition, new, revision)
+            new_revision = await self.store.persist(partition, new, revision)
             await self._publish_effects(result.completed, new if schedule else None)
+            if self.eraser is not None:
+                self.eraser.checkpointed(event.session_id, seq, new_revision)
             for turn in result.completed:
                 metrics.TURNS.labels(completed_by=turn.completed_by).inc()
         else:
@@ -291,6 +315,11 @@ def build(settings: EngramSettings | None = None) -> ServiceApp:
     topology = Topology.from_settings(settings)
     consumers = [topology.turn_detector_consumer(p) for p in range(settings.partitions)]
     subscribe_partitions(broker, subjects.STREAM_IN, consumers, detector.handle, title="turn-detector")
-    app = ServiceApp(name="turn-detector", broker=broker, on_startup=[detector.start])
+
+    @broker.subscriber(subjects.CTL_FORGET_SESSIONS)
+    async def forget(session_ids: list[str]) -> None:  # core NATS: every replica hears it
+        detector.forget_sessions(session_ids)
+
+    app = ServiceApp(name="turn-detector", broker=broker, on_startup=[detector.start], on_shutdown=[detector.stop])
     app.detector = detector  # type: ignore[attr-defined]
     return app

@@ -16,6 +16,8 @@ the result, so every rule is testable without a broker.
 
 from __future__ import annotations
 
+import hashlib
+
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -75,13 +77,22 @@ class SessionState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     session_id: str
+    epoch: int = Field(0, description="The session's epoch (engram/epochs.py) when this state was started; "
+                       "part of every turn id, so turns re-posted after a delete get new episode ids.")
     last_seq: int = 0
     open_turn: OpenTurn | None = None
     recent_ids: list[str] = Field(default_factory=list)
+    scopes_seen: list[ScopeKeys] = Field(
+        default_factory=list, description="Every distinct scope set the session's messages named (capped): "
+        "which groups it fed, so deleting one of them finds and erases the session.")
     last_turn_end: AwareDatetime | None = None
     turns_completed: int = 0
     last_activity: float | None = Field(None, description="Wall-clock epoch of the last event.")
     idle_scheduled_for: float | None = Field(None, description="Epoch of the pending idle schedule.")
+    idle_timeout_s: float | None = Field(
+        None, description="ChatMessage.idle_timeout_s of the session's latest message: that publisher's idle "
+        "timeout for the open turn; None = the service's (ENGRAM_TURN_IDLE_TIMEOUT_S).",
+    )
     outbox: list[CompletedTurn] = Field(
         default_factory=list,
         description="Turns completed by the event at last_seq. The state is saved before their "
@@ -108,6 +119,7 @@ def _clone(state: SessionState) -> SessionState:
     """
     new = state.model_copy()
     new.recent_ids = list(state.recent_ids)
+    new.scopes_seen = list(state.scopes_seen)
     new.outbox = list(state.outbox)
     if state.open_turn is not None:
         new.open_turn = state.open_turn.model_copy(update={"parts": list(state.open_turn.parts)})
@@ -150,10 +162,12 @@ def apply_message(
 ) -> Transition:
     """Apply one chat message (``part`` is its filtered, scrubbed form) to the session."""
     state = _clone(state)
-    if message.message_id in state.recent_ids:
+    key = dedupe_key(message)
+    if key in state.recent_ids:
         return Transition(state, outcome="duplicate")
-    _remember(state, message.message_id, recent_ids_kept)
+    _remember(state, key, recent_ids_kept)
     state.last_activity = now
+    state.idle_timeout_s = message.idle_timeout_s
     if message.role == "system" and not include_system:
         return Transition(state, outcome="excluded")
 
@@ -167,15 +181,36 @@ def apply_message(
             completed.append(done)
         turn = None
     if turn is None:
-        turn = OpenTurn(turn_id=f"{state.session_id}:{message.message_id}")
+        turn = OpenTurn(turn_id=turn_id_for(state, message.message_id))
         state.open_turn = turn
     turn.parts.append(part)
+    if message.scopes not in state.scopes_seen and len(state.scopes_seen) < MAX_SCOPES_SEEN:
+        state.scopes_seen.append(message.scopes)
     turn.scopes = _merge_scopes(turn.scopes, message.scopes)
     turn.source_description = turn.source_description or message.source_description
     return Transition(state, completed, outcome="late" if part.late else "accepted")
 
 
 _DEFAULT_SCOPES = ScopeKeys()
+MAX_SCOPES_SEEN = 16
+
+
+def dedupe_key(message: ChatMessage) -> str:
+    """What makes a message a duplicate within its session: its id *and* the scopes it was sent
+    to, as in the input Nats-Msg-Id (schemas.subjects.message_dedupe_id). The same transcript
+    ingested into a second workspace is new there; a re-send to the same scopes is not."""
+    if message.scopes == _DEFAULT_SCOPES:
+        return message.message_id
+    scopes = message.scopes.model_dump_json(exclude_none=True)
+    return f"{message.message_id}|{hashlib.sha256(scopes.encode()).hexdigest()[:12]}"
+
+
+def turn_id_for(state: SessionState, first_message_id: str) -> str:
+    # The epoch only appears after a delete erased the session, so ids made before any delete
+    # keep their form (and stay idempotent across re-ingests).
+    if state.epoch:
+        return f"{state.session_id}@{state.epoch}:{first_message_id}"
+    return f"{state.session_id}:{first_message_id}"
 
 
 def _merge_scopes(current: ScopeKeys, incoming: ScopeKeys) -> ScopeKeys:
@@ -216,10 +251,21 @@ def apply_idle(state: SessionState, *, now: float, idle_timeout_s: float) -> Tra
     return Transition(state, outcome="idle_wait")
 
 
+def idle_timeout_for(state: SessionState, default_s: float) -> float:
+    """The session's idle timeout: its latest message's override, else the service's default."""
+    return state.idle_timeout_s or default_s
+
+
 def plan_idle(state: SessionState, idle_timeout_s: float) -> None:
-    """An open turn with no pending idle schedule gets one at last activity + timeout."""
-    if state.open_turn is not None and state.idle_scheduled_for is None:
-        state.idle_scheduled_for = (state.last_activity or 0.0) + idle_timeout_s
+    """An open turn gets an idle schedule at last activity + timeout when none is pending, or
+    when the pending one is later than that (a message with a shorter idle_timeout_s arrived).
+    With one timeout per session the due time only grows, so a pending schedule is kept and
+    apply_idle reschedules when it fires early: one publish per idle period, not per message."""
+    if state.open_turn is None:
+        return
+    due = (state.last_activity or 0.0) + idle_timeout_s
+    if state.idle_scheduled_for is None or state.idle_scheduled_for > due:
+        state.idle_scheduled_for = due
 
 
 # --- completed turn -> episodes ----------------------------------------------------------
