@@ -119,12 +119,17 @@ async def retry_or_dead_letter(
     """The shared failure tail of a handler: nack with an exponential delay (a plain nak would
     redeliver in a hot loop), or, at ``max_deliveries``, dead-letter with reason
     ``processing_failed`` and ack. Returns True when the message was dead-lettered.
+    An exception with a ``dead_letter_reason`` attribute (e.g. engram.models.openai_compat
+    ``LLMOutputTruncated``) is one a redelivery cannot fix: dead-lettered at once with that
+    reason, its message (written to carry no content) in the detail.
     Only the exception type is logged: messages may carry user content."""
     meta = msg.raw_message.metadata
     seq, delivered = meta.sequence.stream, meta.num_delivered
-    if delivered >= max_deliveries:
+    final_reason = getattr(exc, "dead_letter_reason", None)
+    if delivered >= max_deliveries or final_reason:
         logger.error("giving up on seq=%s after %s deliveries: %s", seq, delivered, type(exc).__name__)
-        await dead_letter("processing_failed", f"{type(exc).__name__} after {delivered} deliveries")
+        detail = f"{type(exc).__name__} after {delivered} deliveries" + (f": {exc}" if final_reason else "")
+        await dead_letter(final_reason or "processing_failed", detail)
         await msg.ack()
         return True
     logger.warning("retrying seq=%s (delivery %s): %s", seq, delivered, type(exc).__name__,

@@ -2,7 +2,9 @@
 
 - ``rules`` (default): RulesExtractorClient, deterministic and offline; no model server needed.
 - ``openai``: any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM, Ollama,
-  llama.cpp server, xllamacpp) through graphiti's OpenAIGenericClient. Retries are the OpenAI
+  llama.cpp server, xllamacpp) through engram/models/openai_compat.py (graphiti's
+  OpenAIGenericClient with per-prompt output caps, truncation detection, structured-output
+  fallback and a timeout for single-slot local servers). Retries are the OpenAI
   SDK's (they honour ``Retry-After`` on 429/503), then graphiti's own backoff on rate limits;
   a call that still fails makes the extractor nack the episode with a delay, so no episode is
   lost. A client-side rate limit (aiolimiter) keeps a shared quota from being overrun.
@@ -26,6 +28,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram.models.delegating import DelegatingLLMClient, Forward
 
+# A single-slot local server (llama.cpp, xllamacpp, Ollama with one parallel slot) serves the
+# extractor's concurrent calls one after another: measured with Qwen2.5-Coder-1.5B at ~10 tok/s,
+# a dedupe call waited 98 s, and one capped extraction call (4,096 tokens) alone may take ~400 s.
+LOCAL_TIMEOUT_S = 600.0
+REMOTE_TIMEOUT_S = 120.0
+
 
 class LLMSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ENGRAM_LLM_", extra="ignore")
@@ -33,13 +41,36 @@ class LLMSettings(BaseSettings):
     provider: Literal["rules", "openai"] = "rules"
     base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1; None = api.openai.com")
     model: str = "gpt-4.1-mini"
-    small_model: str | None = None
+    small_model: str | None = Field(None, description="Model for graphiti's small-model prompts (dedupe, timestamps); None = model.")
     api_key: SecretStr = SecretStr("unused")
-    max_retries: int = Field(4, ge=0, description="SDK retries per call (Retry-After is honoured).")
-    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(4, ge=0, description="SDK retries per call on 429/5xx/timeouts (Retry-After is honoured).")
+    timeout_s: float | None = Field(
+        None, gt=0,
+        description="Seconds one HTTP request may take. Unset: 600 for a local base URL (loopback, private "
+        "address, localhost or a single-label service name), 120 otherwise: a local server with one slot "
+        "runs calls one after another, so a call also waits for the ones queued before it.",
+    )
     requests_per_second: float = Field(10.0, gt=0, description="Client-side rate limit per process.")
-    max_tokens: int = Field(8192, gt=0)
-    structured_output: Literal["json_schema", "json_object"] = "json_schema"
+    max_tokens: int = Field(
+        4096, gt=0, description="Output cap of prompts without their own cap (engram/models/openai_compat.py PROMPT_MAX_TOKENS).",
+    )
+    max_tokens_by_prompt: dict[str, int] = Field(
+        default_factory=dict,
+        description='Output caps by graphiti prompt name or prompt group, over the built-in ones, e.g. '
+        '{"extract_nodes_and_edges.extract_message": 8192, "dedupe_edges": 1024}.',
+    )
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
+        "auto",
+        description="How the JSON schema reaches the server: json_schema response format, json_object + schema in "
+        "the prompt, or the prompt alone. auto: json_schema, and the next mode when the server refuses it (400/422).",
+    )
+
+    def resolved_timeout_s(self) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        from engram.models.openai_compat import is_local_url
+
+        return LOCAL_TIMEOUT_S if is_local_url(self.base_url) else REMOTE_TIMEOUT_S
 
 
 class EmbedderSettings(BaseSettings):
@@ -72,8 +103,7 @@ def build_llm(settings: LLMSettings | None = None) -> LLMClient:
         from engram.models.rules_llm import RulesExtractorClient
 
         return RulesExtractorClient()
-    from graphiti_core.llm_client.openai_generic_client import OpenAIGenericClient
-    from openai import AsyncOpenAI
+    from engram.models.openai_compat import OpenAICompatibleClient, make_sdk_client
 
     config = LLMConfig(
         api_key=settings.api_key.get_secret_value(),
@@ -82,14 +112,13 @@ def build_llm(settings: LLMSettings | None = None) -> LLMClient:
         small_model=settings.small_model or settings.model,
         max_tokens=settings.max_tokens,
     )
-    sdk = AsyncOpenAI(
-        api_key=settings.api_key.get_secret_value(),
-        base_url=settings.base_url,
-        max_retries=settings.max_retries,
-        timeout=settings.timeout_s,
+    sdk = make_sdk_client(
+        api_key=settings.api_key.get_secret_value(), base_url=settings.base_url,
+        timeout_s=settings.resolved_timeout_s(), max_retries=settings.max_retries,
     )
-    inner = OpenAIGenericClient(
-        config, client=sdk, max_tokens=settings.max_tokens, structured_output_mode=settings.structured_output
+    inner = OpenAICompatibleClient(
+        config, sdk, default_max_tokens=settings.max_tokens, max_tokens_by_prompt=settings.max_tokens_by_prompt,
+        structured_output=settings.structured_output,
     )
     return RateLimitedLLMClient(inner, settings.requests_per_second)
 
