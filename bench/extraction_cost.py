@@ -14,7 +14,18 @@ Limits: the rules client's answers are shorter than a real model's, so output to
 understated for every variant alike; summaries skipped by engram here are refreshed later by the
 summary-gate (step 3), whose cost is measured by its own benchmark.
 
-    python bench/extraction_cost.py [--sample conv-26] [--sessions 3]
+Any OpenAI-compatible endpoint instead of the rules client: ``--llm-base-url`` (+ ``--llm-model``,
+``--llm-api-key``), through engram's own client (engram/models/openai_compat.py, so the
+ENGRAM_LLM_* settings apply: caps, structured output, timeout). The table then also counts, per
+variant, failed calls (raised after all retries; their turn is counted as failed and the run goes
+on), retried calls (more than one HTTP request: SDK retries, invalid JSON, truncation retries,
+structured-output fallbacks) and truncated answers (finish_reason=length, first attempts and
+retries), plus wall seconds per turn. The per-prompt lines print the largest answer per prompt
+("max out"), the measure the per-prompt max_tokens caps were chosen from.
+
+    python bench/extraction_cost.py [--sample conv-26] [--sessions 3] [--max-turns N] [--variants upstream,dual,single]
+    python bench/extraction_cost.py --llm-base-url http://127.0.0.1:8080/v1 --llm-model qwen --variants single --max-turns 4
+    python bench/extraction_cost.py --smoke   # CI: 1 session, 4 turns, all variants, checks every variant ran
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,7 +54,9 @@ from rich.table import Table  # noqa: E402
 from engram.embedded import start_falkordb  # noqa: E402
 from engram.ingest import read_locomo  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
+from engram.models.factory import LLMSettings, build_llm  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
+from engram.models.openai_compat import llm_stats  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from schemas import ChatMessage, Episode, ScopeKeys  # noqa: E402
 from services.extractor.app import NoRerank  # noqa: E402
@@ -55,6 +69,34 @@ SUMMARIZE = (
     "Summarize this chat turn for a memory system: keep user intent, decisions with rationale, "
     "errors and resolutions, configuration changes, files and tools with outcomes.\n\n{turn}"
 )
+
+
+VARIANTS = {"upstream": "upstream REST", "dual": "engram dual-pass", "single": "engram single-pass"}
+
+
+class Run:
+    """One variant's LLM (accounted), its failed turns and wall time."""
+
+    def __init__(self, args: argparse.Namespace, stage: str) -> None:
+        if args.llm_base_url:
+            inner = build_llm(LLMSettings(provider="openai", base_url=args.llm_base_url, model=args.llm_model,
+                                          api_key=args.llm_api_key, requests_per_second=1000))
+        else:
+            inner = RulesExtractorClient()
+        self.llm = AccountingLLMClient(inner, stage=stage)
+        self.failed_turns = 0
+        self.seconds = 0.0
+
+    async def guarded(self, work) -> None:  # noqa: ANN001
+        """A turn whose LLM calls fail after all retries counts as failed; the run goes on."""
+        started = time.perf_counter()
+        try:
+            await work
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            self.failed_turns += 1
+            print(f"  failed turn: {type(exc).__name__}", file=sys.stderr)
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 def load(sample: str, sessions: int) -> tuple[list[ChatMessage], list[Episode]]:
@@ -80,73 +122,114 @@ def driver(url: str, group: str) -> FalkorDriver:
     return FalkorDriver(host=host, port=int(port), database=group)
 
 
-async def upstream(url: str, messages: list[ChatMessage]) -> AccountingLLMClient:
-    llm = AccountingLLMClient(RulesExtractorClient(), stage="upstream")
-    graphiti = Graphiti(graph_driver=driver(url, "bench_upstream"), llm_client=llm,
+async def upstream(url: str, messages: list[ChatMessage], run: Run) -> Run:
+    graphiti = Graphiti(graph_driver=driver(url, "bench_upstream"), llm_client=run.llm,
                         embedder=HashingEmbedder(256), cross_encoder=NoRerank())
     for m in messages:  # the REST /messages endpoint: one add_episode per message
-        await graphiti.add_episode(
+        await run.guarded(graphiti.add_episode(
             name=m.message_id, episode_body=f"{m.name}: {m.content}", source=EpisodeType.message,
             source_description=m.source_description or "", reference_time=m.timestamp, group_id="bench_upstream",
-        )
+        ))
     await graphiti.close()
-    return llm
+    return run
 
 
-async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int) -> AccountingLLMClient:
-    llm = AccountingLLMClient(RulesExtractorClient(), stage="engram_dual" if dual_pass else "engram")
+async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int, run: Run) -> Run:
+    llm = run.llm
     instructions = validate_at_startup(ExtractionSettings()) or ""
     drivers: dict[str, FalkorDriver] = {}
     for ep in episodes:
         group = ("dual_" if dual_pass else "") + ep.group_id
         d = drivers.get(group) or drivers.setdefault(group, driver(url, group))
-        if dual_pass:
-            await llm.generate_response([Message(role="user", content=SUMMARIZE.format(turn=ep.content))],
-                                        prompt_name="dual_pass.summarize")
-        clients = GraphitiClients(driver=d, llm_client=llm, embedder=HashingEmbedder(256),
-                                  cross_encoder=NoRerank(), tracer=NoOpTracer())
-        await extract_episode(clients, ep.model_copy(update={"group_id": group}),
-                              custom_instructions=instructions, previous_window=window)
-    return llm
+
+        async def turn(ep: Episode = ep, group: str = group, d: FalkorDriver = d) -> None:
+            if dual_pass:
+                await llm.generate_response([Message(role="user", content=SUMMARIZE.format(turn=ep.content))],
+                                            prompt_name="dual_pass.summarize")
+            clients = GraphitiClients(driver=d, llm_client=llm, embedder=HashingEmbedder(256),
+                                      cross_encoder=NoRerank(), tracer=NoOpTracer())
+            await extract_episode(clients, ep.model_copy(update={"group_id": group}),
+                                  custom_instructions=instructions, previous_window=window)
+
+        await run.guarded(turn())
+    return run
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
     messages, episodes = load(args.sample, args.sessions)
+    if args.max_turns:
+        episodes = episodes[: args.max_turns]
+        kept = {m.message_id for ep in episodes for m in ep.messages}
+        messages = [m for m in messages if m.message_id in kept]
     turns = len(episodes)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    results: dict[str, Run] = {}
     with tempfile.TemporaryDirectory() as tmp:
         server = start_falkordb(Path(tmp))
         try:
-            results = {
-                "upstream REST": await upstream(server.url, messages),
-                "engram dual-pass": await engram(server.url, episodes, dual_pass=True, window=args.window),
-                "engram single-pass": await engram(server.url, episodes, dual_pass=False, window=args.window),
-            }
+            for v in variants:
+                run = Run(args, stage={"upstream": "upstream", "dual": "engram_dual", "single": "engram"}[v])
+                if v == "upstream":
+                    results[VARIANTS[v]] = await upstream(server.url, messages, run)
+                else:
+                    results[VARIANTS[v]] = await engram(server.url, episodes, dual_pass=v == "dual",
+                                                        window=args.window, run=run)
         finally:
             server.stop()
-    table = Table(title=f"LLM cost per turn: LoCoMo {args.sample}, {args.sessions} sessions, "
+    llm_name = f"{args.llm_model} at {args.llm_base_url}" if args.llm_base_url else "offline rules client"
+    table = Table(title=f"LLM cost per turn ({llm_name}): LoCoMo {args.sample}, {args.sessions} sessions, "
                         f"{len(messages)} messages, {turns} turns, window {args.window} (cl100k tokens)")
-    for col in ("variant", "calls/turn", "input tok/turn", "output tok/turn", "total tok/turn", "vs upstream"):
-        table.add_column(col, justify="left" if col == "variant" else "right")
+    versus = "vs upstream" if variants[0] == "upstream" else "vs first row"
+    for col in ("variant", "calls/turn", "input tok/turn", "output tok/turn", "total tok/turn", versus,
+                "failed calls", "retried calls", "truncated", "failed turns", "s/turn"):
+        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
     base = None
-    for name, llm in results.items():
+    for name, run in results.items():
+        llm = run.llm
         calls = sum(llm.calls.values()) / turns
         tin = sum(t["input"] for t in llm.tokens.values()) / turns
         tout = sum(t["output"] for t in llm.tokens.values()) / turns
-        base = base or (tin + tout)
-        table.add_row(name, f"{calls:.2f}", f"{tin:,.0f}", f"{tout:,.0f}", f"{tin + tout:,.0f}", f"{(tin + tout) / base:.2f}x")
-    Console(width=140).print(table)
-    for name, llm in results.items():
-        top = sorted(llm.tokens.items(), key=lambda kv: -(kv[1]["input"] + kv[1]["output"]))[:6]
-        print(f"{name}: " + ", ".join(f"{p} {llm.calls[p]} calls/{t['input'] + t['output']:,} tok" for p, t in top))
-    single = list(results.values())[2]
-    ratio = sum(t["input"] + t["output"] for t in single.tokens.values()) / turns / base
-    print(f"engram single-pass / upstream = {ratio:.3f}x tokens per turn (target <= 0.35x): {'MET' if ratio <= 0.35 else 'NOT MET'}")
+        base = base or (tin + tout) or 1.0
+        stats = llm_stats(llm)
+        failed, retried, truncated = (stats.failed, stats.retried, stats.truncated) if stats else (0, 0, 0)
+        table.add_row(name, f"{calls:.2f}", f"{tin:,.0f}", f"{tout:,.0f}", f"{tin + tout:,.0f}",
+                      f"{(tin + tout) / base:.2f}x", str(failed), str(retried), str(truncated),
+                      f"{run.failed_turns}/{turns}", f"{run.seconds / turns:.2f}")
+    Console(width=200).print(table)
+    for name, run in results.items():
+        llm = run.llm
+        top = sorted(llm.tokens.items(), key=lambda kv: -(kv[1]["input"] + kv[1]["output"]))[:8]
+        print(f"{name}: " + ", ".join(f"{p} {llm.calls[p]} calls/{t['input'] + t['output']:,} tok/max out "
+                                      f"{llm.max_output.get(p, 0)}" for p, t in top))
+    if "upstream REST" in results and "engram single-pass" in results:
+        single = results["engram single-pass"].llm
+        up = results["upstream REST"].llm
+        up_total = sum(t["input"] + t["output"] for t in up.tokens.values()) or 1
+        ratio = sum(t["input"] + t["output"] for t in single.tokens.values()) / up_total
+        print(f"engram single-pass / upstream = {ratio:.3f}x tokens per turn (target <= 0.35x): "
+              f"{'MET' if ratio <= 0.35 else 'NOT MET'}")
+    if args.smoke:  # CI: every variant must have run its turns and asked its LLM
+        broken = [n for n, r in results.items() if not r.llm.calls or r.failed_turns]
+        if broken or turns == 0:
+            print(f"smoke: FAILED ({', '.join(broken) or 'no turns'})")
+            return 1
+        print("smoke: ok")
+    return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sample", default="conv-26")
     parser.add_argument("--sessions", type=int, default=3)
+    parser.add_argument("--max-turns", type=int, default=0, help="only the first N turns (0 = all)")
     parser.add_argument("--window", type=int, default=2, help="previous episodes shown to extraction")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--variants", default="upstream,dual,single", help="comma-separated: upstream,dual,single")
+    parser.add_argument("--llm-base-url", help="an OpenAI-compatible endpoint instead of the offline rules client")
+    parser.add_argument("--llm-model", default="local", help="model name sent to --llm-base-url")
+    parser.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
+    parser.add_argument("--smoke", action="store_true", help="1 session, 4 turns; exit 1 unless every variant ran")
+    ns = parser.parse_args()
+    if ns.smoke:
+        ns.sessions, ns.max_turns = 1, ns.max_turns or 4
+    sys.exit(asyncio.run(main(ns)))

@@ -45,6 +45,7 @@ class AccountingLLMClient(DelegatingLLMClient):
         self.stage = stage
         self.calls: dict[str, int] = {}
         self.tokens: dict[str, dict[str, int]] = {}
+        self.max_output: dict[str, int] = {}  # largest answer per prompt (how the max_tokens caps were chosen)
         self._count = _count_tokens()
 
     async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
@@ -56,6 +57,7 @@ class AccountingLLMClient(DelegatingLLMClient):
         per = self.tokens.setdefault(prompt, {"input": 0, "output": 0})
         per["input"] += n_in
         per["output"] += n_out
+        self.max_output[prompt] = max(self.max_output.get(prompt, 0), n_out)
         LLM_CALLS.labels(stage=self.stage, prompt=prompt).inc()
         LLM_TOKENS.labels(stage=self.stage, prompt=prompt, direction="input").inc(n_in)
         LLM_TOKENS.labels(stage=self.stage, prompt=prompt, direction="output").inc(n_out)
