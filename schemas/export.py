@@ -26,6 +26,10 @@ from schemas.messages import (
     GraphEpisodesRequest,
     GraphEpisodesResponse,
     GraphGroupDeleteRequest,
+    GraphGroupsRequest,
+    GraphGroupsResponse,
+    GraphEntityNodeRequest,
+    GraphEntityNodeResponse,
 )
 
 HERE = Path(__file__).parent
@@ -53,6 +57,9 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
     "graphEpisodeDelete": (subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest,
                            "Delete an episode and what only it supported, leaving no orphans (graph admin)."),
     "graphGroupDelete": (subjects.GRAPH_GROUP_DELETE, GraphGroupDeleteRequest, "Delete a whole group (graph admin)."),
+    "graphGroups": (subjects.GRAPH_GROUPS, GraphGroupsRequest, "Every group that holds a node (graph admin)."),
+    "graphEntitySave": (subjects.GRAPH_ENTITY_SAVE, GraphEntityNodeRequest,
+                        "Create or update one entity node with a name and summary (graph admin)."),
     "deadLetter": (
         subjects.DLQ,
         None,
@@ -70,6 +77,8 @@ REPLIES: dict[str, type[BaseModel]] = {
     "graphEdgeDelete": GraphDeleteResponse,
     "graphEpisodeDelete": GraphDeleteResponse,
     "graphGroupDelete": GraphDeleteResponse,
+    "graphGroups": GraphGroupsResponse,
+    "graphEntitySave": GraphEntityNodeResponse,
 }
 
 

@@ -8,6 +8,7 @@ recall service over NATS (services/recall/admin.py). Every handler maps NATS fai
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from datetime import datetime, timezone
 from typing import Annotated
@@ -19,23 +20,29 @@ from pydantic import BaseModel
 
 from engram.promote import Promotion, publish_promotion
 from engram.settings import EngramSettings
-from schemas import RecallResponse, subjects
+from schemas import RecallItem, RecallResponse, subjects
 from schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,
+    GraphEntityNodeRequest,
+    GraphEntityNodeResponse,
     GraphEpisodeDeleteRequest,
     GraphEpisodesRequest,
     GraphEpisodesResponse,
     GraphGroupDeleteRequest,
+    GraphGroupsRequest,
+    GraphGroupsResponse,
 )
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
 from services.gateway.models import (
     GROUP_ID_PATTERN,
     MAX_GROUP_ID,
+    AddEntityNodeRequest,
     AddMessagesRequest,
     EntityEdgeResult,
+    EntityNodeResult,
     EpisodeResult,
     GetMemoryRequest,
     GetMemoryResponse,
@@ -47,6 +54,8 @@ from services.gateway.models import (
 from services.gateway.settings import GatewaySettings
 
 DEGRADED_HEADER = "X-Engram-Recall-Degraded"
+SEARCH_ALL_CONCURRENCY = 8
+"""Recall requests in flight at once for a search over all groups."""
 
 PathGroupId = Annotated[str, Path(pattern=GROUP_ID_PATTERN, min_length=1, max_length=MAX_GROUP_ID,
                                   description="Graph group id: ASCII letters, digits, '_' and '-'.")]
@@ -62,6 +71,8 @@ def _raise(exc: BusError) -> HTTPException:
 
 
 def _admin_failed(reason: str | None) -> HTTPException:
+    if reason and reason.startswith("invalid:"):
+        return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, reason.removeprefix("invalid:").strip())
     retry = bool(reason and reason.startswith("backend_error"))
     return HTTPException(503 if retry else 502, f"graph admin failed: {reason}",
                          headers={"Retry-After": "1"} if retry else None)
@@ -113,7 +124,8 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         202 only after NATS JetStream acknowledged every message (in order). On 503 retry the
         same request: messages already stored are recognised by their id and not stored again.
         """
-        messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc))
+        messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc),
+                                         idle_timeout_s=gateway.idle_timeout_s)
         for i, message in enumerate(messages):
             if len(message.model_dump_json().encode()) > max_bytes:
                 raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
@@ -139,8 +151,21 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
                                 f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
         return PromoteResult(group_id=episode.group_id, episode_uuid=episode.episode_id)
 
+    @router.post("/entity-node", status_code=status.HTTP_201_CREATED, response_model=EntityNodeResult,
+                 tags=["ingest"], responses={422: {"description": "A name of only stopwords or punctuation."}})
+    async def add_entity_node(request: AddEntityNodeRequest) -> EntityNodeResult:
+        """Create an entity node with a name (and its name embedding) and a summary in ``group_id``,
+        as upstream does; the same uuid again updates that node. Extraction resolves later
+        mentions of the name onto it."""
+        answer = await _admin(subjects.GRAPH_ENTITY_SAVE, GraphEntityNodeRequest(
+            uuid=request.uuid, group_id=request.group_id, name=request.name, summary=request.summary,
+        ), GraphEntityNodeResponse)
+        if answer.node is None:
+            raise HTTPException(status.HTTP_502_BAD_GATEWAY, "graph admin saved no node")
+        return EntityNodeResult(**answer.node.model_dump())
+
     # --- retrieval -----------------------------------------------------------------------
-    async def _recall(request, response: Response) -> list:  # noqa: ANN001
+    async def _recall_items(request, response: Response) -> list[RecallItem]:  # noqa: ANN001
         try:
             answer = await bus.ask(subjects.RECALL, request, RecallResponse, recall_wait_s)
         except BusError as exc:
@@ -148,13 +173,41 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         if answer.degraded:
             # Recall fails open: the facts it has (maybe none) with 200, and the reason in a header.
             response.headers[DEGRADED_HEADER] = (answer.reason or "degraded")[:200]
-        return [mapping.fact_result(item) for item in answer.items]
+        return answer.items
 
-    @router.post("/search", response_model=SearchResults, tags=["retrieve"])
+    async def _recall(request, response: Response) -> list:  # noqa: ANN001
+        return [mapping.fact_result(item) for item in await _recall_items(request, response)]
+
+    async def _all_groups() -> list[str]:
+        return (await _admin(subjects.GRAPH_GROUPS, GraphGroupsRequest(), GraphGroupsResponse)).group_ids
+
+    @router.post("/search", response_model=SearchResults, tags=["retrieve"],
+                 responses={400: {"description": "No group_ids, and more groups than ENGRAM_GATEWAY_SEARCH_ALL_MAX_GROUPS."}})
     async def search(query: SearchQuery, response: Response) -> SearchResults:
-        """Current facts for ``query`` in the given groups (hybrid BM25 + vector search), best first."""
-        request = mapping.search_request(query.query, query.group_ids, query.max_facts, recall_timeout_ms)
-        return SearchResults(facts=await _recall(request, response))
+        """Current facts for ``query`` in the given groups (hybrid BM25 + vector search), best first.
+        Without ``group_ids``, every group that holds a node, ranked together (as upstream)."""
+        if query.group_ids:
+            request = mapping.search_request(query.query, query.group_ids, query.max_facts, recall_timeout_ms)
+            return SearchResults(facts=await _recall(request, response))
+        groups = await _all_groups()
+        if len(groups) > gateway.search_all_max_groups:
+            raise HTTPException(
+                status.HTTP_400_BAD_REQUEST,
+                f"a search without group_ids searches every group, and there are {len(groups)}, more than "
+                f"{gateway.search_all_max_groups} (ENGRAM_GATEWAY_SEARCH_ALL_MAX_GROUPS): name the groups to "
+                "search in group_ids (at most 50)",
+            )
+        # One recall request per group, so that every group's best facts compete on rank; one
+        # request naming all groups would rank them by group order (recall's scope priority).
+        limit = asyncio.Semaphore(SEARCH_ALL_CONCURRENCY)
+
+        async def one(group: str) -> list[RecallItem]:
+            async with limit:
+                return await _recall_items(
+                    mapping.search_request(query.query, [group], query.max_facts, recall_timeout_ms), response)
+
+        per_group = await asyncio.gather(*(one(g) for g in groups))
+        return SearchResults(facts=[mapping.fact_result(i) for i in mapping.ranked_across_groups(per_group, query.max_facts)])
 
     @router.post("/get-memory", response_model=GetMemoryResponse, tags=["retrieve"])
     async def get_memory(request: GetMemoryRequest, response: Response) -> GetMemoryResponse:
@@ -199,6 +252,15 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         """The episode, the facts only it supported, and the entities left with no mention and no fact."""
         await _delete(subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest(uuid=uuid), f"episode {uuid}")
         return Result(message="Episode deleted", success=True)
+
+    @router.post("/clear", response_model=Result, tags=["delete"])
+    async def clear() -> Result:
+        """Everything, as upstream's ``/clear``: every group that holds a node is deleted as
+        ``DELETE /group/{group_id}`` deletes one. Messages still in the pipeline are written after
+        this (see DELETE /group)."""
+        for group in await _all_groups():
+            await _delete(subjects.GRAPH_GROUP_DELETE, GraphGroupDeleteRequest(group_id=group), f"group {group}")
+        return Result(message="Graph cleared", success=True)
 
     async def _admin(subject: str, request, model):  # noqa: ANN001, ANN202
         try:

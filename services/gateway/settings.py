@@ -16,6 +16,17 @@ class GatewaySettings(BaseSettings):
     recall_timeout_ms: int = Field(2000, ge=10, le=60_000, description="Recall's time budget for /search and /get-memory.")
     admin_timeout_s: float = Field(30.0, gt=0, description="Wait for graph reads and deletes (episodes, edges, groups).")
     publish_timeout_s: float = Field(5.0, gt=0, description="Wait for JetStream's acknowledgement of each message.")
+    search_all_max_groups: int = Field(
+        100, ge=1, le=10_000,
+        description="POST /search without group_ids searches every group holding a node (as upstream does), "
+        "one recall request per group; with more groups than this it answers 400 and asks for group_ids.",
+    )
+    idle_timeout_s: float = Field(
+        10.0, gt=0, le=86_400,
+        description="Sessions written through POST /messages complete their open turn after this many seconds "
+        "without a new message (ChatMessage.idle_timeout_s), instead of the turn-detector's 120 s: REST clients "
+        "send no session close. A reply posted later than this becomes a turn of its own.",
+    )
 
     @field_validator("api_key")
     @classmethod

@@ -162,7 +162,7 @@ def build(settings: EngramSettings | None = None, embedder: EmbedderClient | Non
     async def on_request(msg: Any) -> RecallResponse:
         return await recall.handle(msg.body)
 
-    register_admin(broker, recall.graph)  # engram.graph.* for the gateway
+    register_admin(broker, recall.graph, recall.embedder)  # engram.graph.* for the gateway
     app = ServiceApp(name="recall", broker=broker, on_startup=[recall.start], on_shutdown=[recall.stop])
     app.recall = recall  # type: ignore[attr-defined]
     return app
