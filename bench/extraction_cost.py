@@ -202,6 +202,10 @@ async def main(args: argparse.Namespace) -> int:
         top = sorted(llm.tokens.items(), key=lambda kv: -(kv[1]["input"] + kv[1]["output"]))[:8]
         print(f"{name}: " + ", ".join(f"{p} {llm.calls[p]} calls/{t['input'] + t['output']:,} tok/max out "
                                       f"{llm.max_output.get(p, 0)}" for p, t in top))
+        stats = llm_stats(llm)
+        if stats and stats.truncated_by_prompt:
+            print(f"{name}: truncated answers by prompt: "
+                  + ", ".join(f"{p} {n}" for p, n in sorted(stats.truncated_by_prompt.items())))
     if "upstream REST" in results and "engram single-pass" in results:
         single = results["engram single-pass"].llm
         up = results["upstream REST"].llm

@@ -42,7 +42,7 @@ import json
 import logging
 import typing
 from contextvars import ContextVar
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -145,9 +145,14 @@ class CallStats:
     truncated: int = 0  # answers cut by max_tokens, first attempts and retries alike
     truncation_recovered: int = 0  # truncated once, then answered within the tighter cap
     structured_fallbacks: int = 0
+    truncated_by_prompt: dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def count_truncation(self, prompt: str) -> None:
+        self.truncated += 1
+        self.truncated_by_prompt[prompt] = self.truncated_by_prompt.get(prompt, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -297,7 +302,7 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         try:
             return await self._in_a_supported_mode(messages, response_model, cap, model_size, model, strict=False)
         except LLMOutputTruncated:
-            self.stats.truncated += 1
+            self.stats.count_truncation(prompt)
             LLM_TRUNCATED.labels(prompt=prompt, attempt="first").inc()
         tighter = max(cap // 2, min(cap, RETRY_MIN_TOKENS))
         log.warning("LLM answer to %s cut at max_tokens=%d; retrying once with max_tokens=%d and a stricter "
@@ -307,7 +312,7 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         try:
             result = await self._in_a_supported_mode(retry, response_model, tighter, model_size, model, strict=True)
         except LLMOutputTruncated:
-            self.stats.truncated += 1
+            self.stats.count_truncation(prompt)
             LLM_TRUNCATED.labels(prompt=prompt, attempt="retry").inc()
             raise LLMOutputTruncated(prompt, tighter, attempts=2) from None
         self.stats.truncation_recovered += 1

@@ -44,4 +44,5 @@ def test_smoke_against_an_openai_compatible_endpoint() -> None:
     assert float(cells[1]) > 0, cells
     assert cells[6:10] == ["0", "1", "1", "0/4"], cells  # failed, retried, truncated, failed turns
     assert "fake at http://127.0.0.1" in out
+    assert "truncated answers by prompt: extract_nodes_and_edges.extract_message 1" in out
     assert {b["model"] for b in fake.requests} == {"fake"}
