@@ -64,7 +64,8 @@ from services.extractor.pipeline import extract_episode  # noqa: E402
 from services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
 from services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
 
-LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"
+LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO",
+                             Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"))
 SUMMARIZE = (
     "Summarize this chat turn for a memory system: keep user intent, decisions with rationale, "
     "errors and resolutions, configuration changes, files and tools with outcomes.\n\n{turn}"

@@ -9,13 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import LOCOMO
 from tests.engram.openai_fake import FakeOpenAI, running
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*args: str) -> str:
-    env = {**os.environ, "GRAPHITI_TELEMETRY_ENABLED": "false", "COLUMNS": "200"}
+    if not LOCOMO.exists():
+        pytest.skip(f"LoCoMo data not found at {LOCOMO}")
+    env = {**os.environ, "GRAPHITI_TELEMETRY_ENABLED": "false", "COLUMNS": "200", "ENGRAM_LOCOMO": str(LOCOMO)}
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "extraction_cost.py"), "--smoke", *args],
                           capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
