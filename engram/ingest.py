@@ -154,13 +154,14 @@ def read_transcript(path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterabl
     return list(read_locomo(path, scopes, samples))
 
 
-def subject_and_id(event: Event, epoch: int = 0) -> tuple[str, str]:
-    """The subject and Nats-Msg-Id to publish ``event`` with (see schemas.subjects)."""
+def subject_and_id(event: Event, epoch: int = 0, after: str = "") -> tuple[str, str]:
+    """The subject and Nats-Msg-Id to publish ``event`` with (see schemas.subjects); ``after`` is
+    the id of the session's previous message (a close is a duplicate only after the same one)."""
     if isinstance(event, ChatMessage):
         return subjects.in_message(event.session_id), subjects.message_dedupe_id(
             event.session_id, event.scopes, event.message_id, epoch)
     return subjects.in_close(event.session_id), subjects.close_dedupe_id(
-        event.session_id, event.closed_at.isoformat(), epoch)
+        event.session_id, event.closed_at.isoformat(), epoch, after)
 
 
 @dataclass
@@ -179,10 +180,13 @@ async def publish_events(js, events: Iterable[Event], progress=None) -> IngestRe
     sessions: set[str] = set()
     epochs = await _epochs(js)
     session_epoch: dict[str, int] = {}
+    last_id: dict[str, str] = {}
     for event in events:
         if event.session_id not in session_epoch:
             session_epoch[event.session_id] = await epochs.get(event.session_id) if epochs else 0
-        subject, msg_id = subject_and_id(event, session_epoch[event.session_id])
+        subject, msg_id = subject_and_id(event, session_epoch[event.session_id], last_id.get(event.session_id, ""))
+        if isinstance(event, ChatMessage):
+            last_id[event.session_id] = msg_id
         ack = await js.publish(
             subject,
             event.model_dump_json().encode(),

@@ -118,9 +118,11 @@ def message_dedupe_id(session_id: str, scopes: "ScopeKeys | Mapping[str, Any] | 
     return "m-" + _dedupe_digest(session_id, scope_dict, message_id, int(epoch))
 
 
-def close_dedupe_id(session_id: str, closed_at: str, epoch: int = 0) -> str:
-    """The ``Nats-Msg-Id`` of a SessionClosed (``closed_at`` as ISO-8601 text)."""
-    return "c-" + _dedupe_digest(session_id, closed_at, int(epoch))
+def close_dedupe_id(session_id: str, closed_at: str, epoch: int = 0, after: str = "") -> str:
+    """The ``Nats-Msg-Id`` of a SessionClosed (``closed_at`` as ISO-8601 text). ``after`` is the
+    Nats-Msg-Id of the message it closes after, when known: a transcript ingested again into other
+    scopes closes its session again (and flushes the last turn) instead of being a duplicate."""
+    return "c-" + _dedupe_digest(session_id, closed_at, int(epoch), after)
 
 
 def is_valid_token(value: str) -> bool:

@@ -122,8 +122,9 @@ async def test_same_jsonl_into_two_workspaces_stores_both(clean_nats: str, tmp_p
         assert (w1.messages, w1.duplicates) == (4, 0)  # chat-2's "m1" is not chat-1's "m1"
         again = await publish_events(js, read_jsonl(path, ScopeKeys(workspace="w1")))
         assert (again.messages, again.duplicates) == (0, 4)  # "published 0, already present 4"
+        assert again.closes == 0  # the same closes, after the same messages
         w2 = await publish_events(js, read_jsonl(path, ScopeKeys(workspace="w2")))
-        assert (w2.messages, w2.duplicates) == (4, 0)
+        assert (w2.messages, w2.duplicates, w2.closes) == (4, 0, 2)  # closes flush w2's last turns too
 
         groups = {subjects.workspace_group("engram", "w1"), subjects.workspace_group("engram", "w2")}
 
