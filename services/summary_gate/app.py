@@ -52,6 +52,7 @@ from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
 from services.summary_gate import store
 from services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
+from services.summary_gate.guard import default_threshold
 from services.summary_gate.summarize import facts_summary, refresh_summaries
 
 STAGE = "summary_gate"
@@ -104,6 +105,10 @@ class SummaryGate:
         self.gate = gate or GateSettings()
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
         self.embedder = embedder or build_embedder(EmbedderSettings())
+        # the summary guard's similarity threshold is per embedder (guard.py, bench/summary_guard.py)
+        self.guard_threshold = (
+            self.gate.guard_threshold if self.gate.guard_threshold is not None else default_threshold(self.embedder)
+        )
         self.graph = GraphDrivers(settings)
         self.clock = clock
         self.js: JetStreamContext | None = None
@@ -247,6 +252,7 @@ class SummaryGate:
             started = time.perf_counter()
             answers = await refresh_summaries(
                 self.llm, asked, max_facts=self.gate.max_facts_in_prompt, max_chars=self.gate.max_summary_chars,
+                embedder=self.embedder, guard_threshold=self.guard_threshold,
             )
             LLM_SECONDS.observe(time.perf_counter() - started)
             BATCH_NODES.observe(len(asked))

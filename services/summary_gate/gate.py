@@ -104,6 +104,12 @@ class GateSettings(BaseSettings):
     compose_max_facts: int = Field(
         2, ge=0, description="A node with at most this many active facts gets them as its summary, without an LLM call.",
     )
+    guard_threshold: float | None = Field(
+        None, ge=-1.0, le=1.0,
+        description="Cosine similarity at/above which a summary sentence whose nearest fact is a no-longer-true "
+        "one counts as restating it (the summary is then replaced by the facts-only one). Unset: the value "
+        "calibrated for the embedder (services/summary_gate/guard.py: hashing 0.05, minilm 0.31).",
+    )
 
 
 class ActiveFact(BaseModel):

@@ -3,9 +3,11 @@
 The prompt shows each entity's ACTIVE facts (newest first, capped), its previous summary, the
 facts that are no longer true, and a small window of recent episodes that mention it. It asks
 for summaries that state only active facts. A guard then checks every answer: a summary that
-repeats a no-longer-true fact verbatim, or that is empty, is replaced by a summary composed
-from the active facts alone (counted in ``engram_summary_guarded_total``), so an invalidated
-fact never survives into a stored summary, whatever the model does.
+repeats a no-longer-true fact verbatim (cause ``invalidated_fact``), restates one in other
+words (``invalidated_paraphrase``: embedding similarity, see guard.py), or is empty, is
+replaced by a summary composed from the active facts alone (counted in
+``engram_summary_guarded_total``), so an invalidated fact does not survive into a stored
+summary, whatever the model does -- up to the detector's measured recall (docs/architecture.md).
 
 Prompt contract (also read by engram/models/rules_llm.py, the offline default): the user
 message holds ``<ENTITIES>`` with a JSON list of ``{"id", "name", "facts", "previous_summary",
@@ -16,14 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Sequence
 
+from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.prompts.models import Message
 from prometheus_client import Counter
 from pydantic import BaseModel, Field
 
+from services.summary_gate.guard import normal, restated_by_meaning, verbatim
 from services.summary_gate.store import NodeView
 
 log = logging.getLogger("engram.summary_gate")
@@ -51,8 +54,7 @@ SYSTEM = (
 )
 
 
-def _normal(text: str) -> str:
-    return re.sub(r"\W+", " ", text).strip().casefold()
+_normal = normal  # (bench/summary_gate.py imports it from here)
 
 
 def cut(text: str, max_chars: int) -> str:
@@ -100,27 +102,38 @@ def build_messages(nodes: Sequence[NodeView], *, max_facts: int, max_chars: int)
     return [Message(role="system", content=SYSTEM), Message(role="user", content=user)]
 
 
-def guarded(node: NodeView, summary: str | None, *, max_facts: int, max_chars: int) -> str:
-    """The summary to store for ``node``: the model's, unless it is empty or keeps a retracted fact."""
+async def guarded(
+    node: NodeView, summary: str | None, *, max_facts: int, max_chars: int,
+    embedder: EmbedderClient | None = None, threshold: float | None = None,
+) -> str:
+    """The summary to store for ``node``: the model's, unless it is empty or keeps a retracted
+    fact, verbatim or (with an ``embedder`` and a ``threshold``) in other words."""
     text = cut(summary or "", max_chars)
     if not text:
         GUARDED.labels(cause="empty").inc()
         return facts_summary(node, max_facts, max_chars)
-    normal = _normal(text)
-    active = {_normal(f.fact) for f in node.facts}
-    for old in node.invalidated:
-        key = _normal(old)
-        if key and key in normal and key not in active:
-            GUARDED.labels(cause="invalidated_fact").inc()
-            log.info("summary repeated a no-longer-true fact; using the facts-only summary")
+    active = [f.fact for f in node.facts]
+    if verbatim(text, node.invalidated, active):
+        GUARDED.labels(cause="invalidated_fact").inc()
+        log.info("summary repeated a no-longer-true fact; using the facts-only summary")
+        return facts_summary(node, max_facts, max_chars)
+    if embedder is not None and threshold is not None and node.invalidated:
+        # compared with the facts the prompt showed (the summary was written from those)
+        found = await restated_by_meaning(embedder, text, node.invalidated, active[:max_facts], threshold)
+        if found:
+            GUARDED.labels(cause="invalidated_paraphrase").inc()
+            log.info("summary restated a no-longer-true fact in other words (similarity %.2f, nearest active %.2f); "
+                     "using the facts-only summary", found[0].similarity, found[0].nearest_active)
             return facts_summary(node, max_facts, max_chars)
     return text
 
 
 async def refresh_summaries(
-    llm: LLMClient, nodes: Sequence[NodeView], *, max_facts: int, max_chars: int
+    llm: LLMClient, nodes: Sequence[NodeView], *, max_facts: int, max_chars: int,
+    embedder: EmbedderClient | None = None, guard_threshold: float | None = None,
 ) -> list[str]:
-    """New summaries for ``nodes`` (same order) from ONE LLM call."""
+    """New summaries for ``nodes`` (same order) from ONE LLM call. Without ``embedder`` the
+    guard checks for verbatim repeats only (the service always passes its embedder)."""
     if not nodes:
         return []
     answer = await llm.generate_response(
@@ -134,4 +147,8 @@ async def refresh_summaries(
             by_id.setdefault(int(item["id"]), str(item.get("summary") or ""))
         except (KeyError, TypeError, ValueError):
             continue
-    return [guarded(node, by_id.get(i), max_facts=max_facts, max_chars=max_chars) for i, node in enumerate(nodes)]
+    return [
+        await guarded(node, by_id.get(i), max_facts=max_facts, max_chars=max_chars, embedder=embedder,
+                      threshold=guard_threshold)
+        for i, node in enumerate(nodes)
+    ]

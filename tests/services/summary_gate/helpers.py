@@ -81,6 +81,31 @@ class EchoLLM(LLMClient):
         raise NotImplementedError
 
 
+class ParaphraseLLM(EchoLLM):
+    """A summariser that rewords: answers with the active facts and, when ``restate`` is set,
+    every no-longer-true fact too -- both with "works at" reworded as "is employed by", so no
+    invalidated fact appears verbatim (what a real model did in issue 10, item 5)."""
+
+    def __init__(self, restate: bool = True) -> None:
+        super().__init__()
+        self.restate = restate
+
+    async def generate_response(  # type: ignore[override]
+        self, messages: list[Any], response_model: Any = None, max_tokens: int | None = None,
+        model_size: ModelSize = ModelSize.medium, group_id: str | None = None, prompt_name: str | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        block = re.search(r"<ENTITIES>\s*(.*?)\s*</ENTITIES>", messages[-1].content, re.S)
+        assert block, "summary prompt without an ENTITIES block"
+        out = []
+        for entity in json.loads(block.group(1)):
+            said = [*entity["facts"], *(entity["no_longer_true"] if self.restate else [])]
+            out.append({"id": entity["id"], "summary": " ".join(f.replace("works at", "is employed by") for f in said)})
+        answer = {"summaries": out}
+        self.answers.append(answer)
+        return answer
+
+
 @dataclass
 class Pipeline:
     settings: EngramSettings

@@ -13,7 +13,7 @@ import typing
 from schemas import SummaryEvent, subjects
 from schemas.messages import SummaryReason
 from services.summary_gate.gate import GateSettings
-from tests.services.summary_gate.helpers import EchoLLM, counter, group_of, mention, new_session, pipeline
+from tests.services.summary_gate.helpers import EchoLLM, ParaphraseLLM, counter, group_of, mention, new_session, pipeline
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 REASONS: tuple[str, ...] = typing.get_args(SummaryReason)
@@ -117,6 +117,41 @@ async def test_guard_replaces_a_summary_that_repeats_an_invalidated_fact(clean_n
         # ... and the stored summary is the facts-only one
         assert (await p.node(group, "Alice"))["summary"] == "Alice works at Google now."
         assert counter("engram_summary_guarded_total", cause="invalidated_fact") >= guarded + 1
+
+
+async def test_guard_replaces_a_summary_that_restates_an_invalidated_fact_in_other_words(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """Issue 10, item 5: the summariser restates the retracted fact in other words ("Alice is
+    employed by Microsoft." after "Alice works at Microsoft." was invalidated): no verbatim
+    match, caught by meaning (default hashing embedder); the same rewording of the NEW fact alone
+    is kept."""
+    for restate in (True, False):
+        session = new_session("sgpara")
+        group = group_of(session)
+        llm = ParaphraseLLM(restate=restate)
+        before = counter("engram_summary_guarded_total", cause="invalidated_paraphrase")
+        async with pipeline(clean_nats, falkordb_server.url, tmp_path, gate_llm=llm,
+                            gate=GateSettings(compose_max_facts=0)) as p:
+            await p.say(session, "I work at Microsoft.")
+            await p.say(session, "I work at Google now.")
+            await p.settle()
+            first = len(llm.answers)  # Alice's first summary: Microsoft was true then
+            await p.close(session)
+            await p.settle()
+            assert decisions(await p.events(group), "Alice")[-1] == ("refreshed", "polarity")
+            answered = [s["summary"] for a in llm.answers[first:] for s in a["summaries"]]
+            assert "Alice is employed by Google now." in " ".join(answered)
+            summary = (await p.node(group, "Alice"))["summary"]
+            after = counter("engram_summary_guarded_total", cause="invalidated_paraphrase")
+            if restate:
+                # the model did restate it, not verbatim ...
+                assert any("Alice is employed by Microsoft." in a for a in answered)
+                assert not any("Alice works at Microsoft." in a for a in answered)
+                # ... and the stored summary is the facts-only one
+                assert summary == "Alice works at Google now."
+                assert after == before + 1
+            else:
+                assert summary == "Alice is employed by Google now."  # the model's own words, kept
+                assert after == before
 
 
 # --------------------------------------------------------------------------- 3. deferred refresh
