@@ -30,7 +30,10 @@ One run over the LoCoMo conversations (default: every sample of locomo7.json, al
      ``compose_max_facts`` active facts get ``summarize.facts_summary`` as their summary with
      NO LLM call (the app's ``engram_summary_composed_total``, SummaryEvent.batch_size=0), the
      rest go to one ``refresh_summaries`` call; after the last episode of a group every pending
-     tick fires (the server schedule would).
+     tick fires (the server schedule would). Staleness sweeps (``staleness`` ticks armed by
+     skips, ``staleness_sla_s`` of wall time later) are NOT replayed: the simulated wall clock
+     of a run spans less than the 7-day SLA, so none would fire during it, and "stale nodes at
+     end" counts nodes the service's sweep would refresh a week later.
 
    Wall clock: each episode advances it by ``--episode-wall-s`` (default 5 s: a deferral that
    is not re-armed for four episodes flushes inside the session), a new session by
@@ -105,6 +108,7 @@ from rich.table import Table  # noqa: E402
 
 from bench.extraction_cost import LOCOMO, driver, load  # noqa: E402
 from engram.embedded import start_falkordb  # noqa: E402
+from engram.graph import query_rows  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
@@ -204,7 +208,7 @@ async def extract(url: str, sample: str, sessions: int | None, embedder: Embedde
             latest[delta.node_uuid] = snap_of(view)
             step.deltas.append((delta, latest[delta.node_uuid]))
         conv.steps.append(step)
-    rows = await store._rows(d, "MATCH (n:Entity) WHERE n.group_id = $g RETURN n.uuid AS uuid", g=group)
+    rows = await query_rows(d, "MATCH (n:Entity) WHERE n.group_id = $g RETURN n.uuid AS uuid", g=group)
     for row in rows:
         view = await load_node(d, group, row["uuid"], gs)
         if view is not None:
