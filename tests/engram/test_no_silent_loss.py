@@ -255,3 +255,36 @@ async def test_deleted_groups_leave_no_text_and_secrets_never_rest(tmp_path: Pat
         falkor_proc.stop()
     assert _files_containing(nats_dir, UNIQUE) == []
     assert _files_containing(falkor_dir, UNIQUE) == []
+
+
+@pytest.mark.slow
+async def test_deleting_an_episode_erases_its_stream_copies(clean_nats: str, falkordb_server, tmp_path: Path) -> None:  # noqa: ANN001
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2,
+                              turn=TurnDetectorSettings(idle_timeout_s=1, input_retention_s=3600))
+    group = f"ep-{uuid.uuid4().hex[:8]}"
+    body = {"group_id": group, "messages": [
+        {"role_type": "user", "role": "Ada", "content": "The ledger service runs on Postgres 16."},
+        {"role_type": "assistant", "role": "", "content": "Noted, Postgres 16 for the ledger."},
+        {"role_type": "user", "role": "Ada", "content": "And the billing service runs on SQLite."},
+        {"role_type": "assistant", "role": "", "content": "Noted, SQLite for billing."},
+    ]}
+    async with pipeline(settings), serve_gateway(settings) as http:
+        assert (await http.post("/messages", json=body)).status_code == 202
+        episodes = await episodes_of(http, group, 2)
+        doomed = episodes[0]
+        nc = await nats.connect(clean_nats)
+        js = nc.jetstream()
+        try:
+            def copies(msgs: list, key: str) -> int:
+                return sum(1 for m in msgs if json.loads(m.data).get(key) == doomed["uuid"])
+
+            assert copies(await read_all(js, subjects.STREAM_EPISODES), "episode_id") == 1
+            inputs = [json.loads(m.data)["message_id"] for m in await read_all(js, subjects.STREAM_IN, "engram.in.*.message.*")]
+            assert set(doomed["message_ids"]) <= set(inputs)  # retention 1 h: the raw input is still there
+            assert (await http.delete(f"/episode/{doomed['uuid']}")).status_code == 200
+            assert copies(await read_all(js, subjects.STREAM_EPISODES), "episode_id") == 0
+            assert copies(await read_all(js, subjects.STREAM_DELTAS), "episode_id") == 0
+            left = [json.loads(m.data)["message_id"] for m in await read_all(js, subjects.STREAM_IN, "engram.in.*.message.*")]
+            assert not set(doomed["message_ids"]) & set(left) and len(left) == len(inputs) - len(doomed["message_ids"])
+        finally:
+            await nc.close()
