@@ -57,6 +57,7 @@ from schemas import Episode, NodeDelta, subjects
 from services.extractor.deltas import build_node_deltas, delta_message_id
 from services.extractor.pipeline import deltas_for_existing_episode, extract_episode
 from services.extractor.preprocessing import ExtractionSettings, instructions_for_episode, validate_at_startup
+from services.extractor.restatement import similarity_threshold
 
 STAGE = "extractor"
 log = logging.getLogger("engram.extractor")
@@ -89,7 +90,12 @@ class Extractor:
         self.broker = broker
         self.extraction = ExtractionSettings()
         self.llm = llm or build_llm(LLMSettings())
-        self.embedder = build_embedder(EmbedderSettings())
+        embedder_settings = EmbedderSettings()
+        self.embedder = build_embedder(embedder_settings)
+        # An invalidation by a restatement of the invalidated fact is rejected (issue 10 item 6).
+        self.restatement_similarity = similarity_threshold(
+            self.extraction.restatement_similarity, embedder_settings.provider
+        )
         # FalkorDB: a driver per group; Neo4j: one shared driver. The vector index on facts is made
         # with the group's graph, so recall can use it from the first fact on.
         self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
@@ -167,6 +173,7 @@ class Extractor:
         result = await extract_episode(
             clients, episode, custom_instructions=instructions, previous_window=self.previous_window,
             chunking=self.extraction.chunking if self.extraction.chunking_enabled else None,
+            restatement_similarity=self.restatement_similarity,
         )
         for name, ms in result.timings.items():
             if name != "total_ms":

@@ -26,6 +26,10 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    graphiti's exact-name lookup when a name equals a stopword of graphiti's fulltext index;
 5. ``resolve_extracted_nodes`` (dedupe), ``resolve_edge_pointers``, ``resolve_extracted_edges``
    (dedupe + contradiction -> invalidated edges, with graphiti's ``invalidated_by`` mapping);
+   then an invalidation whose invalidating fact restates the invalidated one (same episode,
+   same text or words, or embeddings at least ``restatement_similarity`` apart from a replaced
+   value) is rejected and the edge restored before the save -- a fact must not invalidate
+   itself (:mod:`services.extractor.restatement`; ``engram_extractor_invalidations_total``);
 6. NO ``extract_attributes_from_nodes``: no summaries, no attribute extraction;
 7. embeddings: ``create_entity_node_embeddings`` for new nodes (edges are embedded by
    resolve_extracted_edges; any edge still without a vector is embedded here);
@@ -109,6 +113,7 @@ from services.extractor.chunking import (
     token_counter,
 )
 from services.extractor.deltas import build_node_deltas
+from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 
 log = logging.getLogger("engram.extractor")
 
@@ -180,6 +185,10 @@ class ExtractionResult(BaseModel):
     invalidated_edges: list[EntityEdge] = Field(default_factory=list)
     invalidated_by: dict[str, list[str]] = Field(
         default_factory=dict, description="invalidated edge uuid -> uuids of the episode's edges that invalidated it."
+    )
+    rejected_invalidations: list[Rejection] = Field(
+        default_factory=list,
+        description="Invalidations not applied because the invalidating fact restates the invalidated one.",
     )
     episodic_edges: list[EpisodicEdge] = Field(default_factory=list)
     dropped_entities: int = 0
@@ -550,11 +559,17 @@ async def extract_episode(
     previous_window: int,
     mode: ExtractionMode = "combined",
     chunking: ChunkingSettings | None = None,
+    restatement_similarity: float | None = None,
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
 
     With ``chunking`` set, a large entity-dense episode (:func:`episode_chunks` gives more than
     one chunk) is extracted in ``chunked`` mode whatever ``mode`` says.
+
+    ``restatement_similarity``: fact-embedding cosine at or above which an invalidating fact
+    restates the invalidated one (for the configured embedder; see
+    :data:`services.extractor.restatement.DEFAULT_SIMILARITY`). None: only the rules that need
+    no embedding (same episode, same text, same words) reject invalidations.
 
     ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
     (and does nothing else, no LLM call) when the episode's node is already stored.
@@ -605,6 +620,18 @@ async def extract_episode(
     resolved_edges, invalidated_edges, new_edges = await resolve_extracted_edges(
         run, extracted.edges, episode_node, nodes, {}, DEFAULT_EDGE_TYPE_MAP, invalidated_by=invalidated_by
     )
+    # A fact must not invalidate itself: drop invalidations by a restatement, and restore the
+    # edge before the save so nothing is written for it.
+    review = review_invalidations(
+        resolved_edges, invalidated_edges, invalidated_by, episode_node.uuid, restatement_similarity
+    )
+    await restore_edges(run.driver, review.rejected)
+    invalidated_edges, invalidated_by = review.invalidated, review.invalidated_by
+    INVALIDATIONS.labels(outcome="accepted").inc(len(review.invalidated))
+    INVALIDATIONS.labels(outcome="rejected_restatement").inc(len(review.rejected))
+    if review.rejected:
+        log.warning("rejected %d invalidations by a restatement of the invalidated fact (%s)", len(review.rejected),
+                    ", ".join(sorted({r.reason for r in review.rejections})))
     timings["resolve_edges_ms"] = _ms(start)
 
     new_nodes = [n for n in nodes if n.uuid in extracted.generated_uuids]
@@ -638,6 +665,7 @@ async def extract_episode(
         new_edges=new_edges,
         invalidated_edges=invalidated_edges,
         invalidated_by=invalidated_by,
+        rejected_invalidations=review.rejections,
         episodic_edges=episodic_edges,
         dropped_entities=extracted.dropped_entities,
         dropped_edges=extracted.dropped_edges,

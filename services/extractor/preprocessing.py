@@ -71,6 +71,12 @@ class ExtractionSettings(BaseSettings):
     # quality needs a real LLM to measure (the rules extractor does not read previous episodes).
     previous_window: int = Field(2, ge=0, le=20, description="Previous episodes shown to extraction.")
     chunking_enabled: bool = Field(True, description="Chunk large entity-dense episodes (seed 002).")
+    restatement_similarity: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Fact-embedding cosine at or above which an invalidating fact counts as a restatement of the "
+        "fact it invalidates (the invalidation is then rejected). None: the value measured for the configured "
+        "embedder (services/extractor/restatement.py DEFAULT_SIMILARITY; none for openai).",
+    )
     chunking: ChunkingSettings = Field(
         default_factory=ChunkingSettings,
         description="e.g. ENGRAM_EXTRACTION_CHUNKING__CHUNK_TOKEN_SIZE=3000 (see services/extractor/chunking.py).",
