@@ -29,6 +29,7 @@ bench: $(STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/pipeline_overhead.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/scale_out.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/summary_gate.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/restatement_threshold.py --embedders hashing
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall_quality.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall.py
 
