@@ -101,9 +101,9 @@ class EngramFalkorDriver(FalkorDriver):
       character reaches RediSearch's syntax;
     * :meth:`execute_query` answers a fulltext procedure call that FalkorDB still rejects with a
       RediSearch error as an empty result (``[], [], None``: graphiti's shape) and counts it.
-      graphiti's combined node lookup (``get_relevant_nodes``: vector and fulltext in one query)
-      then loses its vector candidates for that batch too: the fallback trades recall of one
-      lookup for the turn. Other errors propagate as before.
+      graphiti's fulltext searches each run alone, so only that lookup is lost (its search's
+      vector half still answers); ``get_relevant_nodes``, which joins both in one query, would
+      lose both, but nothing engram calls uses it in graphiti 0.31. Other errors propagate.
     """
 
     def sanitize(self, query: str) -> str:
