@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install schemas clean
+.PHONY: demo test bench bench-smoke install schemas clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PY) >/dev/null || { echo "engram needs Python 3.11 ($(PY) not found)"; exit 1; }
@@ -29,9 +29,19 @@ bench: $(STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/pipeline_overhead.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/scale_out.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/summary_gate.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/summary_guard.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/restatement_threshold.py --embedders hashing
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall_quality.py
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall.py
+
+# Each bench at its smallest sizes, its output checked (last line "smoke: ok"), not its speed:
+# about 30 s. CI runs the same through tests/bench. LoCoMo: ENGRAM_LOCOMO or ../shared/data/locomo.
+bench-smoke: $(STAMP)
+	@for b in turn_detector extraction_cost pipeline_overhead scale_out summary_gate summary_guard \
+	          recall_quality recall; do \
+		echo "== bench/$$b.py --smoke"; \
+		GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/$$b.py --smoke || exit 1; \
+	done
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.export

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench._smoke import locomo_path
 from schemas import RecallRequest, RecallResponse, subjects
 
-LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"
+LOCOMO = locomo_path()  # ENGRAM_LOCOMO, else ../shared/data/locomo/locomo7.json
 # LoCoMo's QA categories (as numbered in the released JSON): 5 (adversarial, unanswerable) is
 # left out by the benches.
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

@@ -8,6 +8,7 @@ inline summaries; add_episode runs separate node/edge extraction and inline summ
 loop is what a user would write with graphiti alone. Target (issue 3): engram >= 0.85x.
 
     python bench/pipeline_overhead.py [--sample conv-26] [--sessions 3] [--rounds 3]
+    python bench/pipeline_overhead.py --smoke   # CI: 1 session, 1 round; checks the table, not the speed
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
 import nats  # noqa: E402
+import nats.js.errors  # noqa: E402
 from graphiti_core import Graphiti  # noqa: E402
 from graphiti_core.driver.falkordb_driver import FalkorDriver  # noqa: E402
 from graphiti_core.nodes import EpisodeType  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, load  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
@@ -44,7 +47,9 @@ from services.extractor.app import NoRerank  # noqa: E402
 from services.turn_detector import app as td_app  # noqa: E402
 
 
-async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sessions: int, turns: int, rnd: int) -> float:
+async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sessions: int, turns: int, rnd: int,
+                     timeout: float) -> tuple[float, int]:
+    """Turns/s, and the dead letters of the round (episodes the extractor gave up on)."""
     settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp, group_prefix=f"r{rnd}",
                               turn=TurnDetectorSettings(idle_timeout_s=3600))
     detector, extractor = td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient())
@@ -53,6 +58,7 @@ async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sess
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     before = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages
+    dead_before = await dead_letters(js)
     events = list(read_locomo(LOCOMO, ScopeKeys(), [sample], max_sessions=sessions))
     # fresh message ids per round, so the server's dedupe window does not drop them
     events = [e.model_copy(update={"message_id": f"r{rnd}-{e.message_id}"}) if hasattr(e, "message_id") else e
@@ -66,12 +72,22 @@ async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sess
         idle = all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.name.startswith("extractor_"))
         if done and idle:
             break
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"round {rnd}: not all {turns} turns extracted after {timeout:.0f}s")
         await asyncio.sleep(0.02)
     elapsed = time.perf_counter() - started
+    dead = await dead_letters(js) - dead_before
     await nc.close()
     await extractor.stop()
     await detector.stop()
-    return turns / elapsed
+    return turns / elapsed, dead
+
+
+async def dead_letters(js) -> int:  # noqa: ANN001
+    try:
+        return (await js.stream_info(subjects.STREAM_DLQ)).state.messages
+    except nats.js.errors.NotFoundError:
+        return 0
 
 
 async def run_graphiti_loop(graph_url: str, episodes: list, rnd: int) -> float:
@@ -89,17 +105,21 @@ async def run_graphiti_loop(graph_url: str, episodes: list, rnd: int) -> float:
     return len(episodes) / elapsed
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
+    require_locomo(LOCOMO)
     _, episodes = load(args.sample, args.sessions)
+    dead: list[int] = []
     results: dict[str, list[float]] = {"graphiti add_episode loop": [], "engram (NATS, 2 services)": []}
     with tempfile.TemporaryDirectory() as tmp:
         nats_server, falkordb = start_nats(Path(tmp)), start_falkordb(Path(tmp))
         try:
             for rnd in range(args.rounds):
                 results["graphiti add_episode loop"].append(await run_graphiti_loop(falkordb.url, episodes, rnd))
-                results["engram (NATS, 2 services)"].append(await run_engram(
-                    nats_server.url, falkordb.url, Path(tmp), args.sample, args.sessions, len(episodes), rnd))
+                rate, lost = await run_engram(nats_server.url, falkordb.url, Path(tmp), args.sample, args.sessions,
+                                              len(episodes), rnd, args.timeout)
+                results["engram (NATS, 2 services)"].append(rate)
+                dead.append(lost)
                 print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f} turns/s" for k, v in results.items()),
                       file=sys.stderr)
         finally:
@@ -116,6 +136,17 @@ async def main(args: argparse.Namespace) -> None:
     Console(width=140).print(table)
     ratio = med["engram (NATS, 2 services)"] / base
     print(f"engram / graphiti loop = {ratio:.2f}x (target >= 0.85x): {'MET' if ratio >= 0.85 else 'NOT MET'}")
+    print(f"engram dead letters per round: {dead}")
+    if not args.smoke:
+        return 0
+    check = Checks()
+    check.that(len(episodes) > 0, "no turns")
+    for k, v in results.items():
+        check.that(len(v) == args.rounds, f"{k}: {len(v)} of {args.rounds} rounds")
+        for x in v:
+            check.number(f"{k} turns/s", x, positive=True)
+    check.that(not any(dead), f"engram dead letters {dead}")
+    return check.verdict()
 
 
 if __name__ == "__main__":
@@ -123,4 +154,6 @@ if __name__ == "__main__":
     parser.add_argument("--sample", default="conv-26")
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up on one engram round after this many seconds")
+    args = parse(parser, {"sessions": 1, "rounds": 1, "timeout": 120.0})
+    sys.exit(asyncio.run(main(args)))

@@ -44,6 +44,7 @@ with the direct graphiti search a caller would otherwise run; the NATS share alo
     python bench/recall.py --wide none            # 1k + 10k (256-d) only: ~2.5 min
     python bench/recall.py --queries 50 --warmup 10 --sizes 1000 --wide none  # a smoke run, seconds
     python bench/recall.py --wide hashing         # the 384-d row with hashing vectors (no torch)
+    python bench/recall.py --smoke                # CI: 100 facts, 384-d row hashed, 10 queries; checks, not latency
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ from graphiti_core.utils.bulk_utils import add_nodes_and_edges_bulk  # noqa: E40
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._recall_common import ask, load_conversations, percentile, session_turns  # noqa: E402
+from bench._recall_common import LOCOMO, ask, load_conversations, percentile, session_turns  # noqa: E402
+from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.graph import GraphDrivers  # noqa: E402
 from engram.ingest import locomo_text  # noqa: E402
@@ -394,8 +396,9 @@ def print_tables(rows: list[Row], args: argparse.Namespace) -> None:
               f"degraded {row.degraded}")
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
+    require_locomo(LOCOMO)
     wall = time.perf_counter()
     load_start = tuple(round(x, 2) for x in os.getloadavg())
     largest = max(args.sizes)
@@ -451,6 +454,19 @@ async def main(args: argparse.Namespace) -> None:
               f"(target <= {P95_TARGET_MS:.0f} ms): {'MET' if p95 <= P95_TARGET_MS else 'NOT MET'}; "
               f"overhead {r50:.2f}x at p50, {r95:.2f}x at p95 (target <= {RATIO_TARGET}x): "
               f"{'MET' if max(r50, r95) <= RATIO_TARGET else 'NOT MET'}")
+    if not args.smoke:
+        return 0
+    check = Checks()
+    for row in rows:
+        for path, ms in (("NATS", row.nats_ms), ("direct", row.direct_ms)):
+            check.that(len(ms) == args.queries, f"{row.label} {path}: {len(ms)} of {args.queries} queries timed")
+            for q in (50, 95, 99):
+                check.number(f"{row.label} {path} p{q}", percentile(ms, q), positive=True)
+        check.that(row.degraded == 0, f"{row.label}: {row.degraded} degraded recalls")
+        check.that(bool(row.items) and statistics.median(row.items) > 0, f"{row.label}: recalls return no items")
+        empty = [name for name, values in row.stages.items() if not values]
+        check.that(bool(row.stages) and not empty, f"{row.label}: breakdown stages without values {empty}")
+    return check.verdict()
 
 
 if __name__ == "__main__":
@@ -460,4 +476,5 @@ if __name__ == "__main__":
                         help="the extra 384-d row at the largest size: MiniLM itself, hashing at 384-d, or none")
     parser.add_argument("--queries", type=int, default=300, help="timed queries per path and row")
     parser.add_argument("--warmup", type=int, default=30)
-    asyncio.run(main(parser.parse_args()))
+    args = parse(parser, {"sizes": [100], "wide": "hashing", "queries": 10, "warmup": 2})
+    sys.exit(asyncio.run(main(args)))

@@ -43,6 +43,7 @@ Column "msgs@10": mean distinct message ids a method returns at k=10 (provenance
     python bench/recall_quality.py                   # all 7 conversations, offline default only: ~1.5-2 min
     python bench/recall_quality.py --minilm          # + the MiniLM row: ~6-7 min on 2 cores
     python bench/recall_quality.py --samples conv-26 --sessions 3   # a quick check, seconds
+    python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions (22 questions); checks, not quality
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._recall_common import CATEGORY_NAMES, LOCOMO, Question, ask, load_conversations, questions  # noqa: E402
+from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import load as paired_episodes  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
@@ -181,6 +183,7 @@ class EngramRun:
     episodes: Ranked = field(default_factory=dict)  # what-if: graphiti's episode fulltext search, same graph
     ceiling: dict[tuple[str, str], bool] = field(default_factory=dict)
     turns: int = 0
+    published: int = 0  # episodes the turn-detector published (turns expected)
     facts: int = 0
     ingest_s: float = 0.0
     ask_s: float = 0.0
@@ -196,9 +199,10 @@ async def _consumers_idle(js, stream: str, prefix: str | None = None) -> bool:  
     return bool(infos) and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos)
 
 
-async def wait_extracted(js, expected: int, timeout: float, label: str) -> None:  # noqa: ANN001
+async def wait_extracted(js, expected: int, timeout: float, label: str) -> int:  # noqa: ANN001
     """Until the turn-detector published ``expected`` episodes and every extractor durable acked
-    all of them (or the input is drained and nothing moved for 10 s: a count mismatch must not hang)."""
+    all of them (or the input is drained and nothing moved for 10 s: a count mismatch must not hang);
+    the episodes published."""
     started = last_report = time.monotonic()
     last_count, stable_since = -1, time.monotonic()
     while time.monotonic() - started < timeout:
@@ -210,7 +214,7 @@ async def wait_extracted(js, expected: int, timeout: float, label: str) -> None:
         if idle and drained_in and (count >= expected or time.monotonic() - stable_since > 10):
             if count < expected:
                 print(f"[{label}] warning: {count} episodes published, {expected} expected", file=sys.stderr)
-            return
+            return count
         if time.monotonic() - last_report > 15:
             pending = sum(c.num_pending + c.num_ack_pending for c in await js.consumers_info(subjects.STREAM_EPISODES))
             print(f"[{label}] {time.monotonic() - started:.0f}s: {count}/{expected} episodes published, "
@@ -260,7 +264,7 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
         started = time.perf_counter()
         for corpus in corpora:
             await publish_events(js, corpus.events)
-        await wait_extracted(js, run.turns, timeout=4 * 3600, label=name)
+        run.published = await wait_extracted(js, run.turns, timeout=4 * 3600, label=name)
         run.ingest_s = time.perf_counter() - started
         try:
             run.dead_letters = (await js.stream_info(subjects.STREAM_DLQ)).state.messages
@@ -340,8 +344,9 @@ def coverage(ranked: Ranked, qs: list[Question], k: int) -> float:
     return statistics.mean(len(set().union(*ranked.get((q.sample, q.text), [])[:k])) for q in qs) if qs else math.nan
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
+    require_locomo(LOCOMO)
     conversations = load_conversations()
     wanted = None if args.samples == ["all"] else set(args.samples)
     corpora = [build_corpus(c, args.sessions) for c in conversations if wanted is None or c["sample_id"] in wanted]
@@ -411,6 +416,20 @@ async def main(args: argparse.Namespace) -> None:
     print(f"verdict: {default.name} recall@10 {engram10:.1f} vs BM25 messages {bm10:.1f} = {margin:+.1f} points "
           f"(target >= +{TARGET_POINTS:.0f}): {verdict}; vs BM25 turns {recall_at(bm25_turns, qs, 10):.1f} = "
           f"{engram10 - recall_at(bm25_turns, qs, 10):+.1f} points")
+    if not args.smoke:
+        return 0
+    check = Checks()
+    check.that(len(qs) > 0, "no question has evidence among the ingested messages")
+    for name, ranked in rows:
+        for k in KS:
+            check.number(f"{name} recall@{k}", recall_at(ranked, qs, k))
+    for r in runs:
+        check.that(r.published == r.turns, f"{r.name}: {r.published} episodes published, {r.turns} turns expected")
+        check.that(r.facts > 0, f"{r.name}: no current fact extracted")
+        check.that(len(r.ranked) == len(qs), f"{r.name}: {len(r.ranked)} of {len(qs)} questions answered")
+        check.that(r.degraded == 0 and r.dead_letters == 0,
+                   f"{r.name}: degraded recalls {r.degraded}, dead letters {r.dead_letters}")
+    return check.verdict()
 
 
 if __name__ == "__main__":
@@ -422,4 +441,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=4, help="recall requests in flight")
     parser.add_argument("--minilm", action=argparse.BooleanOptionalAction, default=False,
                         help="also run engram with the MiniLM embedder (when installed; ~2.5x slower extraction)")
-    asyncio.run(main(parser.parse_args()))
+    args = parse(parser, {"samples": ["conv-26"], "sessions": 2})
+    sys.exit(asyncio.run(main(args)))

@@ -57,6 +57,7 @@ What limits the 4-replica rows:
     python bench/scale_out.py [--groups 16] [--episodes-per-group 5] [--latency-ms 200] [--rounds 3]
                               [--placement spread|hash] [--workload locomo|uniform]
                               [--concurrency 1 4] [--replicas 1 4]
+    python bench/scale_out.py --smoke   # CI: 4 groups x 2 turns, 4 partitions, 20 ms, 1 round; checks, not speed
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ import nats  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, load  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.models.delegating import DelegatingLLMClient, Forward  # noqa: E402
@@ -308,8 +310,9 @@ def describe_placement(args: argparse.Namespace) -> str:
     return f"{len(loads)}/{args.partitions} partitions busy, max {max(loads.values())} groups/partition"
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
+    require_locomo(LOCOMO)
     turns = session_turns(args.groups, args.episodes_per_group, args.workload)
     configs = [(c, r) for c in args.concurrency for r in args.replicas]
     results: dict[tuple[int, int], list[Result]] = {k: [] for k in configs}
@@ -359,6 +362,19 @@ async def main(args: argparse.Namespace) -> None:
                             f"-> {'MET' if met else 'NOT MET'}")
     Console(width=220).print(table)
     print(f"target: >= {TARGET}x for 4 vs 1 replicas, 0 order violations. " + "; ".join(verdicts))
+    if not args.smoke:
+        return 0
+    check = Checks()  # every run processed all its episodes (else run() raised), in order, asking the LLM
+    for (c, r), rs in results.items():
+        check.that(len(rs) == args.rounds, f"concurrency={c} replicas={r}: {len(rs)} of {args.rounds} rounds")
+        for x in rs:
+            check.number(f"concurrency={c} replicas={r} episodes/s", x.eps, positive=True)
+            check.number(f"concurrency={c} replicas={r} episode s", x.episode_s, positive=True)
+            check.that(x.violations == 0, f"concurrency={c} replicas={r}: {x.violations} order violations")
+            check.that(x.llm_calls > 0, f"concurrency={c} replicas={r}: no LLM calls")
+            check.that(sum(x.per_replica) >= total, f"concurrency={c} replicas={r}: replicas processed "
+                                                    f"{x.per_replica}, {total} episodes published")
+    return check.verdict()
 
 
 if __name__ == "__main__":
@@ -374,4 +390,6 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on one run after this many seconds")
-    asyncio.run(main(parser.parse_args()))
+    args = parse(parser, {"groups": 4, "episodes_per_group": 2, "latency_ms": 20.0, "rounds": 1, "partitions": 4,
+                          "timeout": 120.0})
+    sys.exit(asyncio.run(main(args)))

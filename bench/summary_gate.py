@@ -76,6 +76,8 @@ nodes); the drift numbers depend on the embedder (hashing measures lexical overl
 
     python bench/summary_gate.py [--samples conv-26,conv-30] [--sessions N] [--embedder hashing|minilm]
         [--episode-wall-s 5] [--session-gap-s 3600] [--no-what-ifs]
+    python bench/summary_gate.py --smoke   # CI: conv-26, 8 sessions (deferrals, ticks, a polarity flip), every
+                                           # table; checks every arm replayed every delta and (d) is 0, not speed
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ from graphiti_core.tracer import NoOpTracer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, driver, load  # noqa: E402
 from engram.embedded import start_falkordb  # noqa: E402
 from engram.graph import query_rows  # noqa: E402
@@ -734,8 +737,9 @@ def justification(sweep: list[Outcome], base: Outcome, default: float) -> str:
 
 
 # --------------------------------------------------------------------------- main
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
+    require_locomo(LOCOMO)
     console = Console(width=200)
     started = time.perf_counter()
     gs = GateSettings()
@@ -821,6 +825,20 @@ async def main(args: argparse.Namespace) -> None:
     print(f"runtime: extraction {extracted - started:.1f}s, replays "
           + ", ".join(f"{o.name} {o.seconds:.1f}s" for o in [*arms, *[s for s in sweep if s not in arms], *what_ifs])
           + f"; total {time.perf_counter() - started:.1f}s")
+    if not args.smoke:
+        return 0
+    check = Checks()
+    check.that(episodes > 0 and deltas > 0, f"{episodes} episodes, {deltas} deltas extracted")
+    for o in [*arms, *sweep, *what_ifs]:  # every arm replayed the whole recorded stream
+        check.that(o.deltas == deltas, f"{o.name}: {o.deltas} of {deltas} deltas replayed")
+    check.that(base.calls == deltas, f"refresh-always: {base.calls} LLM calls for {deltas} deltas (one each expected)")
+    check.number("(a) calls fewer", saved)
+    check.number("(b) LLM refreshes skipped", skipped)
+    check.number("tokens vs always", tokens_ratio(gated, base))
+    check.that(gated.writes > 0, "gated: no summary written")
+    check.that(stale == 0 and gated.polarity_misses == 0,
+               f"gated: staleness misses {stale}, polarity misses {gated.polarity_misses} (must be 0)")
+    return check.verdict()
 
 
 if __name__ == "__main__":
@@ -832,4 +850,5 @@ if __name__ == "__main__":
     parser.add_argument("--session-gap-s", type=float, default=3600.0, help="wall-clock seconds between sessions")
     parser.add_argument("--no-what-ifs", action="store_true", help="skip the what-if table")
     parser.add_argument("--window", type=int, default=2, help="previous episodes shown to extraction")
-    asyncio.run(main(parser.parse_args()))
+    args = parse(parser, {"samples": "conv-26", "sessions": 8})
+    sys.exit(asyncio.run(main(args)))

@@ -22,6 +22,7 @@ how much the choice is fitted to the corpus, a 2-fold check picks the threshold 
 entities (even / odd) by the same rule and scores it on the other half.
 
     python bench/summary_guard.py [--embedder hashing|minilm|openai]   # openai: ENGRAM_EMBEDDER_* env
+    python bench/summary_guard.py --smoke   # CI: hashing, the whole corpus (it is small), -v; checks the output
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["GRAPHITI_TELEMETRY_ENABLED"] = "false"
 
+from bench._smoke import Checks, parse  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from services.summary_gate.guard import CALIBRATED_THRESHOLDS, pieces, restatements  # noqa: E402
 
@@ -95,7 +97,7 @@ def choose(items: list[Item]) -> float:
     return tied[len(tied) // 2]
 
 
-def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace) -> int:
     cases = load_corpus()
     items = asyncio.run(embed_corpus(cases, args.embedder))
     pos = sum(it.label for it in items)
@@ -133,10 +135,23 @@ def main(args: argparse.Namespace) -> None:
             f = flagged(it, chosen, "nearest")
             if f != it.label:
                 print(f"  {'FP' if f else 'FN'}: {it.text}")
+    if not args.smoke:
+        return 0
+    check = Checks()
+    check.that(tp + fn == pos, f"2-fold: tp {tp} + fn {fn} != {pos} restatements")  # both halves scored once
+    check.that(0 < pos < len(items), f"{len(items)} sentences, {pos} labelled restates: both labels needed")
+    check.that(all(it.pieces for it in items), "a sentence without pieces")
+    check.that(0.0 <= chosen <= 1.0 and all(0.0 <= t <= 1.0 for t in picks), f"thresholds {chosen}, {picks}")
+    for variant in ("nearest", "threshold only"):
+        p, r, f1, tp, fp, fn = scores(items, chosen, variant)
+        for label, value in (("P", p), ("R", r), ("F1", f1)):
+            check.number(f"{variant} {label}", value)
+        check.that(tp + fn == pos, f"{variant}: tp {tp} + fn {fn} != {pos} restatements")
+    return check.verdict()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedder", choices=("hashing", "minilm", "openai"), default="hashing")
     parser.add_argument("-v", "--verbose", action="store_true", help="list the sentences the chosen threshold gets wrong")
-    main(parser.parse_args())
+    sys.exit(main(parse(parser, {"embedder": "hashing", "verbose": True})))

@@ -10,6 +10,7 @@ Rounds alternate between the variants so machine noise hits all of them alike; t
 reports medians and the ratio turn-detector / pass-through (target >= 0.8x).
 
     python bench/turn_detector.py [--messages 3000] [--sessions 60] [--rounds 3] [--partitions 4]
+    python bench/turn_detector.py --smoke   # CI: 300 messages, 10 sessions, 1 round; checks the table, not the speed
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from nats.js.api import StreamConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._smoke import Checks, parse  # noqa: E402
 from engram.embedded import start_nats  # noqa: E402
 from engram.service import make_broker, subscribe_partitions  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
@@ -110,7 +112,15 @@ async def wait_drained(js, durables: list[str], total: int) -> None:  # noqa: AN
         await asyncio.sleep(0.01)
 
 
-async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -> float:
+async def stream_count(js, stream: str) -> int:  # noqa: ANN001
+    try:
+        return (await js.stream_info(stream)).state.messages
+    except nats.js.errors.NotFoundError:
+        return 0
+
+
+async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -> tuple[float, int]:
+    """Messages/s, and how many messages reached the output stream."""
     # The same broker set-up as the service (engram.service.make_broker: Prometheus middleware,
     # collapsed subject labels), so the comparison isolates what the turn-detector itself does.
     nats_url = settings.resolved_nats_url()
@@ -140,12 +150,14 @@ async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -
     await wait_drained(js, durables, total)
     elapsed = time.perf_counter() - started
     await broker.stop()
+    forwarded = await stream_count(js, "BENCH_OUT")
     await reset(js, durables)
     await nc.close()
-    return total / elapsed
+    return total / elapsed, forwarded
 
 
-async def run_detector(nats_url: str, settings: EngramSettings, total: int) -> float:
+async def run_detector(nats_url: str, settings: EngramSettings, total: int) -> tuple[float, int, int]:
+    """Messages/s, episodes published, dead letters (the DLQ stream's count after the run)."""
     topology = Topology.from_settings(settings)
     durables = [topology.turn_detector_durable(p) for p in range(settings.partitions)]
     nc = await nats.connect(nats_url)
@@ -159,12 +171,14 @@ async def run_detector(nats_url: str, settings: EngramSettings, total: int) -> f
     await wait_drained(js, durables, total)
     elapsed = time.perf_counter() - started
     await service.stop()
+    episodes = await stream_count(js, subjects.STREAM_EPISODES)
+    dead = await stream_count(js, subjects.STREAM_DLQ)
     await reset(js, durables)
     await nc.close()
-    return total / elapsed
+    return total / elapsed, episodes, dead
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     logging.getLogger("faststream").setLevel(logging.ERROR)
     logging.getLogger("faststream.access.nats").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,10 +189,16 @@ async def main(args: argparse.Namespace) -> None:
             messages = conversation(args.messages, args.sessions)
             await fill(server.url, settings, messages)
             results: dict[str, list[float]] = {"ack-only": [], "pass-through": [], "turn-detector": []}
+            forwarded, episodes, dead = [], [], []
             for r in range(args.rounds):
-                results["ack-only"].append(await run_passthrough(settings, False, len(messages)))
-                results["pass-through"].append(await run_passthrough(settings, True, len(messages)))
-                results["turn-detector"].append(await run_detector(server.url, settings, len(messages)))
+                results["ack-only"].append((await run_passthrough(settings, False, len(messages)))[0])
+                rate, out = await run_passthrough(settings, True, len(messages))
+                results["pass-through"].append(rate)
+                forwarded.append(out)
+                rate, eps, dlq = await run_detector(server.url, settings, len(messages))
+                results["turn-detector"].append(rate)
+                episodes.append(eps)
+                dead.append(dlq)
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.0f} msg/s" for k, v in results.items()),
                       file=sys.stderr)
         finally:
@@ -193,6 +213,25 @@ async def main(args: argparse.Namespace) -> None:
     Console(width=140).print(table)
     ratio = med["turn-detector"] / med["pass-through"]
     print(f"turn-detector / pass-through = {ratio:.2f}x (target >= 0.80x): {'MET' if ratio >= 0.8 else 'NOT MET'}")
+    print(f"per round: pass-through forwarded {forwarded} of {len(messages)} messages; turn-detector published "
+          f"{episodes} episodes; dead letters in the DLQ after each round {dead}")
+    if not args.smoke:
+        return 0
+    check = Checks()
+    for k, v in results.items():
+        check.that(len(v) == args.rounds, f"{k}: {len(v)} of {args.rounds} rounds")
+        for x in v:
+            check.number(f"{k} msg/s", x, positive=True)
+    check.that(all(n == len(messages) for n in forwarded), f"pass-through forwarded {forwarded} of {len(messages)}")
+    # a user message closes its session's previous turn; the last turn of each session stays open
+    # (idle timeout 1 h), so every round must publish exactly this many episodes
+    users: dict[str, int] = {}
+    for m in messages:
+        users[m.session_id] = users.get(m.session_id, 0) + (m.role == "user")
+    expected = sum(max(0, n - 1) for n in users.values())
+    check.that(all(n == expected for n in episodes), f"turn-detector published {episodes} episodes, {expected} expected")
+    check.that(not any(dead), f"turn-detector dead letters {dead}")
+    return check.verdict()
 
 
 if __name__ == "__main__":
@@ -201,4 +240,5 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
-    asyncio.run(main(parser.parse_args()))
+    args = parse(parser, {"messages": 300, "sessions": 10, "rounds": 1})
+    sys.exit(asyncio.run(main(args)))
