@@ -24,8 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/x.py` finds bench._smoke
+
+from bench._smoke import Checks, parse  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder
 from services.extractor.restatement import cosine, negated, replaced_value, restatement_reason
 
@@ -85,17 +89,24 @@ def report(provider: str, pairs: list[dict[str, str]], sims: list[float], margin
     return threshold
 
 
-async def main() -> None:
+async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embedders", default="hashing,minilm")
     parser.add_argument("--margin", type=float, default=0.02)
-    args = parser.parse_args()
+    args = parse(parser, {"embedders": "hashing"})  # the whole labelled set is small: smoke = hashing only
     pairs, held_out = load_pairs(), load_pairs(HELD_OUT)
+    checks = Checks()
     for provider in args.embedders.split(","):
         threshold = report(provider, pairs, await similarities(provider, pairs), args.margin)
-        evaluate(held_out, await similarities(provider, held_out), threshold,
-                 f"{provider}: held-out pairs at threshold {threshold:.2f}")
+        held = evaluate(held_out, await similarities(provider, held_out), threshold,
+                        f"{provider}: held-out pairs at threshold {threshold:.2f}")
+        checks.number(f"{provider} threshold", threshold)
+        checks.that(held.get("restatements", 0) + held.get("contradictions", 0) == len(held_out),
+                    f"{provider}: held-out counts do not add up to {len(held_out)}")
+        checks.that(held.get("contradictions_wrongly_rejected", 1) == 0,
+                    f"{provider}: a held-out contradiction was rejected as a restatement")
+    return checks.verdict() if args.smoke else 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))
