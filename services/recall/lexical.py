@@ -33,9 +33,11 @@ import math
 import re
 import weakref
 from collections import Counter, OrderedDict
+from collections.abc import KeysView
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphiti_core.driver.driver import GraphProvider
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge
 
@@ -51,7 +53,12 @@ K1, B = 1.5, 0.75
 DEFAULT_MAX_GROUPS = 1024
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~17x that in memory (LoCoMo turns)
 
-Q_UUIDS = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN collect(e.uuid) AS uuids"
+# One string, not a list: the Python client parses every list element on its own (measured at
+# 10k episodes: 8.0 ms p50 / 56 ms p95 for the list, 3.2 / 4.5 ms joined; a count was 0.9 / 1.1).
+# A uuid holding the separator only makes every request read it again, never hides it.
+UUID_SEPARATOR = "\x1f"
+Q_UUIDS_JOINED = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN string.join(collect(e.uuid), $sep) AS uuids"
+Q_UUIDS = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN collect(e.uuid) AS uuids"  # Neo4j: no string.join
 _FIELDS = "e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at"
 Q_EPISODES = f"MATCH (e:Episodic) WHERE e.group_id = $g RETURN {_FIELDS} ORDER BY e.created_at, e.uuid"
 Q_EPISODES_IN = (
@@ -69,6 +76,24 @@ INDEXED_BYTES = Gauge("engram_recall_lexical_indexed_bytes", "Episode text (UTF-
 
 def tokens(text: str) -> list[str]:
     return [w for w in _WORD.findall(text.casefold()) if w not in STOPWORDS]
+
+
+Listing = str | tuple[str, ...]
+
+
+async def episode_listing(driver: Any, group_id: str) -> Listing:
+    """The uuids of the group's Episodic nodes, in one query, as the graph returned them."""
+    if getattr(driver, "provider", None) == GraphProvider.FALKORDB:
+        rows = await query_rows(driver, Q_UUIDS_JOINED, g=group_id, sep=UUID_SEPARATOR)
+        return (rows[0]["uuids"] or "") if rows else ""
+    rows = await query_rows(driver, Q_UUIDS, g=group_id)
+    return tuple(rows[0]["uuids"] or ()) if rows else ()
+
+
+def uuid_set(listing: Listing) -> set[str]:
+    if isinstance(listing, str):
+        return set(listing.split(UUID_SEPARATOR)) if listing else set()
+    return set(listing)
 
 
 @dataclass
@@ -91,11 +116,18 @@ class Doc:
 
 @dataclass
 class EpisodeIndex:
-    docs: list[Doc] = field(default_factory=list)
+    """BM25 over a set of documents that grows by ``add`` and shrinks by ``remove``.
+
+    A removed document leaves a hole (None) in ``docs`` and its postings stay until the index is
+    compacted; ``df`` counts live documents per term, so scores equal a fresh build's."""
+
+    docs: list[Doc | None] = field(default_factory=list)
     postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # term -> [(doc index, tf)]
+    df: dict[str, int] = field(default_factory=dict)  # term -> live documents holding it
+    positions: dict[str, int] = field(default_factory=dict)  # uuid -> doc index, live documents only
     total_length: int = 0
-    uuids: set[str] = field(default_factory=set)
     text_bytes: int = 0
+    listing: Listing | None = None  # the graph's uuid listing this index was last found equal to
 
     @classmethod
     def of(cls, docs: list[Doc]) -> EpisodeIndex:
@@ -104,32 +136,55 @@ class EpisodeIndex:
             index.add(doc)
         return index
 
+    @property
+    def uuids(self) -> KeysView[str]:
+        return self.positions.keys()
+
     def add(self, doc: Doc) -> None:
         index = len(self.docs)
         self.docs.append(doc)
-        self.uuids.add(doc.uuid)
+        self.positions[doc.uuid] = index
         for term, tf in doc.terms.items():
             self.postings.setdefault(term, []).append((index, tf))
+            self.df[term] = self.df.get(term, 0) + 1
         self.total_length += doc.length
         self.text_bytes += doc.text_bytes
 
+    def remove(self, uuid: str) -> None:
+        at = self.positions.pop(uuid)
+        doc, self.docs[at] = self.docs[at], None
+        assert doc is not None
+        for term in doc.terms:
+            self.df[term] -= 1
+        self.total_length -= doc.length
+        self.text_bytes -= doc.text_bytes
+
+    def compacted(self) -> EpisodeIndex:
+        """This index, or a fresh build of its live documents once half of ``docs`` are holes."""
+        if len(self.docs) <= 2 * len(self.positions):
+            return self
+        return EpisodeIndex.of([d for d in self.docs if d is not None])
+
     def search(self, query: str, k: int) -> list[tuple[Doc, float]]:
         """Top ``k`` episodes by BM25; only documents holding a query term are scored."""
-        n = len(self.docs)
+        n = len(self.positions)
         if not n:
             return []
         avgdl = self.total_length / n or 1.0
         scores: dict[int, float] = {}
         for term in set(tokens(query)):
-            postings = self.postings.get(term)
-            if not postings:
+            df = self.df.get(term, 0)
+            if not df:
                 continue
-            idf = math.log(1 + (n - len(postings) + 0.5) / (len(postings) + 0.5))
-            for index, tf in postings:
-                norm = K1 * (1 - B + B * self.docs[index].length / avgdl)
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            for index, tf in self.postings[term]:
+                doc = self.docs[index]
+                if doc is None:
+                    continue
+                norm = K1 * (1 - B + B * doc.length / avgdl)
                 scores[index] = scores.get(index, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
         best = heapq.nlargest(k, scores.items(), key=lambda pair: pair[1])
-        return [(self.docs[i], score) for i, score in best]
+        return [(self.docs[i], score) for i, score in best]  # type: ignore[misc] - scored docs are live
 
 
 class LexicalEpisodes:
@@ -175,16 +230,22 @@ class LexicalEpisodes:
         if lock is None:
             lock = self.locks[group_id] = asyncio.Lock()
         async with lock:
-            rows = await query_rows(driver, Q_UUIDS, g=group_id)
-            in_graph = set(rows[0]["uuids"] or []) if rows else set()
+            listing = await episode_listing(driver, group_id)
             index = self.indexes.get(group_id)
-            if index is not None and index.uuids == in_graph:
+            # The listing the index was last found equal to: the same set, for one string comparison
+            if index is not None and index.listing == listing:
                 self.indexes.move_to_end(group_id)
                 return index
-            if index is None or not index.uuids <= in_graph:
-                # first use, evicted, or episodes deleted: keep what is still there, no graph read
-                index = EpisodeIndex.of([d for d in index.docs if d.uuid in in_graph] if index else [])
+            in_graph = uuid_set(listing)
+            if index is not None and index.uuids == in_graph:  # listed in another order
+                index.listing = listing
+                self.indexes.move_to_end(group_id)
+                return index
             self._drop(group_id, None)  # changed: accounted again by _keep once up to date
+            index = index or EpisodeIndex()
+            for gone in [u for u in index.uuids if u not in in_graph]:
+                index.remove(gone)  # deleted episodes leave in memory, no graph read
+            index = index.compacted()
             missing = in_graph - index.uuids
             if missing:
                 if len(missing) * 2 > len(in_graph):  # mostly new: one scan beats a long IN list
@@ -196,6 +257,7 @@ class LexicalEpisodes:
                 for r in rows:
                     if r["uuid"] not in index.uuids:
                         index.add(Doc.of(r))
+            index.listing = listing if index.uuids == in_graph else None
             self._keep(group_id, index)
             return index
 

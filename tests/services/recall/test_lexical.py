@@ -38,6 +38,22 @@ def test_bm25_ranks_rare_terms_and_ignores_stopwords() -> None:
     assert index.search("zebra", 3) == []
 
 
+def test_removed_documents_score_as_if_never_added() -> None:
+    texts = ["nginx on staging", "nginx crashed again", "postgres backups", "nginx and postgres", "redis"]
+    index = EpisodeIndex.of([doc(i, t) for i, t in enumerate(texts)])
+    index.remove("d1")
+    fresh = EpisodeIndex.of([doc(i, t) for i, t in enumerate(texts) if i != 1])
+    for query in ("nginx", "postgres nginx", "crashed", "redis staging"):
+        assert [(d.uuid, round(s, 9)) for d, s in index.search(query, 5)] == \
+               [(d.uuid, round(s, 9)) for d, s in fresh.search(query, 5)]
+    assert index.compacted() is index  # one hole in five
+    index.remove("d0")
+    index.remove("d2")
+    compact = index.compacted()
+    assert compact is not index and [d.uuid for d in compact.docs] == ["d3", "d4"]
+    assert compact.text_bytes == index.text_bytes and compact.total_length == index.total_length
+
+
 async def test_index_follows_the_graph(falkordb_server) -> None:  # noqa: ANN001
     host, port = _host_port(falkordb_server.url)
     group = f"lex_{uuid.uuid4().hex[:8]}"
@@ -69,6 +85,7 @@ class CountingDriver:
 
     def __init__(self, driver: FalkorDriver) -> None:
         self.driver = driver
+        self.provider = driver.provider
         self.rows: list[int] = []
 
     async def execute_query(self, query: str, **params):  # noqa: ANN003, ANN201
@@ -125,6 +142,22 @@ async def test_an_episode_written_after_a_delete_is_indexed(graph, new_minute: i
     await add("g", "e3", "assistant: ansible playbook for the kubernetes nodes", new_minute - 1)
     assert await found(lexical, driver, "g", "kubernetes") == {"e2", "e3"}
     assert await found(lexical, driver, "g", "nginx") == set()
+
+
+@pytest.mark.parametrize("uid", ["e\x1fx", "plain"], ids=["uuid-with-separator", "list-query"])
+async def test_uuid_edge_cases_never_hide_an_episode(graph, uid: str) -> None:  # noqa: ANN001
+    """A uuid holding the join separator, and the plain list query other backends use."""
+    driver, add = graph
+    reader = CountingDriver(driver)
+    if uid == "plain":
+        reader.provider = None  # the collect() query, as on Neo4j
+    lexical = LexicalEpisodes()
+    await add("g", "e0", "user: nginx", 0)
+    assert await found(lexical, reader, "g", "nginx") == {"e0"}
+    await delete(driver, "e0")
+    await add("g", uid, "user: kubernetes", 1)
+    assert await found(lexical, reader, "g", "kubernetes") == {uid}
+    assert await found(lexical, reader, "g", "kubernetes nginx") == {uid}
 
 
 async def test_refresh_reads_only_what_changed(graph) -> None:  # noqa: ANN001
