@@ -6,15 +6,16 @@ for plain BM25 over the same turns. So recall keeps a BM25 index per group, buil
 Episodic nodes on first use.
 
 Kept current by comparing sets, not counts: every request reads the uuids of the group's
-episodes (one query, uuids only) and compares them with the uuids indexed. Equal: the index is
-used as it is. Otherwise episodes that are gone are dropped (the index is rebuilt in memory from
-the documents it keeps, no graph read) and only the episodes it lacks are read and added. A
+episodes (one query, one joined string) and compares them with the uuids indexed. The same
+string as last time, or the same set: the index is used as it is. Otherwise episodes that are
+gone are removed in memory (no graph read) and only the episodes it lacks are read and added. A
 count (the rule before) misses a delete followed by an insert for good, and neither the newest
 ``created_at`` nor FalkorDB's node ids fix that: ids of deleted nodes are reused, and
-``created_at`` is the writer's clock. Cost: the uuid list is O(episodes) per request (measured
-in docs/architecture.md, "Recall: measured"); step 6 of the roadmap replaces this index. An
-episode's content is never rewritten under the same uuid (engram deletes and writes anew), so
-the set of uuids is the whole state; after an in-place rewrite, call ``invalidate``.
+``created_at`` is the writer's clock. Cost: the uuid listing is O(episodes) per request
+(measured in docs/architecture.md, "Recall's episode index"); step 6 of the roadmap replaces
+this index. An episode's content is never rewritten under the same uuid (engram deletes and
+writes anew), so the set of uuids is the whole state; after an in-place rewrite, call
+``invalidate``.
 
 Bounded: the indexes are kept least recently used first, at most ``max_groups`` groups and
 ``max_bytes`` of indexed episode text (UTF-8) in all; the least recently used are dropped beyond
