@@ -1,4 +1,4 @@
-"""Okapi BM25 over a group's episodes (past turns), kept in memory by the recall service.
+"""BM25 (``bm25s``) over a group's episodes (past turns), kept in memory by the recall service.
 
 Why not the graph's fulltext index: FalkorDB ranks it with TF-IDF over an OR of the query words,
 and bench/recall_quality.py measured LoCoMo evidence recall@10 at 60.6% with it against 69.8%
@@ -23,37 +23,57 @@ either and rebuilt from the graph on their next request. A group larger than ``m
 its own is built for the request and not kept. The graph stays the source of truth: an item
 whose episode no longer exists is dropped when its provenance is read.
 
-k1 = 1.5, b = 0.75, lower-cased word tokens, no stemming, a small English stopword list.
+Scoring is ``bm25s`` (Lucene's BM25, k1 = 1.5, b = 0.75) over Snowball stems (``PyStemmer``)
+in the group's language: "opened"/"open" and "veritabanı"/"veritabanını" meet; in English an
+irregular verb is first brought to its lemma by ``lemminflect`` ("broke"/"broken" -> "break").
+The language is guessed per group with no model: every episode votes with the stopwords it holds, for each of the
+languages both libraries cover (bm25s ships the stopword lists, PyStemmer the stemmers), a word
+shared by n of those lists counting 1/n, and Turkish lists also match without diacritics ("icin"),
+as users often type them. The group takes the language with the most votes, English when there
+are fewer than ``MIN_LANGUAGE_VOTES``; that language's stopwords are dropped and its stemmer
+applied to the episodes and to the query. Partial: one language per group, so a group mixing two
+languages stems the minority one with the majority's stemmer (its words still match exactly).
+
+A bm25s index is immutable: inserts and deletes are applied to the document list (deletes leave
+a hole, compacted once half are holes) and the next search rebuilds the group's bm25s index from
+the live documents' cached term ids (no re-tokenising, no graph read), so scores always equal a
+fresh build's. bm25s's own build loops over documents in Python (~400 ms at 10k episodes), so
+``BM25`` below builds the same matrix with numpy (~2 ms at 1k, ~40 ms at 10k episodes, paid
+once by the first search after a change). Costs in docs/architecture.md ("Recall's episode
+index"). Partial: no delta index; a group of 10k+ episodes written to between every two
+searches pays the rebuild on each.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import math
 import re
+import unicodedata
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import KeysView
 from dataclasses import dataclass, field
+from functools import cache, lru_cache
 from typing import Any
 
+import bm25s
+import numpy as np
+import Stemmer
+from bm25s import stopwords as bm25s_stopwords
+from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
 from graphiti_core.driver.driver import GraphProvider
+from lemminflect import getAllLemmas
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge
 
 from engram.graph import query_rows
 
 _WORD = re.compile(r"\w+")
-STOPWORDS = frozenset(
-    "a an and are as at be but by did do does for from had has have he her his i if in is it its me my "
-    "of on or our she so that the their them they this to was we were what when where which who why "
-    "will with you your".split()
-)
 K1, B = 1.5, 0.75
+DEFAULT_LANGUAGE = "english"
+MIN_LANGUAGE_VOTES = 2.0  # below this a group is English: a turn or two of "de"/"on" proves nothing
 DEFAULT_MAX_GROUPS = 1024
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~17x that in memory (LoCoMo turns)
-
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~12x that besides the text (LoCoMo turns, 10k)
 # One string, not a list: the Python client parses every list element on its own (measured at
 # 10k episodes: 8.0 ms p50 / 56 ms p95 for the list, 3.2 / 4.5 ms joined; a count was 0.9 / 1.1).
 # A uuid holding the separator only makes every request read it again, never hides it.
@@ -75,8 +95,83 @@ EVICTIONS = PromCounter(
 INDEXED_BYTES = Gauge("engram_recall_lexical_indexed_bytes", "Episode text (UTF-8 bytes) held in BM25 indexes.")
 
 
-def tokens(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text.casefold()) if w not in STOPWORDS]
+def _fold(word: str) -> str:
+    """``word`` without diacritics, dotless i as i: how Turkish is often typed on other keyboards."""
+    return "".join(c for c in unicodedata.normalize("NFKD", word) if not unicodedata.combining(c)).replace("ı", "i")
+
+
+def _stopword_lists() -> dict[str, frozenset[str]]:
+    """The languages PyStemmer stems and bm25s has stopwords for, with their stopwords."""
+    lists = {}
+    for language in Stemmer.algorithms():
+        words = getattr(bm25s_stopwords, "STOPWORDS_EN" if language == "english" else f"STOPWORDS_{language.upper()}", None)
+        if words:
+            lists[language] = frozenset(w.casefold() for w in words) | frozenset(_fold(w.casefold()) for w in words)
+    return lists
+
+
+STOPWORDS: dict[str, frozenset[str]] = _stopword_lists()
+LANGUAGES = tuple(sorted(STOPWORDS))
+# 1/n for a word that is a stopword in n languages ("de" is Dutch, French, Portuguese, Spanish, Turkish)
+_VOTE: dict[str, dict[str, float]] = {}
+for _language, _words in STOPWORDS.items():
+    for _w in _words:
+        _VOTE.setdefault(_w, {})[_language] = 1.0
+for _w, _by in _VOTE.items():
+    for _language in _by:
+        _by[_language] = 1.0 / len(_by)
+
+
+def words(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
+    """Lower-cased word tokens; Turkish lower-cases I to dotless ı, every language İ to i."""
+    text = text.replace("İ", "i")
+    if language == "turkish":
+        text = text.replace("I", "ı")
+    return _WORD.findall(text.casefold())
+
+
+def language_votes(text: str) -> Counter[str]:
+    """Stopword votes per language for ``text`` (see the module docstring)."""
+    votes: Counter[str] = Counter()
+    for w in words(text):
+        for language, weight in _VOTE.get(w, {}).items():
+            votes[language] += weight
+    return votes
+
+
+def language_of(votes: Counter[str]) -> str:
+    if not votes:
+        return DEFAULT_LANGUAGE
+    language, count = max(votes.items(), key=lambda kv: (kv[1], kv[0] == DEFAULT_LANGUAGE, kv[0]))
+    return language if count >= MIN_LANGUAGE_VOTES else DEFAULT_LANGUAGE
+
+
+@cache
+def _stemmer(language: str) -> Stemmer.Stemmer:
+    return Stemmer.Stemmer(language)
+
+
+@lru_cache(maxsize=65536)
+def _term(word: str, language: str) -> str:
+    stemmer = _stemmer(language)
+    if language == "english":
+        # Snowball leaves irregular verbs apart (broke, broken); lemminflect's table joins them
+        word = (getAllLemmas(word).get("VERB") or (word,))[0]
+        return stemmer.stemWord(word)
+    stem = stemmer.stemWord(word)
+    if language == "turkish":
+        # Turkish Snowball reads the n of a vowel-final noun as a suffix buffer or not depending on
+        # what follows: veritabanı -> veritaba, veritabanını -> veritaban. Stemming again until the
+        # stem stops changing brings both to veritap (also sunucu/sunucunun, fatura/faturanın).
+        while (again := stemmer.stemWord(stem)) != stem:
+            stem = again
+    return stem
+
+
+def tokens(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
+    """The terms BM25 sees: ``language``'s stopwords dropped, the rest stemmed."""
+    stop = STOPWORDS.get(language, frozenset())
+    return [_term(w, language) for w in words(text, language) if w not in stop]
 
 
 Listing = str | tuple[str, ...]
@@ -97,38 +192,77 @@ def uuid_set(listing: Listing) -> set[str]:
     return set(listing)
 
 
-@dataclass
+class BM25(bm25s.BM25):
+    """bm25s's BM25 with its documented hook ``build_index_from_ids`` done in numpy.
+
+    bm25s builds with a Python loop per document (~40 us each: 400 ms for a 10k-episode group),
+    and a bm25s index is immutable, so every change would pay that. This build computes the same
+    matrix with numpy over all documents at once, scored by bm25s's own idf and tf functions
+    (``bm25s.scoring``), and leaves querying to bm25s; a test checks it equals bm25s's build."""
+
+    def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):  # noqa: ANN001, ANN201, ARG002
+        if self.method in self.methods_requiring_nonoccurrence:  # BM25L, BM25+: not needed here
+            raise NotImplementedError(self.method)
+        self.nonoccurrence_array = None
+        n_docs, n_vocab = len(corpus_token_ids), len(unique_token_ids)
+        dtype = np.dtype(self.dtype)
+        lengths = np.fromiter((len(t) for t in corpus_token_ids), dtype=np.int64, count=n_docs)
+        flat = np.concatenate([np.asarray(t, dtype=np.int64) for t in corpus_token_ids]) if n_docs else np.empty(0, np.int64)
+        # One sort of (term, document) keys, term-major: runs are term frequencies, and the
+        # distinct keys come out in the column order of the CSC matrix bm25s queries.
+        keys = np.sort(flat * max(n_docs, 1) + np.repeat(np.arange(n_docs, dtype=np.int64), lengths))
+        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1]))) if len(keys) else np.empty(0, np.int64)
+        tf = np.diff(np.append(starts, len(keys)))
+        voc_idx, doc_idx = np.divmod(keys[starts], max(n_docs, 1))
+        df = np.bincount(voc_idx, minlength=n_vocab)
+        # bm25s's idf is a scalar function: applied once per distinct document frequency
+        distinct, inverse = np.unique(df, return_inverse=True)
+        idf_of = _select_idf_scorer(self.idf_method)
+        idf = np.array([idf_of(int(d), N=n_docs) for d in distinct], dtype=dtype)[inverse]
+        avg_doc_len = lengths.mean() if n_docs else 1.0
+        tfc = _select_tfc_scorer(self.method)(tf_array=tf.astype(dtype), l_d=lengths[doc_idx], l_avg=avg_doc_len,
+                                              k1=self.k1, b=self.b, delta=self.delta)
+        data = (idf[voc_idx] * tfc).astype(dtype)
+        indices = doc_idx.astype(self.int_dtype)
+        indptr = np.concatenate(([0], np.cumsum(df))).astype(np.int64)
+        return {"data": data.astype(dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+
+
+@dataclass(eq=False)
 class Doc:
     uuid: str
     content: str
-    valid_at: Any
-    created_at: Any
-    terms: Counter
-    length: int
+    valid_at: Any = None
+    created_at: Any = None
     text_bytes: int = 0
+    votes: Counter[str] = field(default_factory=Counter)  # stopword votes per language
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> Doc:
-        content = row["content"] or ""
-        words = tokens(content)
-        return cls(row["uuid"], content, row["valid_at"], row["created_at"], Counter(words), len(words),
-                   len(content.encode("utf-8", "surrogatepass")))
+        content = row.get("content") or ""
+        return cls(row["uuid"], content, row.get("valid_at"), row.get("created_at"),
+                   len(content.encode("utf-8", "surrogatepass")), language_votes(content))
 
 
 @dataclass
 class EpisodeIndex:
-    """BM25 over a set of documents that grows by ``add`` and shrinks by ``remove``.
+    """BM25 (bm25s) over a set of documents that grows by ``add`` and shrinks by ``remove``.
 
-    A removed document leaves a hole (None) in ``docs`` and its postings stay until the index is
-    compacted; ``df`` counts live documents per term, so scores equal a fresh build's."""
+    A removed document leaves a hole (None) in ``docs``; the bm25s index, immutable, is rebuilt
+    from the live documents by the first search after a change, so scores equal a fresh build's.
+    Each document's term ids are kept (``terms``, parallel to ``docs``) for the group's current
+    language: a rebuild neither tokenises nor stems again unless that language changed."""
 
     docs: list[Doc | None] = field(default_factory=list)
-    postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # term -> [(doc index, tf)]
-    df: dict[str, int] = field(default_factory=dict)  # term -> live documents holding it
     positions: dict[str, int] = field(default_factory=dict)  # uuid -> doc index, live documents only
-    total_length: int = 0
+    votes: Counter[str] = field(default_factory=Counter)  # stopword votes of the live documents
     text_bytes: int = 0
     listing: Listing | None = None  # the graph's uuid listing this index was last found equal to
+    terms: list[np.ndarray | None] = field(default_factory=list)  # term ids per doc, None to compute
+    vocab: dict[str, int] = field(default_factory=dict)  # stem -> term id, for ``terms_language``
+    terms_language: str = DEFAULT_LANGUAGE
+    bm25: BM25 | None = None  # over ``live``; None after a change
+    live: list[Doc] = field(default_factory=list)  # the documents in bm25s row order
 
     @classmethod
     def of(cls, docs: list[Doc]) -> EpisodeIndex:
@@ -141,24 +275,32 @@ class EpisodeIndex:
     def uuids(self) -> KeysView[str]:
         return self.positions.keys()
 
+    @property
+    def language(self) -> str:
+        return language_of(self.votes)
+
+    @property
+    def total_length(self) -> int:
+        """Terms in the live documents (what bm25s averages document lengths over)."""
+        self._term_ids()
+        return sum(len(t) for d, t in zip(self.docs, self.terms) if d is not None and t is not None)
+
     def add(self, doc: Doc) -> None:
-        index = len(self.docs)
+        self.positions[doc.uuid] = len(self.docs)
         self.docs.append(doc)
-        self.positions[doc.uuid] = index
-        for term, tf in doc.terms.items():
-            self.postings.setdefault(term, []).append((index, tf))
-            self.df[term] = self.df.get(term, 0) + 1
-        self.total_length += doc.length
+        self.terms.append(None)
+        self.votes.update(doc.votes)
         self.text_bytes += doc.text_bytes
+        self.bm25 = None
 
     def remove(self, uuid: str) -> None:
         at = self.positions.pop(uuid)
-        doc, self.docs[at] = self.docs[at], None
+        doc, self.docs[at], self.terms[at] = self.docs[at], None, None
         assert doc is not None
-        for term in doc.terms:
-            self.df[term] -= 1
-        self.total_length -= doc.length
+        self.votes.subtract(doc.votes)
+        self.votes = +self.votes  # drop languages at zero (and float dust below it)
         self.text_bytes -= doc.text_bytes
+        self.bm25 = None
 
     def compacted(self) -> EpisodeIndex:
         """This index, or a fresh build of its live documents once half of ``docs`` are holes."""
@@ -166,26 +308,43 @@ class EpisodeIndex:
             return self
         return EpisodeIndex.of([d for d in self.docs if d is not None])
 
+    def _term_ids(self) -> None:
+        language = self.language
+        if language != self.terms_language:  # the group's language changed: every doc again
+            self.terms_language, self.vocab = language, {}
+            self.terms = [None] * len(self.docs)
+        vocab = self.vocab
+        for at, doc in enumerate(self.docs):
+            if doc is not None and self.terms[at] is None:
+                ids = [vocab.setdefault(t, len(vocab)) for t in tokens(doc.content, language)]
+                self.terms[at] = np.asarray(ids, dtype=np.int32)
+
+    def _built(self) -> BM25:
+        if self.bm25 is None or self.terms_language != self.language:
+            self._term_ids()
+            self.live = [d for d in self.docs if d is not None]
+            corpus = [t for d, t in zip(self.docs, self.terms) if d is not None]
+            # Every id of the vocabulary, also those only deleted documents held: their columns are
+            # empty and score nothing; the vocabulary is rebuilt when the index is compacted.
+            model = BM25(k1=K1, b=B, method="lucene")
+            model.index((corpus, dict(self.vocab)), create_empty_token=False, show_progress=False)
+            self.bm25 = model
+        return self.bm25
+
     def search(self, query: str, k: int) -> list[tuple[Doc, float]]:
-        """Top ``k`` episodes by BM25; only documents holding a query term are scored."""
-        n = len(self.positions)
-        if not n:
+        """Top ``k`` episodes by BM25, best first; only documents holding a query term."""
+        if not self.positions or k <= 0:
             return []
-        avgdl = self.total_length / n or 1.0
-        scores: dict[int, float] = {}
-        for term in set(tokens(query)):
-            df = self.df.get(term, 0)
-            if not df:
-                continue
-            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-            for index, tf in self.postings[term]:
-                doc = self.docs[index]
-                if doc is None:
-                    continue
-                norm = K1 * (1 - B + B * doc.length / avgdl)
-                scores[index] = scores.get(index, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
-        best = heapq.nlargest(k, scores.items(), key=lambda pair: pair[1])
-        return [(self.docs[i], score) for i, score in best]  # type: ignore[misc] - scored docs are live
+        model = self._built()
+        ids = sorted({self.vocab[t] for t in tokens(query, self.terms_language) if t in self.vocab})
+        if not ids:
+            return []
+        scores = model.get_scores_from_ids(ids)
+        hits = np.flatnonzero(scores > 0)
+        if len(hits) > k:
+            hits = hits[np.argpartition(-scores[hits], k - 1)[:k]]
+        hits = hits[np.lexsort((hits, -scores[hits]))]  # by score, ties in insertion order
+        return [(self.live[i], float(scores[i])) for i in hits]
 
 
 class LexicalEpisodes:
