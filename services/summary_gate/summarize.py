@@ -9,7 +9,7 @@ replaced by a summary composed from the active facts alone (counted in
 ``engram_summary_guarded_total``), so an invalidated fact does not survive into a stored
 summary, whatever the model does -- up to the detector's measured recall (docs/architecture.md).
 
-Prompt contract (also read by engram/models/rules_llm.py, the offline default): the user
+Prompt contract (also read by engram/models/rules_llm/summaries.py, the offline default): the user
 message holds ``<ENTITIES>`` with a JSON list of ``{"id", "name", "facts", "previous_summary",
 "no_longer_true", "recent_episodes", "max_chars"}``; the answer is ``EntitySummaries``.
 """

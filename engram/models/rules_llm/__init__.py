@@ -1,0 +1,96 @@
+"""A deterministic rules extractor behind graphiti-core's ``LLMClient`` interface.
+
+**This is not a language model.** :class:`RulesExtractorClient` is engram's offline default
+"LLM": it reads the prompt text that graphiti-core 0.31 builds, finds the blocks it needs
+(``<CURRENT MESSAGES>``, ``<ENTITY TYPES>``, ``<ENTITIES>``, ``<EXISTING FACTS>``, ...) and
+answers with regexes and word lists. No model, no network, no randomness: the same prompt
+always gets the same answer. It exists so that engram runs (and its tests run) with no model
+at hand; its recall and precision are far below a real LLM's.
+
+One module per concern (each module's docstring says what it does and its limits):
+
+* :mod:`.client`: the ``LLMClient`` (dispatch on ``response_model.__name__``, token accounting);
+* :mod:`.prompts`: reading graphiti's prompt blocks and one handler per response model;
+* :mod:`.episodes`: episodes -> speaker blocks -> sentences;
+* :mod:`.entities`: entity candidates, their categories and ``entity_type_id``;
+* :mod:`.relations` (verbs -> relations, negation and change cues) and :mod:`.facts`
+  (clauses -> facts); :mod:`.extraction` runs entities then facts over a document;
+* :mod:`.dates`: dates and relative time expressions, ``valid_at``/``invalid_at``;
+* :mod:`.dedupe`: node and edge resolution, contradictions;
+* :mod:`.summaries`: engram's summary-gate answers;
+* :mod:`.minimal`: minimal valid instances for response models it does not handle;
+* :mod:`.vocabulary` (word lists) and :mod:`.text` (limits and small text helpers).
+
+Response models answered (see :data:`.prompts.HANDLERS`):
+
+* ``CombinedExtraction`` (``extract_nodes_and_edges.extract_message``): entities + facts from
+  ``<CURRENT MESSAGES>`` in one pass. ``[CONTEXT EPISODE]`` sections and PREVIOUS MESSAGES are
+  never extracted from (previous messages only teach speaker names, to type them Person).
+* ``ExtractedEntities`` (``extract_nodes.extract_message`` / ``extract_text`` / ``extract_json``)
+  and ``ExtractedEdges`` (``extract_edges.edge``; endpoints are only names from the prompt's
+  ``<ENTITIES>`` list, ``valid_at``/``invalid_at`` by the timestamp rules against
+  ``<REFERENCE_TIME>``): the same logic split in two.
+* ``NodeResolutions`` (``dedupe_nodes.nodes``) and ``NodeDuplicate`` (``dedupe_nodes.node``),
+  ``EdgeDuplicate`` (``dedupe_edges.resolve_edge``): see :mod:`.dedupe`.
+* ``EdgeTimestamps`` / ``BatchEdgeTimestamps``: dates mentioned in the fact text, else nulls.
+* ``EntitySummaries`` (engram's summary-gate prompt): see :mod:`.summaries`.
+* anything else (summaries, attributes, ``response_model=None``): a minimal valid instance
+  built from the pydantic model (defaults, empty lists/strings/dicts, ``None`` for optionals,
+  0/False for numbers/bools), counted in ``self.unhandled[<model name>]``.
+
+Known limits (heuristics, not language understanding):
+
+* no coreference ("she", "it", "the city" are never resolved; only "I/me/my/we" -> speaker);
+* capitalised-word detection misses lower-case names, takes capitalised common words
+  mid-sentence ("the Best day"), and drops a name that only ever starts sentences ("Jordan
+  went home."); nicknames are separate entities ("Mel" vs "Melanie");
+  person/place/organisation typing is cue-based and often falls back to ``Entity``;
+* the tool/library vocabulary is fixed; unknown tools are found only in backticks or install
+  commands; lower-case objects are taken only after a few verbs;
+* relations come from the nearest mapped verb, so long sentences with several verbs, lists,
+  or nested clauses get coarse or wrong relations and actors; "and" between two clauses is not
+  split; the third-person rewrite of "I <verb>" is a suffix rule;
+* dates: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X", no "next week" (future
+  dates are left to graphiti's own normalisation), years alone only after "in/since/..."
+* contradictions are lexical: paraphrases ("resides in" vs "lives in" work, "left Boston for
+  Austin" does not), and the 75% overlap threshold can both miss and over-fire;
+* prompt parsing relies on graphiti 0.31's tag names (tests/engram/models/rules_llm/
+  test_prompt_blocks.py fails when they change); a message containing a closing tag such as
+  ``</CURRENT MESSAGES>`` cuts its block short.
+"""
+
+from engram.models.rules_llm.client import CallRecord, RulesExtractorClient
+from engram.models.rules_llm.dates import fact_timestamps, find_dates
+from engram.models.rules_llm.dedupe import contradicts, resolve_edge, resolve_node
+from engram.models.rules_llm.facts import third_person
+from engram.models.rules_llm.minimal import minimal_instance
+from engram.models.rules_llm.relations import VERB_RELATIONS
+from engram.models.rules_llm.text import (
+    MAX_ENTITIES,
+    MAX_ENTITIES_PER_MESSAGE,
+    MAX_FACT_CHARS,
+    MAX_FACTS,
+    MAX_NAME_CHARS,
+    is_safe_entity_name,
+)
+from engram.models.rules_llm.vocabulary import STOPWORDS
+
+__all__ = [
+    "MAX_ENTITIES",
+    "MAX_ENTITIES_PER_MESSAGE",
+    "MAX_FACTS",
+    "MAX_FACT_CHARS",
+    "MAX_NAME_CHARS",
+    "CallRecord",
+    "RulesExtractorClient",
+    "STOPWORDS",
+    "VERB_RELATIONS",
+    "contradicts",
+    "fact_timestamps",
+    "find_dates",
+    "is_safe_entity_name",
+    "minimal_instance",
+    "resolve_edge",
+    "resolve_node",
+    "third_person",
+]

@@ -1,0 +1,386 @@
+"""Facts: each sentence is split into clauses (at ";", and at "when", "because", "but", ...).
+A clause with two or more entity mentions (a first-person pronoun counts as the speaker)
+gives facts from its actor (the subject before the first mapped verb, co-subjects joined by
+"and", the speaker for "I"/"we", the agent after a passive "caused by"/"fixed by") to each
+other mention (at most 5); a mention right before a mapped verb starts a new subject ("I love
+painting and my kids love pottery" -> Melanie LIKES painting, Melanie's kids LIKES pottery).
+A clause with one entity gives speaker -> entity; a package gets ``USES_VERSION`` to its
+version entity; a date target gets ``OCCURRED_ON``. The relation
+is the SCREAMING_SNAKE_CASE of the nearest mapped verb before the target (see
+:data:`VERB_RELATIONS`: USES, FIXES, DEPENDS_ON, DECIDED, CAUSES, TESTED_BY, LIVES_IN, WORKS_AT,
+LIKES, ATTENDED, CREATED, USES_VERSION, INSTALLED, RAISES, RUNS, IMPORTS), prefixed ``NOT_``
+after "not"/"never"/"n't" and ``NO_LONGER_`` after "no longer"/"stopped"/"quit" or for the old
+side of "switched from X to Y"; else RELATES_TO. The fact text is the sentence with "I", "my",
+"me" replaced by the speaker's name (with a crude third-person verb fix: "I love" -> "Caroline
+loves"), cut to ``max_fact_chars`` (300). A traceback in a code block gives
+``<error> OCCURRED_IN <file>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from engram.models.rules_llm.episodes import _CLAUSE_SPLIT, _Sentence
+from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP, _SWITCH_RES, _VerbHit, _find_verbs
+from engram.models.rules_llm.text import MAX_FACTS, MAX_TARGETS_PER_CLAUSE, _mask
+from engram.models.rules_llm.vocabulary import STOPWORDS, _IRREGULAR_PAST
+
+
+@dataclass
+class _Mention:
+    key: str
+    start: int
+    end: int
+    category: str
+    package_key: str | None = None
+    pronoun: bool = False
+
+
+@dataclass
+class _Entity:
+    name: str
+    category: str
+    episodes: set[int] = field(default_factory=set)
+    order: int = 0
+
+
+@dataclass
+class _Fact:
+    source: str
+    target: str
+    relation: str
+    fact: str
+    episodes: set[int]
+    reference: datetime | None
+
+
+_AUX_3RD = {"am": "is", "'m": "is", "’m": "is", "have": "has", "'ve": "has", "’ve": "has", "do": "does",
+            "don't": "doesn't", "don’t": "doesn’t", "'ll": "will", "’ll": "will", "'d": "would", "’d": "would"}
+
+
+def _third_person_verb(word: str) -> str:
+    low = word.lower()
+    if low in _IRREGULAR_PAST or low.endswith("ed") or not low.isalpha():
+        return word
+    if low == "have":
+        return "has"
+    if low in ("do", "go"):
+        return word + "es"
+    if re.search(r"(?:s|sh|ch|x|z|o)$", low):
+        return word + "es"
+    if re.search(r"[^aeiou]y$", low):
+        return word[:-1] + "ies"
+    return word + "s"
+
+
+def third_person(sentence: str, speaker: str | None) -> str:
+    """Replace "I", "me", "my" with the speaker's name ("I love painting" -> "Caroline loves
+    painting"). "we"/"our" are kept (they include others)."""
+    if not speaker:
+        return sentence
+
+    def repl_i(m: re.Match[str]) -> str:
+        clitic = m.group("clitic")
+        if clitic:
+            return f"{speaker} {_AUX_3RD.get(clitic.lower(), clitic)}"
+        nxt = m.group("next")
+        if not nxt:
+            return speaker
+        low = nxt.lower()
+        if low in _AUX_3RD:
+            return f"{speaker} {_AUX_3RD[low]}"
+        if low in ("was", "did", "didn't", "can", "could", "will", "would", "should", "might", "must", "had", "can't", "won't", "wasn't", "couldn't", "wouldn't", "shouldn't"):
+            return f"{speaker} {nxt}"
+        if low in ("also", "just", "really", "never", "always", "still", "finally", "recently", "actually", "even", "already", "usually", "often", "sometimes", "totally", "absolutely", "definitely", "no", "not"):
+            return f"{speaker} {nxt}"
+        return f"{speaker} {_third_person_verb(nxt)}"
+
+    out = re.sub(r"(?<![\w'’-])I(?:(?P<clitic>['’](?:m|ve|ll|d))|\s+(?P<next>[A-Za-z'’]+))?(?![\w'’-])", repl_i, sentence)
+    # "I no longer live ..." -> "<speaker> no longer lives ..." (a negation: keep it intact)
+    out = re.sub(
+        rf"(?<=\b{re.escape(speaker)} )no longer ([a-z]+)\b",
+        lambda m: f"no longer {_third_person_verb(m.group(1))}",
+        out,
+    )
+    # "I" + adverb + verb: conjugate the verb after the adverb
+    out = re.sub(
+        rf"(?<=\b{re.escape(speaker)} )(also|just|really|never|always|still|finally|usually|often|sometimes|actually|even|already) ([a-z]+)\b",
+        lambda m: f"{m.group(1)} {_third_person_verb(m.group(2)) if m.group(1) not in ('finally', 'recently', 'just', 'already') or not m.group(2).endswith('ed') else m.group(2)}",
+        out,
+    )
+    out = re.sub(r"(?<![\w'’-])[Mm]y(?![\w'’-])", f"{speaker}'s", out)
+    out = re.sub(r"(?<![\w'’-])(?:me|myself)(?![\w'’-])", speaker, out)
+    out = re.sub(r"(?<![\w'’-])mine(?![\w'’-])", f"{speaker}'s", out)
+    return out
+
+
+def _trim(text: str, limit: int) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    if " " in cut[limit // 2 :]:
+        cut = cut[: cut.rfind(" ")]
+    return cut.rstrip(" ,;:") + "..."
+
+
+def _clauses(text: str) -> list[tuple[int, int]]:
+    bounds = [0]
+    for m in _CLAUSE_SPLIT.finditer(text):
+        bounds.append(m.end())
+    bounds.append(len(text))
+    out = []
+    for s, e in zip(bounds, bounds[1:]):
+        if e > s:
+            out.append((s, e))
+    return out
+
+
+_SUBJECT_GAP = re.compile(
+    r"\s*(?:(?:also|just|really|still|never|not|always|often|usually|sometimes|finally|recently|actually|"
+    r"already|totally|absolutely|even|no longer|do|does|did|don't|doesn't|didn't|has|have|had|is|are|was|"
+    r"were|will|would|can|could|should|might|must|has been|have been|'ve|'s|'re|'m)\s+)*"
+)
+
+
+# Words that carry no fact on their own: greetings, acknowledgements, intensifiers.
+_SMALL_TALK = frozenset(
+    "wow hey hi hello thanks thank yeah yep yes yup no nope oh ok okay cool great awesome totally agree "
+    "sure lol haha bye see talk soon nice really so too omg aw aww hmm um well "
+    "amazing sounds sound fun congrats congratulations welcome sorry please anytime".split()
+)
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]{2,}")
+
+
+def _has_content(masked_sentence: str) -> bool:
+    """False for small talk around a name: once entity mentions are masked, the sentence holds
+    small-talk words and nothing but stopwords besides ("Wow, Melanie!", "Thanks, Caroline!")."""
+    words = [w.lower().strip("'’-") for w in _WORD.findall(masked_sentence)]
+    small_talk = [w for w in words if w in _SMALL_TALK]
+    content = [w for w in words if w not in _SMALL_TALK and w not in STOPWORDS]
+    return bool(content) or not small_talk
+
+
+_VOCATIVE_BEFORE = re.compile(
+    r"(?:^|[,;:!?.]|\b(?:hey|hi|hello|thanks|thank you|wow|oh|yes|yeah|yep|congrats|congratulations|dear|sorry|"
+    r"bye|great|awesome|absolutely|sure|okay|ok|aw|aww|haha|lol|omg))\W*$",
+    re.I,
+)
+
+
+def _vocative(text: str, m: _Mention) -> bool:
+    """A person named to address them ("Thanks, Melanie!", "Wow, Caroline, way to go!",
+    "Caroline, did you ...?") is the listener, not an argument of the sentence's fact."""
+    if m.category not in ("person", "speaker") or m.pronoun:
+        return False
+    before, after = text[: m.start], text[m.end :].lstrip()
+    return bool(_VOCATIVE_BEFORE.search(before)) and (not after or after[0] in ",!?.")
+
+
+class _FactBuilder:
+    def __init__(self, entities: dict[str, _Entity], max_fact_chars: int):
+        self.entities = entities
+        self.max_fact_chars = max_fact_chars
+        self.facts: list[_Fact] = []
+        self._seen: set[tuple[str, str, str, str]] = set()
+
+    def add(self, source: str, target: str, relation: str, text: str, sent: _Sentence) -> None:
+        if source == target or len(self.facts) >= MAX_FACTS:
+            return
+        if source not in self.entities or target not in self.entities:
+            return
+        fact = _trim(text, self.max_fact_chars)
+        key = (source, target, relation, fact)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.facts.append(_Fact(source, target, relation, fact, {sent.episode}, sent.reference))
+        for k in (source, target):
+            self.entities[k].episodes.add(sent.episode)
+
+    def sentence(self, sent: _Sentence, mentions: list[_Mention], speaker_key: str | None) -> None:
+        text = sent.text
+        if sent.code:
+            return
+        fact_text = third_person(text, sent.speaker if speaker_key else None)
+        masked = _mask(text, [(m.start, m.end) for m in mentions if not m.pronoun])
+        if not _has_content(masked):
+            return  # "Wow, Melanie!", "Thanks, Caroline!": a name in a greeting is no fact
+        mentions = [m for m in mentions if not _vocative(text, m)]  # the listener is no argument
+        verbs = _find_verbs(masked)
+        switches = []
+        for rx in _SWITCH_RES:
+            for m in rx.finditer(text):
+                switches.append((m.start("old"), m.end("old"), m.start("new"), m.end("new"), m.group(0).lower()))
+        handled_versions: set[str] = set()
+        for c_start, c_end in _clauses(text):
+            ms = [m for m in mentions if c_start <= m.start < c_end]
+            vs = [v for v in verbs if c_start <= v.start < c_end]
+            self._clause(sent, fact_text, text, ms, vs, switches, speaker_key, c_start)
+        # package -> version facts
+        for m in mentions:
+            if m.category == "version" and m.package_key and m.key not in handled_versions:
+                handled_versions.add(m.key)
+                rel = "USES_VERSION"
+                if any(s[0] <= m.start < s[1] for s in switches):
+                    rel = "NO_LONGER_USES_VERSION"
+                self.add(m.package_key, m.key, rel, fact_text, sent)
+
+    def _clause(self, sent: _Sentence, fact_text: str, text: str, ms: list[_Mention], vs: list[_VerbHit],
+                switches: list[tuple[int, int, int, int, str]], speaker_key: str | None, c_start: int) -> None:
+        # one mention per entity (the first)
+        firsts: dict[str, _Mention] = {}
+        for m in ms:
+            if m.key not in firsts:
+                firsts[m.key] = m
+        ordered = sorted(firsts.values(), key=lambda m: m.start)
+        keys = {m.key for m in ordered}
+        non_speaker = [m for m in ordered if m.key != speaker_key]
+        if not non_speaker:
+            return
+        if len(keys) == 1:
+            # the speaker plus one entity
+            if speaker_key and speaker_key in self.entities:
+                m = non_speaker[0]
+                if not (m.category == "version" and m.package_key):
+                    self.add(speaker_key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent)
+            return
+        # a passive verb: the agent after it acts on what precedes it ("X was caused by Y")
+        v0 = vs[0] if vs else None
+        if v0 is not None and v0.passive:
+            after = [m for m in ordered if m.start >= v0.end and m.category != "date"]
+            if after:
+                agent = after[0]
+                for t in [m for m in ordered if m is not agent][:MAX_TARGETS_PER_CLAUSE]:
+                    rel = v0.relation if t.start < v0.start else self._relation(t, vs, text, switches, c_start)
+                    self.add(agent.key, t.key, rel, fact_text, sent)
+                return
+        # split the clause where a verb has its own subject right before it
+        # ("I love painting and my kids love pottery" -> two segments)
+        cuts: list[int] = []
+        for v in vs:
+            prev = [m for m in ordered if m.end <= v.start]
+            if prev and prev[-1].start > c_start and _SUBJECT_GAP.fullmatch(text[prev[-1].end : v.start]):
+                # co-subjects joined by "and" stay with it
+                idx = ordered.index(prev[-1])
+                while idx > 0 and self._co_subject(text, ordered, idx, vs, c_start):
+                    idx -= 1
+                cuts.append(ordered[idx].start)
+        bounds = sorted({c_start, *cuts, len(text) + 1})
+        for a, b in zip(bounds, bounds[1:]):
+            seg = [m for m in ordered if a <= m.start < b]
+            seg_verbs = [v for v in vs if a <= v.start < b]
+            if seg:
+                self._segment(sent, fact_text, text, seg, seg_verbs, vs, switches, speaker_key, a)
+
+    @staticmethod
+    def _co_subject(text: str, ordered: list[_Mention], idx: int, vs: list[_VerbHit], lower: int) -> bool:
+        """Is ordered[idx - 1] a co-subject of ordered[idx] ("Caroline and Melanie went")? Not
+        if a verb precedes it (then it is an object: "I love painting and my kids love ...")."""
+        prev = ordered[idx - 1]
+        if not re.fullmatch(r"\s*(?:,|and|&|,\s*and)\s*", text[prev.end : ordered[idx].start]):
+            return False
+        before = ordered[idx - 2].end if idx >= 2 else lower
+        return not any(before <= v.start < prev.start for v in vs)
+
+    def _segment(self, sent: _Sentence, fact_text: str, text: str, ordered: list[_Mention], seg_verbs: list[_VerbHit],
+                 all_verbs: list[_VerbHit], switches: list[tuple[int, int, int, int, str]], speaker_key: str | None, s_start: int) -> None:
+        keys = {m.key for m in ordered}
+        has_pronoun = any(m.pronoun for m in ordered)
+        v0 = seg_verbs[0] if seg_verbs else None
+        actor: _Mention | None = None
+        co_actors: list[_Mention] = []
+        if v0 is not None:
+            before = [m for m in ordered if m.end <= v0.start]
+            if before:
+                actor = before[-1]
+                idx = ordered.index(actor)
+                while idx > 0 and self._co_subject(text, ordered, idx, all_verbs, s_start):
+                    co_actors.append(ordered[idx - 1])
+                    idx -= 1
+            elif not (speaker_key and speaker_key in self.entities):
+                actor = ordered[0]
+        elif not (has_pronoun and speaker_key):
+            actor = ordered[0]
+        if actor is None:
+            if not (speaker_key and speaker_key in self.entities):
+                return
+            actor = _Mention(speaker_key, s_start, s_start, "speaker", pronoun=True)
+        subjects = [actor] + co_actors
+        skip = {s.key for s in subjects}
+        targets = [m for m in ordered if m.key not in skip and not (m.start < actor.end and m.end > actor.start)]
+        if actor.end > s_start or co_actors:
+            after = [m for m in targets if m.start >= actor.end]
+            if after:
+                targets = after
+        # a version whose package is mentioned hangs off the package (USES_VERSION), not the actor
+        targets = [t for t in targets if not (t.category == "version" and t.package_key and t.package_key in keys)]
+        tools = [t for t in targets if t.category in ("tool", "library")]
+        for subj in subjects:
+            for t in targets[:MAX_TARGETS_PER_CLAUSE]:
+                rel = self._relation(t, all_verbs, text, switches, s_start)
+                if rel.endswith("TESTED_BY") and tools:
+                    # "I tested src/app.py with pytest": the tested thing -> the tool
+                    if t not in tools:
+                        for tool in tools:
+                            self.add(t.key, tool.key, rel, fact_text, sent)
+                    elif all(x in tools for x in targets):
+                        self.add(subj.key, t.key, rel, fact_text, sent)
+                    continue
+                self.add(subj.key, t.key, rel, fact_text, sent)
+
+    def _relation(self, target: _Mention, vs: list[_VerbHit], text: str, switches: list[tuple[int, int, int, int, str]], c_start: int) -> str:
+        if target.category == "date":
+            return "OCCURRED_ON"
+        before = [v for v in vs if v.start < target.start]
+        verb = before[-1] if before else (vs[0] if vs else None)
+        if verb is None:
+            rel = "RELATES_TO"
+        else:
+            rel = verb.relation
+        cat = self.entities[target.key].category if target.key in self.entities else target.category
+        if rel == "LIVES_IN" and cat in ("tool", "library", "file", "version", "concept"):
+            rel = "USES"
+        elif rel == "USES_VERSION" and cat not in ("tool", "library", "version", "concept"):
+            rel = "RELATES_TO"
+        for o_s, o_e, n_s, n_e, phrase in switches:
+            if o_s <= target.start < o_e:
+                base = "LIVES_IN" if re.match(r"(?:mov|reloc|went|go)", phrase) and cat not in ("tool", "library", "file", "version", "concept") else ("USES" if rel in ("RELATES_TO", "USES", "LIVES_IN") else rel)
+                return "NO_LONGER_" + base
+            if n_s <= target.start < n_e and rel == "RELATES_TO":
+                return "USES"
+        if verb is not None:
+            window = text[max(c_start, verb.start - 30) : verb.start]
+            if _NEG_STOP.search(window):
+                rel = "NO_LONGER_" + rel
+            elif _NEG_NOT.search(window):
+                rel = "NOT_" + rel
+        return rel
+
+
+def _traceback_facts(builder: _FactBuilder, sentences: list[_Sentence], mentions: dict[int, list[_Mention]]) -> None:
+    """A code block (or traceback lines) naming an error and files: error OCCURRED_IN file."""
+    by_block: dict[int, list[int]] = {}
+    for i, s in enumerate(sentences):
+        by_block.setdefault(s.block, []).append(i)
+    for idxs in by_block.values():
+        errors: list[tuple[str, int]] = []
+        files: list[str] = []
+        for i in idxs:
+            s = sentences[i]
+            for m in mentions.get(i, []):
+                cat = builder.entities[m.key].category if m.key in builder.entities else m.category
+                if cat == "error" and (s.code or "Traceback" in s.text or re.match(r"^\s*[\w.]+(?:Error|Exception|Warning)\b", s.text)):
+                    errors.append((m.key, i))
+                elif cat == "file" and s.code:
+                    if m.key not in files:
+                        files.append(m.key)
+        if not errors or not files:
+            continue
+        err_key, err_idx = errors[-1]
+        err_line = sentences[err_idx].text
+        for f in files[-3:]:
+            fact = f"{err_line} (raised in {builder.entities[f].name})"
+            builder.add(err_key, f, "OCCURRED_IN", fact, sentences[err_idx])

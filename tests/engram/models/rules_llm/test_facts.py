@@ -1,0 +1,52 @@
+"""Facts: the third-person rewrite, greetings, negations, vocatives."""
+
+from __future__ import annotations
+
+
+from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction
+
+from engram.models.rules_llm import RulesExtractorClient, contradicts, third_person
+from engram.models.rules_llm.facts import _Mention, _vocative
+from tests.engram.models.rules_llm.helpers import CHAT_TYPES, combined_messages
+
+
+def test_third_person_rewrite() -> None:
+    assert third_person("I love painting and my kids love pottery.", "Melanie") == "Melanie loves painting and Melanie's kids love pottery."
+    assert third_person("I'm swamped, I've been busy and I fixed it for me.", "Bob") == "Bob is swamped, Bob has been busy and Bob fixed it for Bob."
+    assert third_person("I also go there.", "Ann") == "Ann also goes there."
+    assert third_person("I love it.", None) == "I love it."
+
+
+async def test_greetings_with_a_name_are_not_facts() -> None:
+    turn = ("user (Caroline): Wow, Melanie! Thanks, Melanie! I went to a LGBTQ support group yesterday "
+            "and it was so powerful.\n\nassistant (Melanie): Hey Caroline! Totally agree, Caroline.")
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    facts = [e["fact"] for e in response["edges"]]
+    assert facts, "the support-group sentence should still give a fact"
+    assert any("support group" in f for f in facts)
+    assert not [f for f in facts if f.rstrip("!.").split(",")[0].strip().lower() in {"wow", "thanks", "hey", "totally agree"}], facts
+
+
+def test_first_person_negations_survive_the_third_person_rewrite() -> None:
+    """Found by a summary-gate test: "I no longer live in Boston" became "Alice noes longer live
+    in Boston", which lost the negation, so the old fact was never invalidated."""
+    assert third_person("I no longer live in Boston.", "Alice") == "Alice no longer lives in Boston."
+    assert third_person("I do not like tea.", "Alice") == "Alice does not like tea."
+    assert third_person("I never go there.", "Alice") == "Alice never goes there."
+    assert contradicts("Alice no longer lives in Boston.", "Alice lives in Boston.")
+
+
+def test_a_name_used_to_address_the_listener_is_no_argument() -> None:
+    def mention(text: str, name: str) -> _Mention:
+        start = text.index(name)
+        return _Mention(name.lower(), start, start + len(name), "person")
+
+    for text, name in [("Thanks, Melanie!", "Melanie"), ("Wow, Caroline, way to go!", "Caroline"),
+                       ("Caroline, did you see it?", "Caroline"), ("Hey Mel!", "Mel")]:
+        assert _vocative(text, mention(text, name)), text
+    for text, name in [("I met Caroline at the park.", "Caroline"), ("Caroline went to Boston.", "Caroline"),
+                       ("I painted it for Melanie.", "Melanie")]:
+        assert not _vocative(text, mention(text, name)), text
