@@ -32,7 +32,7 @@ Spread: engram is ingested and asked ``--runs`` times (3; concurrent extraction 
 reorder); its cells are the median and the spread column gives min-max per budget. The flat rows
 are deterministic (computed once, said so).
 
-    python bench/recall_quality.py                   # 7 conversations, 3 engram runs: ~8-10 min on 2 shared cores
+    python bench/recall_quality.py                   # 7 conversations, 3 engram runs: ~14-15 min on 2 shared cores
     python bench/recall_quality.py --data other.json --runs 1   # any LoCoMo-format file (unknown fields ignored)
     python bench/recall_quality.py --samples conv-26 --sessions 3 --runs 1   # a quick check
     python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions, 1 run; checks, not quality
