@@ -36,7 +36,7 @@ from services.extractor.chunking import token_counter
 from services.recall.admin import register_admin
 from services.recall.merge import fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes
-from services.recall.search import search_group
+from services.recall.search import EPISODE_CHARS, search_group
 
 log = logging.getLogger("engram.recall")
 QUEUE_GROUP = "recall"
@@ -70,6 +70,11 @@ class RecallSettings(BaseSettings):
     episode_weight: float = Field(
         1.1, ge=0.0, le=10.0,
         description="Weight of past turns against facts when a group's two rankings are fused (RRF).",
+    )
+    episode_chars: int = Field(
+        EPISODE_CHARS, ge=40, le=100_000,
+        description="A past turn in recall's answer is cut to this many characters (whitespace collapsed); the "
+        "request's token budget still bounds the whole answer.",
     )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,
@@ -152,7 +157,8 @@ class Recall:
         clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
                                   cross_encoder=NoRerank(), tracer=NoOpTracer())
         return await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
-                                  episode_weight=self.options.episode_weight, episodes=episodes)
+                                  episode_weight=self.options.episode_weight, episodes=episodes,
+                                  episode_chars=self.options.episode_chars)
 
 
 def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:

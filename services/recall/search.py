@@ -34,7 +34,7 @@ FACTS_AND_EPISODES = EDGE_HYBRID_SEARCH_RRF.model_copy(
     update={"episode_config": EpisodeSearchConfig(search_methods=[EpisodeSearchMethod.bm25], reranker=EpisodeReranker.rrf)}
 )
 RRF_K = 60
-EPISODE_CHARS = 280  # an episode in the prompt section: the turn, shortened
+EPISODE_CHARS = 1000  # default cut of a past turn in the prompt section (ENGRAM_RECALL_EPISODE_CHARS)
 
 
 @dataclass
@@ -82,6 +82,7 @@ async def search_group(
     lexical: LexicalEpisodes | None = None,
     episode_weight: float = 1.0,
     episodes: bool = True,
+    episode_chars: int = EPISODE_CHARS,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
@@ -130,7 +131,7 @@ async def search_group(
     turns = [
         RecallItem(
             uuid=ep.uuid,
-            fact=shorten(ep.content),
+            fact=shorten(ep.content, episode_chars),
             kind="episode",
             scope=scope,  # type: ignore[arg-type]
             group_id=group_id,
