@@ -45,6 +45,23 @@ def hash_embed(text: str, dim: int) -> list[float]:
     return [v / norm for v in vec] if norm else vec
 
 
+def first_text(input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> str | None:
+    """The text graphiti's ``EmbedderClient.create`` means: it passes a one-element list of strings
+    (like its OpenAI embedder, embed the first); token-id input is joined to text (every local
+    embedder here has its own tokenizer). None for empty input."""
+    if isinstance(input_data, str):
+        return input_data
+    items = list(input_data)
+    if not items:
+        return None
+    first = items[0]
+    if isinstance(first, str):
+        return first
+    if isinstance(first, int):
+        return " ".join(map(str, items))
+    return " ".join(map(str, first))
+
+
 class HashingEmbedder(EmbedderClient):
     def __init__(self, dim: int = 256) -> None:
         if dim < 8:
@@ -52,18 +69,8 @@ class HashingEmbedder(EmbedderClient):
         self.dim = dim
 
     async def create(self, input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> list[float]:
-        # graphiti passes a one-element list of strings; like its OpenAI embedder, embed the first.
-        if isinstance(input_data, str):
-            return hash_embed(input_data, self.dim)
-        items = list(input_data)
-        if not items:
-            return [0.0] * self.dim
-        first = items[0]
-        if isinstance(first, str):
-            return hash_embed(first, self.dim)
-        if isinstance(first, int):
-            return hash_embed(" ".join(map(str, items)), self.dim)
-        return hash_embed(" ".join(map(str, first)), self.dim)
+        text = first_text(input_data)
+        return [0.0] * self.dim if text is None else hash_embed(text, self.dim)
 
     async def create_batch(self, input_data_list: list[str]) -> list[list[float]]:
         return [hash_embed(text, self.dim) for text in input_data_list]

