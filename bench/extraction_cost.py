@@ -102,7 +102,11 @@ class Run:
 
 def load(sample: str, sessions: int) -> tuple[list[ChatMessage], list[Episode]]:
     events = list(read_locomo(LOCOMO, ScopeKeys(), [sample], max_sessions=sessions))
-    messages = [e for e in events if isinstance(e, ChatMessage)]
+    return [e for e in events if isinstance(e, ChatMessage)], offline_episodes(events)
+
+
+def offline_episodes(events: list) -> list[Episode]:
+    """The episodes the turn-detector makes of ``events`` (its pure pairing, no broker)."""
     states: dict[str, SessionState] = {}
     episodes: list[Episode] = []
     for e in events:
@@ -115,7 +119,7 @@ def load(sample: str, sessions: int) -> tuple[list[ChatMessage], list[Episode]]:
         states[e.session_id] = tr.state
         for turn in tr.completed:
             episodes += episodes_for(turn, prefix="bench", max_chars=48_000)
-    return messages, episodes
+    return episodes
 
 
 def driver(url: str, group: str) -> FalkorDriver:

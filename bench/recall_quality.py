@@ -78,6 +78,7 @@ from bench._recall_common import (  # noqa: E402
     split_of,
 )
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
+from bench.extraction_cost import offline_episodes  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
@@ -90,7 +91,6 @@ from services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
 from services.recall import app as rc_app  # noqa: E402
 from services.recall.merge import fit_budget  # noqa: E402
 from services.turn_detector import app as td_app  # noqa: E402
-from services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
 MAX_ITEMS = 80  # items asked for: ~25 fit 2,000 tokens; a response this long means the count bound (checked).
@@ -120,19 +120,7 @@ class Corpus:
 
 def paired_turns(events: list) -> list[list[str]]:
     """Message ids of the episodes the turn-detector makes of ``events`` (its pure pairing, offline)."""
-    states: dict[str, SessionState] = {}
-    turns: list[list[str]] = []
-    for e in events:
-        state = states.setdefault(e.session_id, SessionState(session_id=e.session_id))
-        if isinstance(e, ChatMessage):
-            part = TurnPart(message_id=e.message_id, role=e.role, name=e.name, timestamp=e.timestamp, text=e.content)
-            tr = apply_message(state, e, part, now=0.0)
-        else:
-            tr = apply_close(state, now=0.0)
-        states[e.session_id] = tr.state
-        for turn in tr.completed:
-            turns += [[m.message_id for m in ep.messages] for ep in episodes_for(turn, prefix="bench", max_chars=48_000)]
-    return turns
+    return [[m.message_id for m in ep.messages] for ep in offline_episodes(events)]
 
 
 def build_corpus(path: Path, conversation: dict, sessions: int | None) -> Corpus:
