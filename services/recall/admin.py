@@ -237,23 +237,24 @@ class _Falkor(_Backend):
         write in its append-only file, so a deleted graph stays on disk until the file is
         rewritten from memory, and an older dump.rdb holds it until the next snapshot."""
         conn = self.client.connection
+
+        async def idle(flag: str, polls: int) -> None:
+            # Wait (bounded) until no such background job runs or is scheduled.
+            for _ in range(polls):
+                info = await conn.info("persistence")
+                if not info.get(flag) and not info.get("aof_rewrite_scheduled"):
+                    return
+                await asyncio.sleep(0.05)
+
         for command, flag in (("BGREWRITEAOF", "aof_rewrite_in_progress"), ("BGSAVE", "rdb_bgsave_in_progress")):
-            info = await conn.info("persistence")
-            if command == "BGREWRITEAOF" and not info.get("aof_enabled"):
+            if command == "BGREWRITEAOF" and not (await conn.info("persistence")).get("aof_enabled"):
                 continue
             if command == "BGSAVE" and not (await conn.config_get("save")).get("save"):
                 continue
-            for _ in range(200):  # a rewrite already running must finish before another starts
-                if not (await conn.info("persistence")).get(flag) and not (
-                        await conn.info("persistence")).get("aof_rewrite_scheduled"):
-                    break
-                await asyncio.sleep(0.05)
+            await idle(flag, 200)  # a rewrite already running must finish before another starts
             await conn.execute_command(command)
-            for _ in range(600):
-                await asyncio.sleep(0.05)
-                info = await conn.info("persistence")
-                if not info.get(flag) and not info.get("aof_rewrite_scheduled"):
-                    break
+            await asyncio.sleep(0.05)  # let the job start before waiting for it to end
+            await idle(flag, 600)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -116,10 +116,9 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
             return True
         return False
 
+    # (Closes and ticks of sessions first seen through a later message go in the per-session
+    # pass below, once every session is known.)
     report.erased += (await erase_where(js, subjects.STREAM_IN, "engram.in.*.*.*", input_of_group)).erased
-    # A second pass: closes and ticks of sessions first seen through a later message.
-    report.erased += (await erase_where(js, subjects.STREAM_IN, "engram.in.*.*.*",
-                                        lambda m: subjects.session_token_of(m.subject or "") in sessions)).erased
 
     def dead_letter_of_group(msg: RawStreamMsg) -> bool:
         original = (msg.headers or {}).get(subjects.HDR_DLQ_SUBJECT, "")
