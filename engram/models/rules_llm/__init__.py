@@ -50,8 +50,8 @@ Known limits (heuristics, not language understanding):
 * relations come from the nearest mapped verb, so long sentences with several verbs, lists,
   or nested clauses get coarse or wrong relations and actors; "and" between two clauses is not
   split; the third-person rewrite of "I <verb>" is a suffix rule;
-* dates: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X", no "next week" (future
-  dates are left to graphiti's own normalisation), years alone only after "in/since/..."
+* dates: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X", relative
+  expressions in English only (engram/temporal.py's rules), years alone only after "in/since/..."
 * contradictions are lexical: paraphrases ("resides in" vs "lives in" work, "left Boston for
   Austin" does not), and the 75% overlap threshold can both miss and over-fire;
 * prompt parsing relies on graphiti 0.31's tag names (tests/engram/models/rules_llm/
