@@ -17,6 +17,8 @@ One module per concern (each module's docstring says what it does and its limits
   (clauses -> facts); :mod:`.extraction` runs entities then facts over a document;
 * :mod:`.dates`: dates and relative time expressions, ``valid_at``/``invalid_at``;
 * :mod:`.dedupe`: node and edge resolution, contradictions;
+* :mod:`.changes`: change phrases ("switched S to Y", "replaced X with Y", "Y instead of X",
+  "no longer") that end an earlier fact, for :mod:`.dedupe`;
 * :mod:`.summaries`: engram's summary-gate answers;
 * :mod:`.minimal`: minimal valid instances for response models it does not handle;
 * :mod:`.vocabulary` (word lists) and :mod:`.text` (limits and small text helpers).
@@ -53,12 +55,15 @@ Known limits (heuristics, not language understanding):
 * dates: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X", relative
   expressions in English only (engram/temporal.py's rules), years alone only after "in/since/..."
 * contradictions are lexical: paraphrases ("resides in" vs "lives in" work, "left Boston for
-  Austin" does not), and the 75% overlap threshold can both miss and over-fire;
+  Austin" does not), and the 75% overlap threshold can both miss and over-fire; change phrases
+  (:mod:`.changes`) need the subject in the same words; measured on a labelled change /
+  restatement / unrelated corpus by ``bench/fact_changes.py``;
 * prompt parsing relies on graphiti 0.31's tag names (tests/engram/models/rules_llm/
   test_prompt_blocks.py fails when they change); a message containing a closing tag such as
   ``</CURRENT MESSAGES>`` cuts its block short.
 """
 
+from engram.models.rules_llm.changes import supersedes
 from engram.models.rules_llm.client import CallRecord, RulesExtractorClient
 from engram.models.rules_llm.dates import fact_timestamps, find_dates
 from engram.models.rules_llm.dedupe import contradicts, resolve_edge, resolve_node
@@ -92,5 +97,6 @@ __all__ = [
     "minimal_instance",
     "resolve_edge",
     "resolve_node",
+    "supersedes",
     "third_person",
 ]

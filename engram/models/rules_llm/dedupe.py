@@ -15,12 +15,12 @@ INVALIDATION CANDIDATES, as graphiti sends them):
      "no longer", "stopped", "quit", "left", "gave up", "anymore") and at least 75% (and at least
      2) of the old fact's content words (crudely stemmed, stopwords and cues removed) occur in
      the new fact;
-  2. replacement: the new fact says "switched/moved/migrated/changed/went from X to Y",
-     "replaced X with Y" or "Y instead of X", the old fact contains X's content words and the
-     two facts have the same first content word (the subject) or share another content word;
+  2. a change phrase in the new fact ends the old one (:func:`.changes.supersedes`): "switched/
+     moved/migrated S to Y" or "... from X to Y", "replaced X with Y", "swapped X for Y",
+     "Y instead of X", "no longer ...", "not ... any more", with the subject in the same words;
   3. single-valued relation: both facts state LIVES_IN (lives in, moved to, relocated to, is
-     based in) or WORKS_AT (works at/for, joined) with the same subject words before the verb
-     and different object words after it;
+     based in) or WORKS_AT (works at/for, joined + a capitalised name) with the same subject
+     words before the verb ("Maya's brother" is not "Maya") and different object words after it;
   4. versions: both facts give a version of the same package and the versions differ.
 """
 
@@ -30,7 +30,8 @@ import re
 from typing import Any
 
 from engram.models.rules_llm.entities import _SPACE_VERSION, _TOKEN, _VERSION_SPEC, _tech_category
-from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP, _SWITCH_RES
+from engram.models.rules_llm.changes import supersedes
+from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP
 from engram.models.rules_llm.text import _content_stems, _norm_fact
 from engram.models.rules_llm.vocabulary import AMBIGUOUS_TECH
 
@@ -86,7 +87,7 @@ def resolve_node(name: str, labels: set[str], candidates: list[dict[str, Any]]) 
 
 _SINGLE_VALUED_RES = [
     (re.compile(r"\b(?:lives?|lived|living|resides?|resided|residing|(?:is|am|are|was) based) in\b|\b(?:moved|moves|relocated|relocates) (?:back )?to\b", re.I), "LIVES_IN"),
-    (re.compile(r"\b(?:works?|worked|working|is employed) (?:at|for)\b|\bjoined\b", re.I), "WORKS_AT"),
+    (re.compile(r"\b(?:works?|worked|working|is employed) (?:at|for)\b|\bjoined\b(?= (?:the )?(?-i:[A-Z]))", re.I), "WORKS_AT"),
 ]
 
 
@@ -125,24 +126,18 @@ def contradicts(new: str, old: str) -> bool:
     n_stems, o_stems = _content_stems(new), _content_stems(old)
     if not o_stems:
         return False
-    shared = set(n_stems) & set(o_stems)
     # 1. polarity flip over (mostly) the same content
     if _is_negated(new) != _is_negated(old):
         covered = sum(1 for s in set(o_stems) if s in set(n_stems))
         if covered >= 2 and covered / len(set(o_stems)) >= 0.75:
             return True
-    # 2. replacement: "switched from X to Y", "replaced X with Y", "Y instead of X"
-    for rx in _SWITCH_RES:
-        for m in rx.finditer(new):
-            old_side = set(_content_stems(m.group("old")))
-            new_side = set(_content_stems(m.group("new")))
-            same_subject = n_stems[0] == o_stems[0] or bool(shared - old_side - new_side)
-            if old_side and old_side <= set(o_stems) and not (old_side <= new_side) and same_subject:
-                return True
+    # 2. a change phrase: "switched X to Y", "replaced X with Y", "Y instead of X", "no longer"
+    if supersedes(new, old):
+        return True
     # 3. single-valued relations: same subject, different object
     for rel_n, subj_n, obj_n in _svo(new):
         for rel_o, subj_o, obj_o in _svo(old):
-            if rel_n == rel_o and set(subj_n) & set(subj_o) and set(obj_n) != set(obj_o) and not _is_negated(new) and not _is_negated(old):
+            if rel_n == rel_o and set(subj_n) == set(subj_o) and set(obj_n) != set(obj_o) and not _is_negated(new) and not _is_negated(old):
                 return True
     # 4. versions of one package
     vn, vo = _versions(new), _versions(old)

@@ -1,0 +1,74 @@
+"""Facts that change (issue 11, item 6), end to end through the real turn-detector, extractor
+(offline rules model) and recall over real NATS and FalkorDB.
+
+Told "the billing service uses Postgres 15" and, three days later in another conversation, "we
+switched the billing service to SQLite": the Postgres fact must be invalidated (``invalid_at`` =
+when the switch was said, ``expired_at`` set), and recall must give the SQLite fact as the
+current one, never the Postgres fact as if it still held.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import nats
+
+from engram.graph import GraphDrivers, query_rows
+from schemas import ChatMessage, RecallRequest, RecallScopes, ScopeKeys, subjects
+from services.recall.merge import render_line
+from tests.services.recall.test_service import _idle, ask, stack
+from tests.services.turn_detector.helpers import close, publish, wait_for
+
+MONDAY = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+THURSDAY = MONDAY + timedelta(days=3)
+USER = ScopeKeys(user="ada@example.org")
+
+
+async def _say(nc: nats.NATS, session: str, at: datetime, user_text: str, reply: str) -> None:
+    js = nc.jetstream()
+    for i, (role, text) in enumerate([("user", user_text), ("assistant", reply)]):
+        await publish(js, ChatMessage(message_id=f"{session}-m{i}", session_id=session, role=role, content=text,
+                                      timestamp=at + timedelta(seconds=i), name="Ada" if role == "user" else None,
+                                      scopes=USER))
+    await close(js, session)
+    assert await wait_for(lambda: _idle(js, subjects.STREAM_IN), 30)
+    assert await wait_for(lambda: _idle(js, subjects.STREAM_EPISODES), 60)
+
+
+async def test_a_switch_invalidates_the_old_fact_and_recall_puts_the_new_one_first(
+    clean_nats, falkordb_server, tmp_path  # noqa: ANN001
+) -> None:
+    async with stack(clean_nats, falkordb_server.url, tmp_path) as (nc, settings):
+        await _say(nc, "monday", MONDAY, "The billing service uses Postgres 15.", "Noted.")
+        await _say(nc, "thursday", THURSDAY, "We switched the billing service to SQLite.", "Noted.")
+
+        group = subjects.user_group(settings.group_prefix, USER.user)
+        graph = GraphDrivers(settings)
+        try:
+            rows = await query_rows(
+                await graph.driver(group),
+                "MATCH (:Entity)-[e:RELATES_TO]->(:Entity) WHERE e.group_id = $g "
+                "RETURN e.fact AS fact, e.invalid_at AS invalid_at, e.expired_at AS expired_at",
+                g=group,
+            )
+        finally:
+            await graph.close()
+        postgres = [r for r in rows if "Postgres" in r["fact"]]
+        sqlite = [r for r in rows if "SQLite" in r["fact"]]
+        assert postgres and sqlite, rows
+        assert all(r["invalid_at"] is not None and r["expired_at"] is not None for r in postgres), rows
+        assert all(r["invalid_at"] is None for r in sqlite), rows
+
+        response = await ask(nc, RecallRequest(query="Which database does the billing service use?",
+                                                scopes=RecallScopes(user=USER.user), timeout_ms=10_000))
+        assert not response.degraded, response.reason
+        facts = [i for i in response.items if i.kind == "fact"]
+        assert facts and "SQLite" in facts[0].fact, [i.fact for i in response.items]
+        # the Postgres fact is never given as current: absent (recall skips expired facts), or
+        # marked superseded in the prompt section
+        for item in facts:
+            if "Postgres" in item.fact:
+                assert item.invalid_at is not None and render_line(item) in response.prompt_section
+                assert "superseded" in render_line(item), response.prompt_section
+        # the turn that said it is still there, dated: it was said, and when
+        assert any(i.kind == "episode" and "Postgres" in i.fact for i in response.items), response.prompt_section
