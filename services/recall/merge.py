@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 
 from schemas import RecallItem, RecallRequest, subjects
 
@@ -52,16 +53,34 @@ def near_duplicate(a: str, b: str, threshold: float = 0.8) -> bool:
 
 def merge(results: Sequence[Sequence[RecallItem]], max_items: int) -> list[RecallItem]:
     """Concatenate per-group results (already in scope priority order, each best first), drop
-    near-duplicates of an item already kept (the higher-priority scope wins), keep ``max_items``."""
+    near-duplicates of an item already kept (the higher-priority scope wins), keep ``max_items``,
+    current facts before superseded ones (:func:`current_facts_first`)."""
     kept: list[RecallItem] = []
     for items in results:
         for item in items:
             if len(kept) >= max_items:
-                return kept
+                return current_facts_first(kept)
             if any(item.uuid == k.uuid or near_duplicate(item.fact, k.fact) for k in kept):
                 continue
             kept.append(item)
-    return kept
+    return current_facts_first(kept)
+
+
+def superseded(item: RecallItem, now: datetime | None = None) -> bool:
+    """A fact that no longer holds: its ``invalid_at`` has passed (graphiti sets it when a later
+    fact contradicts this one -- then ``expired_at`` too -- or when the fact said when it ended)."""
+    if item.kind != "fact" or item.invalid_at is None:
+        return False
+    return item.invalid_at <= (now or datetime.now(timezone.utc))
+
+
+def current_facts_first(items: Sequence[RecallItem], now: datetime | None = None) -> list[RecallItem]:
+    """``items`` with every current fact before every superseded one (issue 11, item 6). Only the
+    facts move, among the positions facts hold, each group keeping its order: past turns keep
+    their places, and a superseded fact stays in the context, after what replaced it."""
+    facts = [i for i in items if i.kind == "fact"]
+    ordered = iter([f for f in facts if not superseded(f, now)] + [f for f in facts if superseded(f, now)])
+    return [next(ordered) if i.kind == "fact" else i for i in items]
 
 
 HEADER = (
@@ -73,19 +92,20 @@ HEADER = (
 FOOTER = "</graphiti_memory>"
 
 
-def _date(item: RecallItem) -> str:
+def _date(item: RecallItem, now: datetime | None = None) -> str:
     if item.kind == "episode":
         return f" (said {item.valid_at.date().isoformat()})" if item.valid_at else ""
-    if item.valid_at and item.invalid_at:
-        return f" (valid {item.valid_at.date().isoformat()} to {item.invalid_at.date().isoformat()})"
-    if item.valid_at:
-        return f" (since {item.valid_at.date().isoformat()})"
-    return ""
+    since = f"since {item.valid_at.date().isoformat()}" if item.valid_at else ""
+    if item.invalid_at:
+        # a fact whose end has passed is marked superseded, so a model does not take it as current
+        end = f"{'superseded' if superseded(item, now) else 'until'} {item.invalid_at.date().isoformat()}"
+        return f" ({since}, {end})" if since else f" ({end})"
+    return f" ({since})" if since else ""
 
 
-def render_line(item: RecallItem) -> str:
+def render_line(item: RecallItem, now: datetime | None = None) -> str:
     scope = f"[{item.scope}] " if item.scope else ""
-    return f"- {scope}{item.fact.strip()}{_date(item)}\n"
+    return f"- {scope}{item.fact.strip()}{_date(item, now)}\n"
 
 
 def fit_budget(items: Sequence[RecallItem], token_budget: int, count_tokens: Callable[[str], int]) -> tuple[list[RecallItem], str]:

@@ -16,8 +16,11 @@ from services.recall.merge import (
     fit_budget,
     groups_for,
     merge,
+    current_facts_first,
     near_duplicate,
     query_text,
+    render_line,
+    superseded,
 )
 
 COUNT = token_counter()
@@ -85,8 +88,36 @@ def test_section_says_facts_may_be_stale_and_carries_dates() -> None:
                        valid_at=T, invalid_at=datetime(2024, 9, 1, tzinfo=timezone.utc))
     _, section = fit_budget([item("a", "Alice works at Globex."), stale], 500, COUNT)
     assert "<graphiti_memory>" in section and "stale" in section
-    assert "(since 2024-05-01)" in section and "(valid 2024-05-01 to 2024-09-01)" in section
+    assert "(since 2024-05-01)" in section and "(since 2024-05-01, superseded 2024-09-01)" in section
     assert "[session]" in section and "[user]" in section
+
+
+def test_superseded_facts_are_marked_and_future_ends_are_not() -> None:
+    now = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    ended = RecallItem(uuid="x", fact="The billing service uses Postgres 15.", group_id="g",
+                       invalid_at=datetime(2024, 9, 1, tzinfo=timezone.utc))
+    ends_later = RecallItem(uuid="y", fact="Alice's contract runs.", group_id="g", valid_at=T,
+                            invalid_at=datetime(2026, 6, 30, tzinfo=timezone.utc))
+    assert render_line(ended, now) == "- The billing service uses Postgres 15. (superseded 2024-09-01)\n"
+    assert render_line(ends_later, now) == "- Alice's contract runs. (since 2024-05-01, until 2026-06-30)\n"
+    assert superseded(ended, now) and not superseded(ends_later, now)
+    turn = RecallItem(uuid="t", fact="user: we use Postgres", kind="episode", group_id="g", valid_at=T,
+                      invalid_at=datetime(2024, 9, 1, tzinfo=timezone.utc))
+    assert not superseded(turn, now) and render_line(turn, now).endswith("(said 2024-05-01)\n")
+
+
+def test_current_facts_come_before_superseded_ones_and_turns_keep_their_places() -> None:
+    gone = datetime(2024, 9, 1, tzinfo=timezone.utc)
+    old = RecallItem(uuid="old", fact="The billing service uses Postgres 15.", group_id="g", valid_at=T, invalid_at=gone)
+    turn = RecallItem(uuid="turn", fact="user (Ada): billing is on Postgres 15 for now", kind="episode", group_id="g")
+    new = RecallItem(uuid="new", fact="We switched the billing service to SQLite.", group_id="g", valid_at=gone)
+    other = RecallItem(uuid="other", fact="Alice works at Acme.", group_id="g")
+    ordered = current_facts_first([old, turn, new, other])
+    assert [i.uuid for i in ordered] == ["new", "turn", "other", "old"]
+    # merge() applies it: a superseded fact of the session never precedes a current fact of the user scope
+    user_new = new.model_copy(update={"scope": "user"})
+    assert [i.uuid for i in merge([[old, turn], [user_new]], 10)] == ["new", "turn", "old"]
+    assert current_facts_first([turn, other]) == [turn, other]
 
 
 def test_relation_synonyms_map_to_the_canonical_vocabulary() -> None:
