@@ -85,6 +85,7 @@ _IS_BEFORE = re.compile(r"\b(?:is|are|it's|that's|'s|'re)\s+$", re.I)
 _SENTENCE_END = re.compile(r"[.!?\n]")
 _AFTER_THE = re.compile(r"\bthe\s+$", re.I)
 _FOLLOWED_BY = re.compile(r"\s+of\b|['’]s\b|\s*\(", re.I)
+_LABEL_AFTER = re.compile(r" \((?:\d{4}-\d{2}-\d{2}|week of |weekend of |[A-Z][a-z]+ \d{4}|[a-z]+ \d{4}|\d{4})")
 _NEXT_CAPITAL = re.compile(r"\s+(?!I\b|I['’])[A-Z]")
 _SENTENCE_START = re.compile(r"(?:^\s*|[.!?:;\n]\s*)$")
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -238,14 +239,15 @@ def _resolve(m: re.Match[str], ref: date, text: str) -> RelativeDate | None:
     return RelativeDate(m.start(), m.end(), *_shift(ref, sign * n, unit))
 
 
-def _plausible(m: re.Match[str], text: str) -> bool:
-    """The conservative filters of the module docstring."""
+def _plausible(m: re.Match[str], text: str, *, grounded: bool = False) -> bool:
+    """The conservative filters of the module docstring (``grounded``: a parenthesis after the
+    expression is the label :func:`ground` wrote, not a reason to skip it)."""
     start, end = m.start(), m.end()
     before, after = text[:start], text[end:]
     if m.group("day") is None or not m.group("day").lower().startswith("the "):
         if _AFTER_THE.search(before):
             return False
-    if _FOLLOWED_BY.match(after):
+    if _FOLLOWED_BY.match(after) and not (grounded and _LABEL_AFTER.match(after)):
         return False
     if re.match(r"\s*-\w", after) or before.endswith("-"):  # "last-minute", "year-long"
         return False
@@ -257,14 +259,15 @@ def _plausible(m: re.Match[str], text: str) -> bool:
     return True
 
 
-def find_relative(text: str, reference: date | datetime) -> list[RelativeDate]:
+def find_relative(text: str, reference: date | datetime, *, grounded: bool = False) -> list[RelativeDate]:
     """The relative time expressions of ``text`` resolved against ``reference`` (the day the
-    text was said), in text order, skipping any already followed by a parenthesis (so
-    :func:`ground`'s output is left alone)."""
+    text was said), in text order. An expression already followed by a parenthesis (as
+    :func:`ground` leaves it) is skipped, unless ``grounded``: then it is found as well (a
+    fact's dates are read from its grounded text)."""
     ref = reference_day(reference)
     out: list[RelativeDate] = []
     for m in _RELATIVE.finditer(text):
-        if not _plausible(m, text):
+        if not _plausible(m, text, grounded=grounded):
             continue
         hit = _resolve(m, ref, text)
         if hit is not None:

@@ -44,11 +44,27 @@ def test_ground_writes_the_label_after_the_expression_once(case: dict) -> None:
     assert mentions_date(grounded) and not mentions_date(case["text"])
 
 
+def _expected_valid_at(case: dict) -> str:
+    """The resolved day; for a future one the time it was said, as graphiti's timestamp
+    prompts ask ("a future-tense plan ... set valid_at to the episode timestamp")."""
+    if case["date"] > case["said"]:
+        return _said(case).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{case['date']}T00:00:00Z"
+
+
 @pytest.mark.parametrize("case", POSITIVES, ids=[c["text"] for c in POSITIVES])
 def test_fact_valid_at_is_the_resolved_date(case: dict) -> None:
     """The rules model's fact timestamps (graphiti's edge and timestamp prompts) use the same
-    resolution: the date said, not the day it was said on."""
-    assert fact_timestamps(case["text"], _said(case)) == (f"{case['date']}T00:00:00Z", None)
+    resolution: the date said, not the day it was said on -- from the raw fact and from the
+    grounded one the rules model stores."""
+    expected = (_expected_valid_at(case), None)
+    assert fact_timestamps(case["text"], _said(case)) == expected
+    assert fact_timestamps(ground(case["text"], _said(case)), _said(case)) == expected
+
+
+def test_corpus_has_past_and_future_cases() -> None:
+    assert sum(c["date"] > c["said"] for c in POSITIVES) >= 10
+    assert sum(c["date"] < c["said"] for c in POSITIVES) >= 20
 
 
 @pytest.mark.parametrize("case", DECOYS, ids=[c["text"] for c in DECOYS])

@@ -17,7 +17,7 @@ from datetime import date, datetime, timezone
 
 from engram.models.rules_llm.vocabulary import MONTHS
 from engram.temporal import MONTH_PATTERN as _MONTH_RX
-from engram.temporal import find_relative
+from engram.temporal import find_relative, reference_day
 
 
 def _iso(d: date | datetime) -> str:
@@ -101,7 +101,7 @@ def find_dates(text: str, reference: datetime | None = None) -> list[_DateHit]:
     for m in _DATE_YEAR.finditer(text):
         add(m.start(1), m.end(1), date(int(m.group(1)), 1, 1), False)
     if reference is not None:
-        for r in find_relative(text, reference):
+        for r in find_relative(text, reference, grounded=True):
             add(r.start, r.end, r.value, False)
     hits.sort(key=lambda h: h.start)
     return hits
@@ -112,7 +112,12 @@ _UNTIL = re.compile(r"\b(?:until|till|through|thru|up to)\s+$", re.I)
 
 def fact_timestamps(fact: str, reference: datetime | None) -> tuple[str | None, str | None]:
     """(valid_at, invalid_at) for a fact: "from A to/until B" -> (A, B); "until B" -> invalid_at
-    B; otherwise the first date mentioned -> valid_at. ISO 8601 with Z; (None, None) if none."""
+    B; otherwise the first date mentioned -> valid_at. ISO 8601 with Z; (None, None) if none.
+
+    A valid_at after the reference day ("Caroline will fly to Rome in 2 days") becomes the
+    reference time, as graphiti's timestamp prompts ask ("a future-tense plan ... set valid_at to
+    the episode timestamp / REFERENCE_TIME"); the future date stays in the fact's (grounded)
+    text (:mod:`.prompts` grounds it with :func:`engram.temporal.ground`)."""
     hits = find_dates(fact, reference)
     if not hits:
         return None, None
@@ -125,4 +130,11 @@ def fact_timestamps(fact: str, reference: datetime | None) -> tuple[str | None, 
                 invalid = h.value
         elif valid is None:
             valid = h.value
+    if valid is not None and reference is not None and _day(valid) > reference_day(reference):
+        valid = reference
     return (_iso(valid) if valid is not None else None, _iso(invalid) if invalid is not None else None)
+
+
+def _day(value: date | datetime) -> date:
+    return reference_day(value) if isinstance(value, datetime) else value
+

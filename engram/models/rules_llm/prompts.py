@@ -24,6 +24,7 @@ from engram.models.rules_llm.episodes import _Doc, _analyse
 from engram.models.rules_llm.extraction import ExtractionResult, _extract, _facts_for_given_entities
 from engram.models.rules_llm.summaries import summarize_entities
 from engram.models.rules_llm.text import _norm_key
+from engram.temporal import ground
 
 
 def _block(prompt: str, tag: str) -> str | None:
@@ -138,7 +139,9 @@ def combined(prompt: str, limits: Limits) -> dict[str, Any]:
                 "source_entity_name": names[f.source],
                 "target_entity_name": names[f.target],
                 "relation_type": f.relation,
-                "fact": f.fact,
+                # grounded against its [Episode N] timestamp: the stored fact outlives the
+                # day "last Friday" meant (graphiti's timestamp prompt then reads the date back)
+                "fact": ground(f.fact, f.reference),
                 "episode_indices": sorted(f.episodes),
             }
             for f in result.facts
@@ -177,7 +180,7 @@ def edges(prompt: str, limits: Limits) -> dict[str, Any]:
                 "source_entity_name": by_key[f.source],
                 "target_entity_name": by_key[f.target],
                 "relation_type": f.relation,
-                "fact": f.fact,
+                "fact": ground(f.fact, f.reference or reference),
                 "valid_at": valid_at,
                 "invalid_at": invalid_at,
                 "episode_indices": sorted(f.episodes),
