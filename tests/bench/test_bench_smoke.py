@@ -29,6 +29,7 @@ BENCHES = [
     ("recall_quality.py", True, "LoCoMo evidence recall (%), 1 conversation(s) (conv-26), 2 sessions"),
     ("recall.py", True, "recall latency (ms), 10 queries per path"),
     ("restatement_threshold.py", False, "hashing: held-out pairs at threshold"),
+    ("fact_changes.py", False, "fact-change invalidation, rules model"),
 ]
 
 

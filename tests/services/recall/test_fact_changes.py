@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import nats
 
-from engram.graph import GraphDrivers, query_rows
+from engram.graph import GraphDrivers, as_utc, query_rows
 from schemas import ChatMessage, RecallRequest, RecallScopes, ScopeKeys, subjects
 from services.recall.merge import render_line
 from tests.services.recall.test_service import _idle, ask, stack
@@ -56,19 +56,20 @@ async def test_a_switch_invalidates_the_old_fact_and_recall_puts_the_new_one_fir
         postgres = [r for r in rows if "Postgres" in r["fact"]]
         sqlite = [r for r in rows if "SQLite" in r["fact"]]
         assert postgres and sqlite, rows
-        assert all(r["invalid_at"] is not None and r["expired_at"] is not None for r in postgres), rows
+        # ended when the switch was said (the later fact's valid_at), expired when it was learnt
+        assert all(as_utc(r["invalid_at"]) == THURSDAY and r["expired_at"] is not None for r in postgres), rows
         assert all(r["invalid_at"] is None for r in sqlite), rows
 
-        response = await ask(nc, RecallRequest(query="Which database does the billing service use?",
-                                                scopes=RecallScopes(user=USER.user), timeout_ms=10_000))
+        question = "Which database does the billing service use?"
+        facts_only = await ask(nc, RecallRequest(query=question, scopes=RecallScopes(user=USER.user),
+                                                  include_episodes=False, timeout_ms=10_000))
+        assert not facts_only.degraded, facts_only.reason
+        assert facts_only.items and "SQLite" in facts_only.items[0].fact, [i.fact for i in facts_only.items]
+        # with past turns too, the Postgres fact is never given as current: absent (recall skips
+        # expired facts) or marked superseded; the turn that said it stays, dated
+        response = await ask(nc, RecallRequest(query=question, scopes=RecallScopes(user=USER.user), timeout_ms=10_000))
         assert not response.degraded, response.reason
-        facts = [i for i in response.items if i.kind == "fact"]
-        assert facts and "SQLite" in facts[0].fact, [i.fact for i in response.items]
-        # the Postgres fact is never given as current: absent (recall skips expired facts), or
-        # marked superseded in the prompt section
-        for item in facts:
-            if "Postgres" in item.fact:
-                assert item.invalid_at is not None and render_line(item) in response.prompt_section
-                assert "superseded" in render_line(item), response.prompt_section
-        # the turn that said it is still there, dated: it was said, and when
+        for item in facts_only.items + response.items:
+            if item.kind == "fact" and "Postgres" in item.fact:
+                assert "superseded" in render_line(item), [i.fact for i in response.items]
         assert any(i.kind == "episode" and "Postgres" in i.fact for i in response.items), response.prompt_section
