@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
+from engram.temporal import ground
 from schemas import RecallItem, RecallRequest, subjects
 
 SCOPE_ORDER = ("session", "workspace", "user")
@@ -105,7 +106,11 @@ def _date(item: RecallItem, now: datetime | None = None) -> str:
 
 def render_line(item: RecallItem, now: datetime | None = None) -> str:
     scope = f"[{item.scope}] " if item.scope else ""
-    return f"- {scope}{item.fact.strip()}{_date(item, now)}\n"
+    text = item.fact.strip()
+    if item.kind == "episode":
+        # a past turn's "last Friday" is written out against the day it was said (valid_at)
+        text = ground(text, item.valid_at)
+    return f"- {scope}{text}{_date(item, now)}\n"
 
 
 def fit_budget(items: Sequence[RecallItem], token_budget: int, count_tokens: Callable[[str], int]) -> tuple[list[RecallItem], str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engram.models.rules_llm.dates import fact_timestamps
-from engram.temporal import find_relative, ground, mentions_date
+from engram.temporal import find_relative, ground, mentions_date, strip_grounding
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "relative_dates.json").read_text(encoding="utf-8"))["cases"]
 POSITIVES = [c for c in CORPUS if c["date"] is not None]
@@ -41,6 +41,7 @@ def test_ground_writes_the_label_after_the_expression_once(case: dict) -> None:
     assert f"{case['expression']} ({case['label']})" in grounded
     assert grounded.replace(f" ({case['label']})", "", 1) == case["text"]
     assert ground(grounded, _said(case)) == grounded
+    assert strip_grounding(grounded) == case["text"]
     assert mentions_date(grounded) and not mentions_date(case["text"])
 
 
@@ -71,6 +72,7 @@ def test_corpus_has_past_and_future_cases() -> None:
 def test_decoys_are_left_alone(case: dict) -> None:
     assert find_relative(case["text"], _said(case)) == []
     assert ground(case["text"], _said(case)) == case["text"]
+    assert strip_grounding(case["text"]) == case["text"]
     assert fact_timestamps(case["text"], _said(case)) == (None, None)
 
 
@@ -103,3 +105,11 @@ def test_mentions_date_on_absolute_forms() -> None:
         assert mentions_date(text), text
     for text in ("I may go", "I have 2000 stamps", "room 2023", "last Friday", "version 3.11"):
         assert not mentions_date(text), text
+
+
+def test_strip_grounding_keeps_parentheses_people_wrote() -> None:
+    for text in ("I was born in Paris (France) last year.", "We met in 2019 (2019-06-01, a Saturday).",
+                 "The release (2023-05-05) was late."):
+        assert strip_grounding(text) == text
+    turn = "user (Calvin): I had a car incident last Friday.\n\nassistant: Two weeks ago you got the car?"
+    assert strip_grounding(ground(turn, date(2023, 5, 12))) == turn

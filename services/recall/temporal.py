@@ -1,0 +1,76 @@
+""""When" questions prefer dated items: a pure re-ranking stage for recall (issue 11, item 4).
+
+"When did Calvin have a car incident?" is answered by the item that carries a date -- a fact or
+a turn that says "on 2023-05-05", "in May 2023", or a relative one recall grounds against the
+day it was said ("last Friday" -> "last Friday (2023-05-05)", :func:`engram.temporal.ground`).
+:func:`prefer_dated` moves such items up a bounded number of places when
+:func:`is_when_question` says the query asks for a time; everything else keeps its order.
+
+Not wired into the search yet: the strength (``lift``) is to be chosen on the bench's tuning
+split by whoever wires it (services/recall/search.py). English questions only; a question in
+another language is never treated as a "when" question (the ranking stays as it is).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+from engram.temporal import find_relative, mentions_date
+from schemas import RecallItem
+
+#: asks for a time: "When did...", "what year/date/month...", "how long ago...", "since when"
+_WHEN = re.compile(
+    r"^\s*when\b"
+    r"|\bwhen (?:did|do|does|was|were|is|are|will|has|have|had|would)\b"
+    r"|\b(?:what|which) (?:year|date|day|month|week|time of year|season)\b"
+    r"|\bhow long ago\b|\bsince when\b|\bon what (?:date|day)\b|\bin what (?:year|month)\b",
+    re.I,
+)
+# "When I asked you about X, what did you say?" is not about a time: a "when" clause
+# followed by a subject pronoun and a comma-separated main question.
+_WHEN_CLAUSE = re.compile(r"^\s*when (?:i|we|you|they|he|she|it)\b[^?]*,", re.I)
+
+DEFAULT_LIFT = 3
+
+Item = TypeVar("Item")
+
+
+def is_when_question(query: str) -> bool:
+    """True when ``query`` asks for a time ("When did Calvin have a car incident?", "What year
+    did Melanie move?", "How long ago was the trip?")."""
+    if not query or _WHEN_CLAUSE.search(query):
+        return False
+    return bool(_WHEN.search(query))
+
+
+def is_dated(item: RecallItem) -> bool:
+    """The item's text holds an absolute date, or a relative one that grounding resolves (a
+    past turn's "last Friday" against the day it was said)."""
+    if mentions_date(item.fact):
+        return True
+    reference = item.valid_at or datetime(2000, 1, 1)  # only whether one is found matters here
+    return bool(find_relative(item.fact, reference, grounded=True))
+
+
+def prefer_dated(items: Sequence[Item], *, lift: int = DEFAULT_LIFT,
+                 dated: Callable[[Item], bool] | None = None) -> list[Item]:
+    """``items`` (best first) with every dated item (``dated``, default :func:`is_dated`) moved
+    up by at most ``lift`` places, ahead of the undated ones it passes; stable otherwise (dated
+    items keep their order among themselves, so do undated ones). ``lift`` 0 is the identity."""
+    if lift <= 0:
+        return list(items)
+    test = dated or is_dated
+    # sort key: the position an item aims for, dated before undated on a tie, then the old order
+    keyed = []
+    for i, x in enumerate(items):
+        has_date = test(x)  # type: ignore[arg-type]
+        keyed.append((i - lift if has_date else i, not has_date, i))
+    return [items[i] for _, _, i in sorted(keyed)]
+
+
+def rank_for_query(query: str, items: Sequence[RecallItem], *, lift: int = DEFAULT_LIFT) -> list[RecallItem]:
+    """:func:`prefer_dated` for a "when" question, ``items`` unchanged for any other query."""
+    return prefer_dated(items, lift=lift) if is_when_question(query) else list(items)

@@ -1,0 +1,117 @@
+"""Temporal grounding in recall (issue 11, item 4): past turns rendered with their relative dates
+resolved against the day they were said (services/recall/merge.py render_line), and the pure
+"when"-question re-ranking (services/recall/temporal.py) the search will call."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import RecallItem
+from services.extractor.chunking import token_counter
+from services.recall.merge import fit_budget, render_line
+from services.recall.temporal import DEFAULT_LIFT, is_dated, is_when_question, prefer_dated, rank_for_query
+
+SAID = datetime(2023, 5, 12, 15, 30, tzinfo=timezone.utc)  # a Friday
+TURN = "user (Calvin): I had a car incident last Friday.\n\nassistant: Oh no, are you OK?"
+
+
+def episode(uuid: str, text: str, said: datetime | None = SAID) -> RecallItem:
+    return RecallItem(uuid=uuid, fact=text, kind="episode", scope="session", group_id="g", valid_at=said)
+
+
+def fact(uuid: str, text: str) -> RecallItem:
+    return RecallItem(uuid=uuid, fact=text, kind="fact", scope="session", group_id="g", valid_at=SAID)
+
+
+# --------------------------------------------------------------------------- rendering
+def test_a_past_turn_shows_its_relative_date_resolved_against_the_day_it_was_said() -> None:
+    assert render_line(episode("e1", TURN)) == (
+        "- [session] user (Calvin): I had a car incident last Friday (2023-05-05).\n\n"
+        "assistant: Oh no, are you OK? (said 2023-05-12)\n"
+    )
+
+
+def test_a_turn_without_relative_dates_or_without_a_date_renders_as_before() -> None:
+    plain = "user (Calvin): I love my car."
+    assert render_line(episode("e1", plain)) == f"- [session] {plain} (said 2023-05-12)\n"
+    assert render_line(episode("e2", TURN, said=None)) == f"- [session] {TURN}\n"
+
+
+def test_facts_are_not_grounded_by_render_line() -> None:
+    """A fact's valid_at is the date it names, not the day it was said: grounding "last Friday"
+    against it would be wrong (the extractor grounds facts, with the right reference)."""
+    line = render_line(fact("f1", "Calvin had a car incident last Friday."))
+    assert "last Friday." in line and "last Friday (" not in line
+
+
+def test_fit_budget_counts_the_grounded_line() -> None:
+    count = token_counter()
+    items = [episode("e1", TURN)]
+    kept, section = fit_budget(items, 10_000, count)
+    assert kept == items and "last Friday (2023-05-05)" in section
+    line_cost = count(render_line(items[0]))
+    # a budget that fits the ungrounded line but not the grounded one keeps nothing
+    ungrounded = count(f"- [session] {TURN} (said 2023-05-12)\n")
+    assert ungrounded < line_cost
+    from services.recall.merge import FOOTER, HEADER
+    tight = count(HEADER) + count(FOOTER) + ungrounded
+    assert fit_budget(items, tight, count) == ([], "")
+
+
+def test_turkish_turns_are_rendered_unchanged() -> None:
+    text = "user (Ayşe): Geçen Cuma arabamla kaza yaptım; dün de İzmir'e gittim, 2 gün önce döndüm."
+    assert render_line(episode("e1", text)) == f"- [session] {text} (said 2023-05-12)\n"
+
+
+# --------------------------------------------------------------------------- "when" questions
+def test_when_questions() -> None:
+    for q in ("When did Calvin have a car incident?", "when did Caroline go to the LGBTQ support group",
+              "What year did Melanie move to Sweden?", "How long ago was Caroline's trip?",
+              "In what month did they adopt the puppy?", "Which day is the wedding?",
+              "Since when has Alice worked at Acme?", "So when was the concert?"):
+        assert is_when_question(q), q
+    for q in ("What did Calvin buy?", "Where does Alice work?", "When I asked about Postgres, what did you say?",
+              "Who went to the beach?", "What is the weather like?", "Calvin ne zaman kaza yaptı?", ""):
+        assert not is_when_question(q), q
+
+
+def test_is_dated_on_absolute_grounded_and_relative_texts() -> None:
+    assert is_dated(fact("f", "Melanie moved to Sweden in May 2023."))
+    assert is_dated(fact("f", "Calvin had a car incident on 2023-05-05."))
+    assert is_dated(episode("e", "I had a car incident last Friday (2023-05-05)."))
+    assert is_dated(episode("e", TURN))  # grounded when rendered
+    assert not is_dated(episode("e", "I love my car."))
+    assert not is_dated(episode("e", "I love watching Friday Night Lights."))
+
+
+def test_prefer_dated_moves_dated_items_up_a_bounded_number_of_places() -> None:
+    items = [episode(f"u{i}", f"undated turn number {i}") for i in range(6)]
+    items.insert(5, episode("d", TURN))  # rank 5
+    assert [x.uuid for x in prefer_dated(items, lift=2)] == ["u0", "u1", "u2", "d", "u3", "u4", "u5"]
+    assert [x.uuid for x in prefer_dated(items, lift=10)][0] == "d"
+    assert prefer_dated(items, lift=0) == items
+    assert [x.uuid for x in prefer_dated(items)].index("d") == 5 - DEFAULT_LIFT
+
+
+def test_rank_for_query_only_reorders_for_when_questions() -> None:
+    items = [episode("u0", "I love my car."), episode("d", TURN)]
+    assert [x.uuid for x in rank_for_query("When did Calvin have a car incident?", items)] == ["d", "u0"]
+    assert rank_for_query("What happened to Calvin's car?", items) == items
+
+
+@settings(max_examples=200, deadline=None)
+@given(flags=st.lists(st.booleans(), max_size=30), lift=st.integers(min_value=0, max_value=8))
+def test_prefer_dated_is_a_stable_bounded_permutation(flags: list[bool], lift: int) -> None:
+    items = list(range(len(flags)))
+    out = prefer_dated(items, lift=lift, dated=lambda i: flags[i])
+    assert sorted(out) == items
+    dated = [i for i in out if flags[i]]
+    undated = [i for i in out if not flags[i]]
+    assert dated == sorted(dated) and undated == sorted(undated)  # stable within each class
+    for i in dated:
+        assert i - lift <= out.index(i) <= i  # up, by at most lift places
+    for i in undated:
+        assert out.index(i) >= i  # undated items only move down
