@@ -21,11 +21,17 @@ For each pair it runs the path the extractor runs with the offline default, minu
 
 The pair is *invalidated* when some fact of the earlier statement is contradicted and not
 rejected. Precision = invalidated changes / invalidated pairs; recall = invalidated changes /
-changes. Not modelled: graphiti's search for invalidation candidates (the earlier facts are always
-offered; in a real graph they must be found by hybrid search over the new fact's words) and the
-date checks that follow (the later fact must start after the earlier one).
+changes. Not modelled in this default mode: graphiti's search for invalidation candidates (the
+earlier facts are always offered) and the date checks that follow.
 
-Run: ``python bench/fact_changes.py [--split tuning|heldout|all] [--show]``.
+``--graph`` runs the whole offline extractor instead (services/extractor/pipeline.py
+``extract_episode``: rules model, hashing embedder, restatement review) on a FalkorDB it starts,
+one fresh graph per pair: the earlier statement as a turn on day 0, the later one on day 3; the
+pair is invalidated when a fact of the earlier turn ends up with ``invalid_at`` set. This adds
+what the default mode leaves out (the earlier fact must be found by graphiti's hybrid search over
+the new fact, and the dates must agree).
+
+Run: ``python bench/fact_changes.py [--graph] [--split tuning|heldout|all] [--show]``.
 """
 
 from __future__ import annotations
@@ -126,6 +132,66 @@ async def decide(pairs: list[Pair]) -> list[Decision]:
     return out
 
 
+async def decide_in_graph(pairs: list[Pair]) -> list[Decision]:
+    """:func:`decide` through the extractor's real pipeline on a FalkorDB it starts (``--graph``)."""
+    import logging
+    import tempfile
+    import uuid
+    from datetime import datetime, timedelta, timezone
+
+    from graphiti_core.graphiti_types import GraphitiClients
+    from graphiti_core.tracer import NoOpTracer
+
+    from engram.embedded import start_falkordb
+    from engram.graph import EngramFalkorDriver
+    from engram.models.hashing_embedder import HashingEmbedder
+    from schemas import Episode, EpisodeMessage
+    from services.extractor.app import NoRerank
+    from services.extractor.pipeline import extract_episode
+    from services.extractor.preprocessing import ExtractionSettings, validate_at_startup
+
+    logging.disable(logging.WARNING)
+    day0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+    instructions = validate_at_startup(ExtractionSettings()) or ""  # the extractor's default preprocessing
+
+    def episode(group: str, turn: str, text: str, at: datetime) -> Episode:
+        return Episode(episode_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"fact_changes/{group}/{turn}")), group_id=group,
+                       scope="session", turn_id=turn, session_id=turn, reference_time=at,
+                       content=f"user ({SPEAKER}): {text}",
+                       messages=[EpisodeMessage(message_id=f"{turn}-m", role="user", name=SPEAKER, timestamp=at)])
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_falkordb(Path(tmp))
+        host, port = server.url.split("://", 1)[1].rsplit(":", 1)
+        try:
+            for i, p in enumerate(pairs):
+                group = f"fc_{i}_{uuid.uuid4().hex[:6]}"
+                driver = EngramFalkorDriver(host=host, port=int(port), database=group)
+                clients = GraphitiClients(driver=driver, llm_client=RulesExtractorClient(), embedder=HashingEmbedder(256),
+                                          cross_encoder=NoRerank(), tracer=NoOpTracer())
+                try:
+                    first = await extract_episode(clients, episode(group, "earlier", p.earlier, day0),
+                                                  custom_instructions=instructions, previous_window=5,
+                                                  restatement_similarity=DEFAULT_SIMILARITY["hashing"])
+                    second = await extract_episode(clients, episode(group, "later", p.later, day0 + timedelta(days=3)),
+                                                   custom_instructions=instructions, previous_window=5,
+                                                   restatement_similarity=DEFAULT_SIMILARITY["hashing"])
+                    old = {e.uuid: e.fact for e in first.resolved_edges}
+                    ended = [e for e in second.invalidated_edges if e.uuid in old]
+                    out.append(Decision(
+                        p, bool(ended), tuple(old.values()), tuple(e.fact for e in second.resolved_edges),
+                        tuple((e.fact, "") for e in ended),
+                        tuple((old.get(r.invalidated_uuid, ""), "") for r in second.rejected_invalidations),
+                    ))
+                finally:
+                    await driver.client.select_graph(group).delete()
+                    await driver.close()
+        finally:
+            server.stop()
+    return out
+
+
 def scores(decisions: list[Decision]) -> dict[str, float | int]:
     tp = sum(d.invalidated and d.pair.label == "change" for d in decisions)
     fp = sum(d.invalidated and d.pair.label != "change" for d in decisions)
@@ -145,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="which rows to print one by one with --show (the table always shows both)")
     parser.add_argument("--show", action="store_true", help="print every pair's decision and the facts behind it")
     parser.add_argument("--limit", type=int, default=0, help="first N rows of each split and label (0: all)")
+    parser.add_argument("--graph", action="store_true",
+                        help="run the whole offline extractor on a FalkorDB it starts, one graph per pair")
     args = parse(parser, {"limit": 2}, argv)
     pairs = load(args.corpus)
     if args.limit:
@@ -156,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 seen[key] = seen.get(key, 0) + 1
                 kept.append(p)
         pairs = kept
-    decisions = asyncio.run(decide(pairs))
+    decisions = asyncio.run(decide_in_graph(pairs) if args.graph else decide(pairs))
     if args.show:
         for d in decisions:
             if args.split not in ("all", d.pair.split):
@@ -166,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {d.pair.earlier} -> {d.pair.later}")
             print(f"      facts: {list(d.earlier_facts)} -> {list(d.later_facts)}; contradicted: {len(d.contradicted)}, "
                   f"rejected as restatement: {len(d.rejected)}")
-    print(f"fact-change invalidation, rules model + restatement review (hashing), corpus {args.corpus.name}")
+    path = "extractor pipeline on FalkorDB" if args.graph else "rules model + restatement review (hashing)"
+    print(f"fact-change invalidation, {path}, corpus {args.corpus.name}")
     print(f"{'split':9} {'pairs':>5} {'chg/rst/unr':>11} {'invalidated':>11} {'false':>5} {'precision':>9} {'recall':>6}")
     check = Checks()
     for split in ("tuning", "heldout", "all"):
