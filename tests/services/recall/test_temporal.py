@@ -71,10 +71,14 @@ def test_when_questions() -> None:
     for q in ("When did Calvin have a car incident?", "when did Caroline go to the LGBTQ support group",
               "What year did Melanie move to Sweden?", "How long ago was Caroline's trip?",
               "In what month did they adopt the puppy?", "Which day is the wedding?",
-              "Since when has Alice worked at Acme?", "So when was the concert?"):
+              "Since when has Alice worked at Acme?", "So when was the concert?",
+              "How long has Melanie been practicing art?", "How many months passed between Andrew adopting Toby and Buddy?",
+              "How long did it take for Joanna to finish writing her book?"):
         assert is_when_question(q), q
     for q in ("What did Calvin buy?", "Where does Alice work?", "When I asked about Postgres, what did you say?",
-              "Who went to the beach?", "What is the weather like?", "Calvin ne zaman kaza yaptı?", ""):
+              "Who went to the beach?", "What is the weather like?", "Calvin ne zaman kaza yaptı?", "",
+              "How long is the Golden Gate Bridge?", "How many dogs does Audrey have?", "What may 2000 people do?",
+              "How long does Audrey walk her dogs?", "What movie did Joanna watch on 1 May, 2022?"):
         assert not is_when_question(q), q
 
 
