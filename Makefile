@@ -39,7 +39,7 @@ bench: $(STAMP)
 # about 30 s. CI runs the same through tests/bench. LoCoMo: ENGRAM_LOCOMO or ../shared/data/locomo.
 bench-smoke: $(STAMP)
 	@for b in turn_detector extraction_cost pipeline_overhead scale_out summary_gate summary_guard \
-	          recall_quality recall restatement_threshold embedders fact_changes; do \
+	          recall_quality recall restatement_threshold embedders fact_changes temporal_grounding; do \
 		echo "== bench/$$b.py --smoke"; \
 		GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/$$b.py --smoke || exit 1; \
 	done

@@ -11,6 +11,7 @@ hit). Tuning split and report split printed apart: choose ``lift`` on the tuning
 
     python bench/temporal_grounding.py                      # 7 conversations, ~30 s
     python bench/temporal_grounding.py --samples conv-26 --sessions 3 --lifts 0 5
+    python bench/temporal_grounding.py --smoke       # CI: conv-26, 3 sessions, lifts 0 and 5
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
-from bench._recall_common import LOCOMO, load_conversations, split_of  # noqa: E402
+from bench._recall_common import LOCOMO, load_conversations  # noqa: E402
+from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.recall_quality import BUDGETS, Corpus, bm25_index, bm25_ranking, build_corpus, fill, normalized  # noqa: E402
 from engram.temporal import ground  # noqa: E402
 from schemas import RecallItem  # noqa: E402
@@ -61,31 +63,39 @@ def when_recall(corpora: Sequence[Corpus], lifts: Sequence[int], budgets: Sequen
     return asked, hits
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--data", default=str(LOCOMO), help="a LoCoMo-format JSON file")
     parser.add_argument("--samples", nargs="+", default=["all"], help="sample ids (default: all)")
     parser.add_argument("--sessions", type=int, default=None, help="first N sessions of each conversation")
     parser.add_argument("--lifts", type=int, nargs="+", default=list(LIFTS))
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
-    args = parser.parse_args(argv)
+    args = parse(parser, {"samples": ["conv-26"], "sessions": 3, "lifts": [0, 5]}, argv)
     start = time.perf_counter()
     path = Path(args.data)
+    require_locomo(path)
     convs = [c for c in load_conversations(path) if "all" in args.samples or c.get("sample_id") in args.samples]
     corpora = [build_corpus(path, c, args.sessions) for c in convs]
+    check = Checks()
+    check.that(bool(corpora), f"no conversation among {args.samples}")
     for split in ("tuning", "report", "other"):
         part = [c for c in corpora if c.split == split]
         if not part:
             continue
         asked, hits = when_recall(part, args.lifts, args.budgets)
+        check.that(asked > 0, f"no when-question in the {split} split")
         print(f"\n{split} split ({', '.join(c.sample for c in part)}): {asked} when-questions, "
               "stemmed BM25 over turns, evidence recall (%) at a token budget")
         print(f"{'row':<24}" + "".join(f"{b:>8}" for b in args.budgets))
         for row in (RAW, *args.lifts):
             label = "turns as said" if row == RAW else f"grounded, lift {row}"
-            print(f"{label:<24}" + "".join(f"{100 * hits[(row, b)] / max(asked, 1):>8.1f}" for b in args.budgets))
+            values = [100 * hits[(row, b)] / max(asked, 1) for b in args.budgets]
+            for b, v in zip(args.budgets, values, strict=True):
+                check.number(f"{split} {label} @{b}", v)
+            print(f"{label:<24}" + "".join(f"{v:>8.1f}" for v in values))
     print(f"\nrun time {time.perf_counter() - start:.1f} s")
+    return check.verdict() if args.smoke else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -30,6 +30,7 @@ BENCHES = [
     ("recall.py", True, "recall latency (ms), 10 queries per path"),
     ("restatement_threshold.py", False, "hashing: held-out pairs at threshold"),
     ("fact_changes.py", False, "fact-change invalidation, rules model"),
+    ("temporal_grounding.py", True, "tuning split (conv-26): "),
 ]
 
 

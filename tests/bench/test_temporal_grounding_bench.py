@@ -23,6 +23,6 @@ def test_when_recall_on_a_slice(capsys: pytest.CaptureFixture[str]) -> None:
         assert hits[(row, 500)] <= hits[(row, 2000)] <= asked
     # grounding only adds tokens: at a budget, the grounded lift-0 context holds no more turns
     assert hits[(0, 500)] <= hits[(tg.RAW, 500)]
-    tg.main(["--samples", "conv-26", "--sessions", "3", "--lifts", "0", "5", "--budgets", "500"])
+    assert tg.main(["--samples", "conv-26", "--sessions", "3", "--lifts", "0", "5", "--budgets", "500"]) == 0
     out = capsys.readouterr().out
     assert "tuning split (conv-26)" in out and "grounded, lift 5" in out and "run time" in out
