@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from engram.models.rules_llm.entities import _tech_category
@@ -125,8 +126,10 @@ def _context(fact: str, *values: frozenset[str], verbs: bool = False) -> frozens
     return frozenset(s for s in _content_stems(fact) if s not in drop and not s.isdigit())
 
 
-def find_changes(fact: str) -> list[Change]:
-    """The change phrases of ``fact`` (see the module docstring), replacements first."""
+@lru_cache(maxsize=4096)
+def find_changes(fact: str) -> tuple[Change, ...]:
+    """The change phrases of ``fact`` (see the module docstring), replacements first. Cached:
+    graphiti asks about one new fact against each of its candidates."""
     out: list[Change] = []
     for rx in _REPLACEMENT_RES:
         for m in rx.finditer(fact):
@@ -142,7 +145,7 @@ def find_changes(fact: str) -> list[Change]:
     for clause in _CLAUSE_SPLIT.split(fact):
         if _ENDING.search(clause):
             out.append(Change("ending", frozenset(), frozenset(), _context(clause, verbs=True)))
-    return out
+    return tuple(out)
 
 
 def _named_values(fact: str) -> set[str]:
