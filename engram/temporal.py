@@ -94,8 +94,9 @@ def _matches(text: str) -> Iterator[re.Match[str]]:
 
 # The sentence a match sits in: future and past cues for "in N days" and "this weekend".
 _FUTURE = re.compile(
-    r"\b(?:will|won't|shall|gonna|going to|plan(?:ning)? to|about to|scheduled|hoping to|hope to|want to|"
-    r"can't wait|looking forward)\b|'ll\b|\b(?:am|are|is|i'm|we're|you're|he's|she's|they're)\s+\w+ing\b",
+    r"\b(?:will|won['’]t|shall|gonna|going to|plan(?:ning)? to|about to|scheduled|hoping to|hope to|want to|"
+    r"can['’]t wait|looking forward)\b|['’]ll\b"
+    r"|\b(?:am|are|is|i['’]m|we['’]re|you['’]re|he['’]s|she['’]s|they['’]re)\s+\w+ing\b",
     re.I,
 )
 _PAST = re.compile(
@@ -103,14 +104,13 @@ _PAST = re.compile(
     r"watched|played|attended|stayed|started|ran|drove|flew|ate|found|loved)\b",
     re.I,
 )
-_IS_BEFORE = re.compile(r"\b(?:is|are|it's|that's|'s|'re)\s+$", re.I)
+_IS_BEFORE = re.compile(r"(?:\b(?:is|are)|['’](?:s|re))\s+$", re.I)
 _SENTENCE_END = re.compile(r"[.!?\n]")
 _AFTER_THE = re.compile(r"\bthe\s+$", re.I)
 _FOLLOWED_BY = re.compile(r"\s+of\b|['’]s\b|\s*\(", re.I)
 _LABEL_AFTER = re.compile(r" \((?:\d{4}-\d{2}-\d{2}|week of |weekend of |[A-Z][a-z]+ \d{4}|[a-z]+ \d{4}|\d{4})")
 _NEXT_CAPITAL = re.compile(r"\s+(?!I\b|I['’])[A-Z]")
 _SENTENCE_START = re.compile(r"(?:^\s*|[.!?:;\n]\s*)$")
-_ISO = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 @dataclass(frozen=True)
