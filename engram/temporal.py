@@ -6,7 +6,7 @@ Shared by the offline rules model (engram/models/rules_llm/dates.py: a fact's ``
 and recall (services/recall/merge.py: a past turn rendered into the prompt section). Pure
 functions, no imports from the rest of engram (the rules package imports this module).
 
-Resolution rules (English only; any other text is left as it is):
+Resolution rules (English, and the common Turkish forms below; any other text is left as it is):
 
 * days: "yesterday", "today", "tonight", "tomorrow", "last night", "this morning", "the day
   before yesterday", "the day after tomorrow";
@@ -24,16 +24,23 @@ Resolution rules (English only; any other text is left as it is):
 * counts: "N days/weeks/months/years ago" -> the reference day minus N units (shown to the
   month for months and years: the speaker is rarely exact); "in N days/weeks/..." only when
   the sentence speaks of the future ("will", "going to", "'ll", "am flying"..., or "X is in 3
-weeks") -- "I read it
-  in 2 days" is a duration, not a date -- and "N days from now" always. "a few" counts as 3,
-  "a couple of" as 2.
+  weeks") -- "I read it in 2 days" is a duration, not a date -- and "N days from now" always.
+  "a few" counts as 3, "a couple of" as 2.
+
+Turkish (seed 004's users; also typed without diacritics where the form is unambiguous:
+"gecen hafta", "2 gun once"): "dün", "bugün", "yarın", "evvelsi gün"; "geçen / gelecek /
+önümüzdeki" + hafta, hafta sonu, ay, yıl/sene, seasons, weekdays (as last/next above); "bu" +
+hafta, hafta sonu, yıl, seasons ("bu ay" is also "this moon", "bu pazar" "this market": not
+taken); "N gün/hafta/ay/yıl önce". A suffixed form ("geçen haftaki", "dünkü") is not taken.
+Labels are the same as for English ("June 2023", :meth:`RelativeDate.label`).
 
 Conservative by design (a wrong date in the context is worse than none): nothing after "the"
 ("the next day", "the last week of June" are relative to the story, not to the message),
 nothing followed by "of" ("last week of June") or by a possessive ("last week's", unclear
 what to annotate), nothing capitalised in mid-sentence ("I Know What You Did Last Summer",
-"USA Today"), no "last/next/this ..." or day word at a sentence start followed by another
-capitalised word other than "I" ("Last Friday Night", "Tomorrow Never Dies"), no bare weekdays ("on Friday", "Friday Night Lights"), no vague amounts ("years ago",
+"USA Today"), no English "last/next/this ..." or day word at a sentence start followed by
+another capitalised word other than "I" ("Last Friday Night", "Tomorrow Never Dies"), no bare
+weekdays ("on Friday", "Friday Night Lights"), no vague amounts ("years ago", "yıllar önce",
 "several weeks ago", "recently", "the other day").
 """
 
@@ -78,7 +85,34 @@ _BRANCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ago": (r"(?P<n>" + _COUNT + r") (?P<unit_ago>" + _UNIT + r") ago", (" ago",)),
     "from": (r"(?P<n_from>" + _COUNT + r") (?P<unit_from>" + _UNIT + r") from (?:now|today)", (" from now", " from today")),
     "in": (r"in (?P<n_in>" + _COUNT + r") (?P<unit_in>" + _UNIT + r")", ("in ",)),
+    # Turkish, also typed without diacritics where the form is unambiguous ("gecen hafta", "2 gun once");
+    # re.IGNORECASE already matches ı/i and I/İ both ways
+    "tr_day": (r"(?P<tr_day>dün|bugün|bugun|yarın|evvelsi gün|evvelki gün)", ("dün", "bugün", "bugun", "yarın", "yarin", "evvel")),
+    "tr_mod": (
+        r"(?P<tr_mod>geçen|gecen|gelecek|önümüzdeki|onumuzdeki|bu) (?P<tr_unit>hafta sonu|haftasonu|hafta|ay|yıl|sene|yaz"
+        r"|kış|kis|ilkbahar|sonbahar|bahar|pazartesi|salı|çarşamba|carsamba|perşembe|persembe|cumartesi|cuma|pazar)",
+        ("geçen ", "gecen ", "gelecek ", "önümüzdeki ", "onumuzdeki ", "bu "),
+    ),
+    "tr_ago": (
+        r"(?P<tr_n>\d{1,3}|birkaç|birkac|bir kaç|bir kac|bir|iki|üç|uc|dört|dort|beş|bes|altı|yedi|sekiz|dokuz|on)"
+        r" (?P<tr_unit_ago>gün|gun|hafta|ay|yıl|sene) (?:önce|once)",
+        (" önce", " once"),
+    ),
 }
+_ASCII_TR = str.maketrans("çğıöşüÇĞIİÖŞÜ", "cgiosuCGIIOSU")
+_TR_MOD = {"gecen": "last", "gelecek": "next", "onumuzdeki": "next", "bu": "this"}
+_TR_UNIT = {"hafta sonu": "weekend", "haftasonu": "weekend", "hafta": "week", "ay": "month", "yil": "year",
+            "sene": "year", "yaz": "summer", "kis": "winter", "ilkbahar": "spring", "bahar": "spring",
+            "sonbahar": "autumn", "pazartesi": "monday", "sali": "tuesday", "carsamba": "wednesday",
+            "persembe": "thursday", "cuma": "friday", "cumartesi": "saturday", "pazar": "sunday"}
+_TR_COUNT = {"bir": 1, "iki": 2, "uc": 3, "dort": 4, "bes": 5, "alti": 6, "yedi": 7, "sekiz": 8, "dokuz": 9,
+             "on": 10, "birkac": 3, "bir kac": 3}
+_TR_UNIT_AGO = {"gun": "day", "hafta": "week", "ay": "month", "yil": "year", "sene": "year"}
+
+
+def _ascii_tr(text: str) -> str:
+    """Lower case without Turkish diacritics (the dictionary keys of the Turkish branches)."""
+    return " ".join(text.translate(_ASCII_TR).lower().replace("\u0307", "").split())
 
 
 @functools.lru_cache(maxsize=64)
@@ -234,7 +268,24 @@ def _period(ref: date, mod: str, unit: str, sentence: str) -> tuple[date, Granul
 
 def _resolve(m: re.Match[str], ref: date, text: str) -> RelativeDate | None:
     sentence = _sentence(text, m.start(), m.end())
-    g = {k: m.groupdict().get(k) for k in ("day", "mod", "unit", "n", "unit_ago", "n_from", "unit_from", "n_in", "unit_in")}
+    g = {k: m.groupdict().get(k) for k in ("day", "mod", "unit", "n", "unit_ago", "n_from", "unit_from", "n_in", "unit_in",
+                                           "tr_day", "tr_mod", "tr_unit", "tr_n", "tr_unit_ago")}
+    if g["tr_day"]:
+        word = _ascii_tr(g["tr_day"])
+        delta = {"dun": -1, "yarin": 1, "evvelsi gun": -2, "evvelki gun": -2}.get(word, 0)
+        return RelativeDate(m.start(), m.end(), ref + timedelta(days=delta), "day")
+    if g["tr_mod"]:
+        mod, unit = _TR_MOD[_ascii_tr(g["tr_mod"])], _TR_UNIT[_ascii_tr(g["tr_unit"])]
+        if mod == "this" and (unit == "month" or unit.endswith("day")):
+            return None  # "bu ay" is also "this moon", "bu pazar" "this market"
+        got = _period(ref, mod, unit, sentence)
+        return RelativeDate(m.start(), m.end(), *got) if got else None
+    if g["tr_n"]:
+        key = _ascii_tr(g["tr_n"])
+        n = int(key) if key.isdigit() else _TR_COUNT.get(key)
+        if n is None or n > 100:
+            return None
+        return RelativeDate(m.start(), m.end(), *_shift(ref, -n, _TR_UNIT_AGO[_ascii_tr(g["tr_unit_ago"])]))
     if g["day"]:
         word = " ".join(g["day"].lower().split())
         delta = {"yesterday": -1, "last night": -1, "the day before yesterday": -2, "tomorrow": 1,
@@ -277,6 +328,7 @@ def _plausible(m: re.Match[str], text: str, *, grounded: bool = False) -> bool:
     if m.group(0)[0].isupper():
         if not _SENTENCE_START.search(before):
             return False  # a title in mid-sentence: "Did Last Summer", "USA Today"
+        # (not for Turkish: "Geçen Cuma Ahmet'le konuştum" drops its subject, names follow freely)
         if (day or m.groupdict().get("mod")) and _NEXT_CAPITAL.match(after):
             return False  # "Last Friday Night", "Yesterday Once More" (not "Two weeks ago Calvin")
     return True

@@ -7,8 +7,8 @@ day it was said ("last Friday" -> "last Friday (2023-05-05)", :func:`engram.temp
 :func:`is_when_question` says the query asks for a time; everything else keeps its order.
 
 Not wired into the search yet: the strength (``lift``) is to be chosen on the bench's tuning
-split by whoever wires it (services/recall/search.py). English questions only; a question in
-another language is never treated as a "when" question (the ranking stays as it is).
+split by whoever wires it (services/recall/search.py). English and Turkish questions; a question
+in another language is never treated as a "when" question (the ranking stays as it is).
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ _WHEN = re.compile(
     r"|\bhow long ago\b|\bsince when\b|\bon what (?:date|day)\b|\bin what (?:year|month)\b"
     # durations: answered from the dates of the start and the end
     r"|\bhow long (?:has|have|had|did|since)\b"
-    r"|\bhow many (?:years|months|weeks|days) (?:passed|ago|since|between|after|before|have|has|had|did)\b",
+    r"|\bhow many (?:years|months|weeks|days) (?:passed|ago|since|between|after|before|have|has|had|did)\b"
+    # Turkish (also without diacritics): "ne zaman", "hangi yıl/ay/gün/tarih", "kaç yıl önce",
+    # "ne kadar zamandır/süredir/önce"
+    r"|\bne zaman\b|\bhangi (?:yıl|yil|sene|ay|gün|gun|tarih)|\bkaç (?:yıl|yil|sene|ay|hafta|gün|gun) (?:önce|once)\b"
+    r"|\bkac (?:yil|sene|ay|hafta|gun) once\b|\bne kadar (?:zamandır|zamandir|süredir|suredir|önce|once)\b",
     re.I,
 )
 # "When I asked you about X, what did you say?" is not about a time: a "when" clause

@@ -6,7 +6,8 @@ in :mod:`engram.temporal`, shared with recall (which grounds past turns with it)
 ("last month", "last summer") gives its first day as ``valid_at``.
 
 Limits: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X",
-years alone only after "in/since/...", English relative expressions only.
+years alone only after "in/since/...", relative expressions in English and common Turkish forms
+only.
 """
 
 from __future__ import annotations

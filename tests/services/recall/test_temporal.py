@@ -61,9 +61,14 @@ def test_fit_budget_counts_the_grounded_line() -> None:
     assert fit_budget(items, tight, count) == ([], "")
 
 
-def test_turkish_turns_are_rendered_unchanged() -> None:
+def test_turkish_turns_are_grounded_and_otherwise_unchanged() -> None:
     text = "user (Ayşe): Geçen Cuma arabamla kaza yaptım; dün de İzmir'e gittim, 2 gün önce döndüm."
-    assert render_line(episode("e1", text)) == f"- [session] {text} (said 2023-05-12)\n"
+    assert render_line(episode("e1", text)) == (
+        "- [session] user (Ayşe): Geçen Cuma (2023-05-05) arabamla kaza yaptım; dün (2023-05-11) de İzmir'e "
+        "gittim, 2 gün önce (2023-05-10) döndüm. (said 2023-05-12)\n"
+    )
+    plain = "user (Ayşe): Yanımızdan geçen araba çok hızlıydı, her şeyden önce dünya çok güzel."
+    assert render_line(episode("e2", plain)) == f"- [session] {plain} (said 2023-05-12)\n"
 
 
 # --------------------------------------------------------------------------- "when" questions
@@ -73,10 +78,11 @@ def test_when_questions() -> None:
               "In what month did they adopt the puppy?", "Which day is the wedding?",
               "Since when has Alice worked at Acme?", "So when was the concert?",
               "How long has Melanie been practicing art?", "How many months passed between Andrew adopting Toby and Buddy?",
-              "How long did it take for Joanna to finish writing her book?"):
+              "How long did it take for Joanna to finish writing her book?", "Calvin ne zaman kaza yaptı?",
+              "Ayse hangi yil tasindi?", "Kaç yıl önce evlendiler?", "Ne kadar zamandır resim yapıyor?"):
         assert is_when_question(q), q
     for q in ("What did Calvin buy?", "Where does Alice work?", "When I asked about Postgres, what did you say?",
-              "Who went to the beach?", "What is the weather like?", "Calvin ne zaman kaza yaptı?", "",
+              "Who went to the beach?", "What is the weather like?", "Calvin ne aldı?", "",
               "How long is the Golden Gate Bridge?", "How many dogs does Audrey have?", "What may 2000 people do?",
               "How long does Audrey walk her dogs?", "What movie did Joanna watch on 1 May, 2022?"):
         assert not is_when_question(q), q
