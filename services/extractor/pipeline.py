@@ -32,7 +32,8 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    itself (:mod:`services.extractor.restatement`; ``engram_extractor_invalidations_total``);
 6. NO ``extract_attributes_from_nodes``: no summaries, no attribute extraction;
 7. embeddings: ``create_entity_node_embeddings`` for new nodes (edges are embedded by
-   resolve_extracted_edges; any edge still without a vector is embedded here);
+   resolve_extracted_edges; any edge still without a vector is embedded here), and the turn's
+   own text (``engram_embedding`` on the Episodic node: recall's dense search over past turns);
 8. save with ``build_episodic_edges`` + ``add_nodes_and_edges_bulk`` in two steps -- new
    entity nodes and all touched entity edges first, then the EpisodicNode and its MENTIONS
    edges -- so the episode node, the idempotency marker, is written only after its facts.
@@ -265,13 +266,36 @@ async def find_episode(clients: GraphitiClients, episode_id: str, group_id: str 
 MESSAGE_IDS_PROPERTY = "engram_message_ids"
 
 
-async def record_message_ids(driver: Any, episode: Episode) -> None:
-    """Store the episode's source message ids on its Episodic node (recall's provenance).
+EMBEDDING_PROPERTY = "engram_embedding"
 
-    graphiti's EpisodicNode has no field for them, so a plain property; idempotent."""
+
+async def embed_episode(embedder: Any, episode: Episode) -> list[float] | None:
+    """The embedding of the turn's text, as stored text (an e5 model's ``passage:`` side), for
+    recall's dense half over past turns. None when the embedder fails: the turn is still stored
+    and found by BM25; a redelivery or a later re-extraction writes the vector."""
+    try:
+        vector = await embedder.create([episode.content])
+    except Exception as exc:  # noqa: BLE001 - a missing vector must not lose the turn
+        log.warning("episode embedding failed (%s); the turn is stored without one", type(exc).__name__)
+        return None
+    return [float(x) for x in vector] if vector else None
+
+
+async def record_message_ids(driver: Any, episode: Episode, vector: list[float] | None = None) -> None:
+    """Store the episode's source message ids (recall's provenance) and, when given, the turn's
+    embedding (recall's dense search over past turns) on its Episodic node.
+
+    graphiti's EpisodicNode has neither field, so plain properties (FalkorDB: a vecf32, 4 bytes
+    a dimension); idempotent."""
+    vector_set = ""
+    if vector:
+        is_falkor = getattr(driver, "provider", None) == GraphProvider.FALKORDB
+        vector_set = f", e.{EMBEDDING_PROPERTY} = " + ("vecf32($vector)" if is_falkor else "$vector")
     await driver.execute_query(
-        f"MATCH (e:Episodic {{uuid: $uuid}}) WHERE e.group_id = $group_id SET e.{MESSAGE_IDS_PROPERTY} = $ids",
+        f"MATCH (e:Episodic {{uuid: $uuid}}) WHERE e.group_id = $group_id SET e.{MESSAGE_IDS_PROPERTY} = $ids"
+        + vector_set,
         uuid=episode.episode_id, group_id=episode.group_id, ids=[m.message_id for m in episode.messages],
+        vector=vector,
     )
 
 
@@ -585,7 +609,8 @@ async def extract_episode(
     timings["lookup_ms"] = _ms(start)
     if stored is not None:
         log.info("episode already in the graph; skipping extraction")
-        await record_message_ids(clients.driver, episode)  # a crash may have come before it
+        # a crash may have come before these were written
+        await record_message_ids(clients.driver, episode, await embed_episode(clients.embedder, episode))
         timings["total_ms"] = _ms(total)
         return ExtractionResult(
             episode_id=episode.episode_id, group_id=episode.group_id, already_present=True, episode=stored, timings=timings
@@ -640,6 +665,7 @@ async def extract_episode(
     start = perf_counter()
     await create_entity_node_embeddings(run.embedder, [n for n in new_nodes if n.name_embedding is None])
     await create_entity_edge_embeddings(run.embedder, [e for e in entity_edges if e.fact_embedding is None])
+    episode_vector = await embed_episode(run.embedder, episode)
     timings["embed_ms"] = _ms(start)
 
     start = perf_counter()
@@ -649,7 +675,7 @@ async def extract_episode(
     # Facts first, the episode (the idempotency marker) last; existing nodes are not re-written.
     await add_nodes_and_edges_bulk(run.driver, [], [], new_nodes, entity_edges, run.embedder)
     await add_nodes_and_edges_bulk(run.driver, [episode_node], episodic_edges, [], [], run.embedder)
-    await record_message_ids(run.driver, episode)
+    await record_message_ids(run.driver, episode, episode_vector)
     timings["save_ms"] = _ms(start)
     timings["total_ms"] = _ms(total)
 

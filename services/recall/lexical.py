@@ -1,4 +1,12 @@
-"""BM25 (``bm25s``) over a group's episodes (past turns), kept in memory by the recall service.
+"""BM25 (``bm25s``) and turn vectors over a group's episodes (past turns), kept in memory by the
+recall service.
+
+Dense half (issue 11): the extractor stores each turn's embedding on its Episodic node
+(``engram_embedding``); the index keeps them as float32 unit vectors next to the text and ranks by
+cosine to the question's vector (a matrix product: ~1 ms at 10k turns). ``hybrid`` fuses the BM25
+and cosine rankings by reciprocal rank, as the best flat retriever bench/recall_quality.py
+measured. Turns without a vector, or with one of another size (another embedder), are found by
+BM25 only. Vectors count against the memory bound (1.5 KB a turn at 384 dimensions).
 
 Why not the graph's fulltext index: FalkorDB ranks it with TF-IDF over an OR of the query words,
 and bench/recall_quality.py measured LoCoMo evidence recall@10 at 60.6% with it against 69.8%
@@ -67,12 +75,15 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge
 
 from engram.graph import query_rows
+from services.extractor.pipeline import EMBEDDING_PROPERTY
 
 _WORD = re.compile(r"\w+")
 K1, B = 1.5, 0.75
 DEFAULT_LANGUAGE = "english"
 MIN_LANGUAGE_VOTES = 2.0  # below this a group is English: a turn or two of "de"/"on" proves nothing
 DEFAULT_MAX_GROUPS = 1024
+RRF_K = 60  # reciprocal-rank constant of the BM25 + dense fusion (the usual 60; not tuned)
+CANDIDATES_PER_K = 3  # each ranking's depth in the fusion, per result asked for
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~12x that besides the text (LoCoMo turns, 10k)
 # One string, not a list: the Python client parses every list element on its own (measured at
 # 10k episodes: 8.0 ms p50 / 56 ms p95 for the list, 3.2 / 4.5 ms joined; a count was 0.9 / 1.1).
@@ -80,7 +91,10 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~12x that besid
 UUID_SEPARATOR = "\x1f"
 Q_UUIDS_JOINED = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN string.join(collect(e.uuid), $sep) AS uuids"
 Q_UUIDS = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN collect(e.uuid) AS uuids"  # Neo4j: no string.join
-_FIELDS = "e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at"
+_FIELDS = (
+    "e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at, "
+    f"e.{EMBEDDING_PROPERTY} AS vector"
+)
 Q_EPISODES = f"MATCH (e:Episodic) WHERE e.group_id = $g RETURN {_FIELDS} ORDER BY e.created_at, e.uuid"
 Q_EPISODES_IN = (
     f"MATCH (e:Episodic) WHERE e.group_id = $g AND e.uuid IN $uuids RETURN {_FIELDS} ORDER BY e.created_at, e.uuid"
@@ -92,7 +106,8 @@ EVICTIONS = PromCounter(
     "too_large: one group's text alone exceeds ENGRAM_RECALL_LEXICAL_MAX_BYTES, built per request).",
     ["reason"],
 )
-INDEXED_BYTES = Gauge("engram_recall_lexical_indexed_bytes", "Episode text (UTF-8 bytes) held in BM25 indexes.")
+INDEXED_BYTES = Gauge("engram_recall_lexical_indexed_bytes",
+                      "Episode text (UTF-8 bytes) and turn vectors (float32 bytes) held in recall's episode indexes.")
 
 
 def _fold(word: str) -> str:
@@ -228,20 +243,32 @@ class BM25(bm25s.BM25):
         return {"data": data.astype(dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
 
 
+def unit_vector(values: Any) -> np.ndarray | None:
+    """``values`` as a float32 unit vector; None when absent, empty or all zeros."""
+    if values is None:
+        return None
+    vector = np.asarray(values, dtype=np.float32).ravel()
+    norm = float(np.linalg.norm(vector)) if vector.size else 0.0
+    return vector / norm if norm > 0 and np.isfinite(norm) else None
+
+
 @dataclass(eq=False)
 class Doc:
     uuid: str
     content: str
     valid_at: Any = None
     created_at: Any = None
-    text_bytes: int = 0
+    held_bytes: int = 0  # UTF-8 text + float32 vector: what the memory bound counts
     votes: Counter[str] = field(default_factory=Counter)  # stopword votes per language
+    vector: np.ndarray | None = None  # the turn's embedding (unit length), None when it has none
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> Doc:
         content = row.get("content") or ""
-        return cls(row["uuid"], content, row.get("valid_at"), row.get("created_at"),
-                   len(content.encode("utf-8", "surrogatepass")), language_votes(content))
+        vector = unit_vector(row.get("vector"))
+        held = len(content.encode("utf-8", "surrogatepass")) + (vector.nbytes if vector is not None else 0)
+        return cls(row["uuid"], content, row.get("valid_at"), row.get("created_at"), held,
+                   language_votes(content), vector)
 
 
 @dataclass
@@ -256,13 +283,16 @@ class EpisodeIndex:
     docs: list[Doc | None] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)  # uuid -> doc index, live documents only
     votes: Counter[str] = field(default_factory=Counter)  # stopword votes of the live documents
-    text_bytes: int = 0
+    held_bytes: int = 0
     listing: Listing | None = None  # the graph's uuid listing this index was last found equal to
     terms: list[np.ndarray | None] = field(default_factory=list)  # term ids per doc, None to compute
     vocab: dict[str, int] = field(default_factory=dict)  # stem -> term id, for ``terms_language``
     terms_language: str = DEFAULT_LANGUAGE
     bm25: BM25 | None = None  # over ``live``; None after a change
     live: list[Doc] = field(default_factory=list)  # the documents in bm25s row order
+    vectors: np.ndarray | None = None  # unit turn vectors of ``with_vectors``, one row each; None after a change
+    with_vectors: list[Doc] = field(default_factory=list)
+    successor: dict[str, Doc] | None = None  # uuid -> the turn after it in time; None after a change
 
     @classmethod
     def of(cls, docs: list[Doc]) -> EpisodeIndex:
@@ -290,8 +320,8 @@ class EpisodeIndex:
         self.docs.append(doc)
         self.terms.append(None)
         self.votes.update(doc.votes)
-        self.text_bytes += doc.text_bytes
-        self.bm25 = None
+        self.held_bytes += doc.held_bytes
+        self.bm25 = self.vectors = self.successor = None
 
     def remove(self, uuid: str) -> None:
         at = self.positions.pop(uuid)
@@ -299,8 +329,8 @@ class EpisodeIndex:
         assert doc is not None
         self.votes.subtract(doc.votes)
         self.votes = +self.votes  # drop languages at zero (and float dust below it)
-        self.text_bytes -= doc.text_bytes
-        self.bm25 = None
+        self.held_bytes -= doc.held_bytes
+        self.bm25 = self.vectors = self.successor = None
 
     def compacted(self) -> EpisodeIndex:
         """This index, or a fresh build of its live documents once half of ``docs`` are holes."""
@@ -346,6 +376,52 @@ class EpisodeIndex:
         hits = hits[np.lexsort((hits, -scores[hits]))]  # by score, ties in insertion order
         return [(self.live[i], float(scores[i])) for i in hits]
 
+    def nearest(self, vector: Any, k: int) -> list[tuple[Doc, float]]:
+        """Top ``k`` episodes by cosine similarity of their turn vector to ``vector``, best first.
+        Turns without a vector, or with one of another dimension (written by another embedder),
+        are left out: BM25 still finds them."""
+        query = unit_vector(vector)
+        if query is None or not self.positions or k <= 0:
+            return []
+        if self.vectors is None or self.vectors.shape[1] != query.size:
+            self.with_vectors = [d for d in self.docs if d is not None and d.vector is not None
+                                 and d.vector.size == query.size]
+            self.vectors = (np.stack([d.vector for d in self.with_vectors]) if self.with_vectors
+                            else np.empty((0, query.size), np.float32))
+        if not self.with_vectors:
+            return []
+        scores = self.vectors @ query
+        top = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
+        top = top[np.lexsort((top, -scores[top]))]
+        return [(self.with_vectors[i], float(scores[i])) for i in top]
+
+    def following(self, uuid: str) -> Doc | None:
+        """The group's next turn after ``uuid`` in time (``valid_at``, then ``created_at``), None
+        for the last one or an unknown uuid: where a conversation continues after a matched turn."""
+        if self.successor is None:
+            ordered = sorted((d for d in self.docs if d is not None),
+                             key=lambda d: (str(d.valid_at or ""), str(d.created_at or ""), d.uuid))
+            self.successor = {a.uuid: b for a, b in zip(ordered, ordered[1:])}
+        return self.successor.get(uuid)
+
+    def hybrid(self, query: str, vector: Any, k: int, rrf_k: int = RRF_K) -> list[tuple[Doc, float]]:
+        """BM25 and dense rankings fused by reciprocal rank (equal weights, rank constant
+        ``rrf_k``), best ``k`` first -- the flat retriever bench/recall_quality.py measured best.
+        Each side contributes its ``CANDIDATES_PER_K`` x ``k`` best; without a vector, BM25 alone."""
+        depth = max(k * CANDIDATES_PER_K, k)
+        lexical = self.search(query, depth)
+        dense = self.nearest(vector, depth) if vector is not None else []
+        if not dense:
+            return lexical[:k]
+        fused: dict[str, float] = {}
+        by_uuid: dict[str, Doc] = {}
+        for ranking in (lexical, dense):
+            for rank, (doc, _) in enumerate(ranking):
+                fused[doc.uuid] = fused.get(doc.uuid, 0.0) + 1.0 / (rrf_k + rank + 1)
+                by_uuid[doc.uuid] = doc
+        best = sorted(fused, key=lambda u: -fused[u])[:k]  # stable: ties keep BM25's order
+        return [(by_uuid[u], fused[u]) for u in best]
+
 
 class LexicalEpisodes:
     """BM25 indexes of the groups this recall replica searched most recently (bounded LRU)."""
@@ -365,8 +441,8 @@ class LexicalEpisodes:
     def _drop(self, group_id: str, reason: str | None) -> None:
         index = self.indexes.pop(group_id, None)
         if index is not None:
-            self.indexed_bytes -= index.text_bytes
-            INDEXED_BYTES.dec(index.text_bytes)
+            self.indexed_bytes -= index.held_bytes
+            INDEXED_BYTES.dec(index.held_bytes)
             if reason:
                 EVICTIONS.labels(reason=reason).inc()
 
@@ -374,12 +450,12 @@ class LexicalEpisodes:
         """Store ``index`` as the most recently used, then evict down to the bounds. No await in
         here: the map and the byte count change together."""
         self._drop(group_id, None)
-        if index.text_bytes > self.max_bytes:
+        if index.held_bytes > self.max_bytes:
             EVICTIONS.labels(reason="too_large").inc()
             return
         self.indexes[group_id] = index
-        self.indexed_bytes += index.text_bytes
-        INDEXED_BYTES.inc(index.text_bytes)
+        self.indexed_bytes += index.held_bytes
+        INDEXED_BYTES.inc(index.held_bytes)
         while len(self.indexes) > self.max_groups:
             self._drop(next(iter(self.indexes)), "groups")
         while self.indexed_bytes > self.max_bytes:
@@ -421,6 +497,23 @@ class LexicalEpisodes:
             self._keep(group_id, index)
             return index
 
-    async def search(self, driver: Any, group_id: str, query: str, k: int) -> list[tuple[Doc, float]]:
+    async def search(self, driver: Any, group_id: str, query: str, k: int,
+                     vector: Any = None, followers: int = 0) -> list[tuple[Doc, float]]:
+        """The group's best ``k`` past turns for ``query``: BM25 fused with the turn vectors'
+        cosine to ``vector`` when given (:meth:`EpisodeIndex.hybrid`), else BM25 alone. The first
+        ``followers`` turns each bring the turn that follows them right after them (when not
+        already returned), with the score of the turn they follow: an answer often continues in
+        the next exchange."""
         index = await self._current(driver, group_id)
-        return index.search(query, k)
+        hits = index.hybrid(query, vector, k) if vector is not None else index.search(query, k)
+        if followers <= 0:
+            return hits
+        seen = {doc.uuid for doc, _ in hits}
+        out: list[tuple[Doc, float]] = []
+        for rank, (doc, score) in enumerate(hits):
+            out.append((doc, score))
+            after = index.following(doc.uuid) if rank < followers else None
+            if after is not None and after.uuid not in seen:
+                seen.add(after.uuid)
+                out.append((after, score))
+        return out[:k]

@@ -84,11 +84,25 @@ def current_facts_first(items: Sequence[RecallItem], now: datetime | None = None
     return [next(ordered) if i.kind == "fact" else i for i in items]
 
 
+def drop_covered_facts(items: Sequence[RecallItem]) -> list[RecallItem]:
+    """``items`` without the facts whose every source turn is already an item ranked above them:
+    the turn says what the fact says, and the fact's line would take budget a further turn needs."""
+    shown: set[str] = set()
+    out: list[RecallItem] = []
+    for item in items:
+        if item.kind == "episode":
+            shown.add(item.uuid)
+        elif item.provenance and all(p.episode_id in shown for p in item.provenance):
+            continue
+        out.append(item)
+    return out
+
+
+# Short on purpose: every token here is one a remembered turn cannot use (at a 500-token budget
+# the longer header and a scope tag on every line cost ~3 points of evidence recall on LoCoMo).
 HEADER = (
     "<graphiti_memory>\n"
-    "Facts and past exchanges remembered from earlier conversations, most relevant first. They may "
-    "be stale or superseded: what the user says now wins. Dates say when a fact was true or when "
-    "an exchange happened.\n"
+    "Remembered facts and past exchanges, most relevant first; they may be stale: what the user says now wins.\n"
 )
 FOOTER = "</graphiti_memory>"
 
@@ -104,8 +118,8 @@ def _date(item: RecallItem, now: datetime | None = None) -> str:
     return f" ({since})" if since else ""
 
 
-def render_line(item: RecallItem, now: datetime | None = None) -> str:
-    scope = f"[{item.scope}] " if item.scope else ""
+def render_line(item: RecallItem, now: datetime | None = None, show_scope: bool = True) -> str:
+    scope = f"[{item.scope}] " if item.scope and show_scope else ""
     text = item.fact.strip()
     if item.kind == "episode":
         # a past turn's "last Friday" is written out against the day it was said (valid_at)
@@ -115,12 +129,14 @@ def render_line(item: RecallItem, now: datetime | None = None) -> str:
 
 def fit_budget(items: Sequence[RecallItem], token_budget: int, count_tokens: Callable[[str], int]) -> tuple[list[RecallItem], str]:
     """The longest prefix of ``items`` whose rendered section fits ``token_budget`` tokens, and
-    that section ("" when not even one item fits)."""
+    that section ("" when not even one item fits). Lines name their scope only when the items
+    come from more than one."""
+    show_scope = len({item.scope for item in items}) > 1
     used = count_tokens(HEADER) + count_tokens(FOOTER)
     kept: list[RecallItem] = []
     lines: list[str] = []
     for item in items:
-        line = render_line(item)
+        line = render_line(item, show_scope=show_scope)
         cost = count_tokens(line)
         if used + cost > token_budget:
             break

@@ -83,11 +83,14 @@ async def search_group(
     episode_weight: float = 1.0,
     episodes: bool = True,
     episode_chars: int = EPISODE_CHARS,
+    dense_episodes: bool = False,
+    followers: int = 0,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
-    Past turns come from ``lexical`` (BM25 kept by the recall service) when given, else from the
-    graph's episode fulltext index."""
+    Past turns come from ``lexical`` (BM25 kept by the recall service, fused with the turn
+    vectors' cosine to ``query_vector`` when ``dense_episodes``) when given, else from the graph's
+    episode fulltext index."""
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
 
@@ -103,7 +106,9 @@ async def search_group(
         return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit]
 
     if episodes and lexical is not None:
-        (edges, scores, _), hits = await asyncio.gather(facts(), lexical.search(clients.driver, group_id, query, limit))
+        (edges, scores, _), hits = await asyncio.gather(facts(), lexical.search(
+            clients.driver, group_id, query, limit, vector=query_vector if dense_episodes else None,
+            followers=followers))
         turns_found = [_Turn(d.uuid, d.content, d.valid_at, d.created_at) for d, _ in hits]
     else:
         edges, scores, graph_episodes = await facts()

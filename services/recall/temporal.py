@@ -6,8 +6,8 @@ day it was said ("last Friday" -> "last Friday (2023-05-05)", :func:`engram.temp
 :func:`prefer_dated` moves such items up a bounded number of places when
 :func:`is_when_question` says the query asks for a time; everything else keeps its order.
 
-Not wired into the search yet: the strength (``lift``) is to be chosen on the bench's tuning
-split by whoever wires it (services/recall/search.py). English and Turkish questions; a question
+Recall applies it to the merged items (``ENGRAM_RECALL_WHEN_LIFT``, services/recall/app.py; its
+value chosen on bench/recall_quality.py's tuning split). English and Turkish questions; a question
 in another language is never treated as a "when" question (the ranking stays as it is).
 """
 

@@ -36,6 +36,53 @@ def test_bm25_ranks_rare_terms_and_ignores_stopwords() -> None:
     assert index.search("zebra", 3) == []
 
 
+def vdoc(i: int, text: str, vector: list[float] | None) -> Doc:
+    return Doc.of({"uuid": f"d{i}", "content": text, "vector": vector})
+
+
+def test_nearest_ranks_by_cosine_and_skips_turns_without_a_usable_vector() -> None:
+    index = EpisodeIndex.of([
+        vdoc(0, "we adopted a puppy", [1.0, 0.0, 0.0]),
+        vdoc(1, "the dog chewed my shoes", [0.9, 0.1, 0.0]),
+        vdoc(2, "tax forms are due", [0.0, 0.0, 1.0]),
+        vdoc(3, "no vector stored yet", None),
+        vdoc(4, "written by another embedder", [1.0, 0.0]),  # other dimension
+        vdoc(5, "all zeros", [0.0, 0.0, 0.0]),
+    ])
+    assert [d.uuid for d, _ in index.nearest([2.0, 0.1, 0.0], 10)] == ["d0", "d1", "d2"]
+    assert [d.uuid for d, _ in index.nearest([0.0, 0.0, 1.0], 1)] == ["d2"]
+    assert index.nearest(None, 3) == [] and index.nearest([0.0, 0.0, 0.0], 3) == []
+    # the vector counts against the memory bound: 3 float32s = 12 bytes besides the text
+    assert index.docs[0].held_bytes == len(b"we adopted a puppy") + 12
+    assert index.docs[3].held_bytes == len(b"no vector stored yet")
+    # a change drops the cached matrix: a removed turn is never returned, an added one is
+    index.remove("d0")
+    index.add(vdoc(6, "kitten", [0.0, 1.0, 0.0]))
+    assert [d.uuid for d, _ in index.nearest([0.1, 1.0, 0.0], 2)] == ["d6", "d1"]
+
+
+def test_hybrid_finds_a_turn_sharing_no_word_with_the_question() -> None:
+    """The reason for the dense half: "dog" never meets "puppy" in BM25."""
+    index = EpisodeIndex.of([
+        vdoc(0, "we adopted a puppy last week", [1.0, 0.0, 0.0]),
+        vdoc(1, "my dog food order arrived", [0.2, 0.0, 1.0]),
+        vdoc(2, "tax forms are due", [0.0, 1.0, 0.0]),
+    ])
+    question, vector = "When did they get the dog?", [1.0, 0.0, 0.1]
+    assert [d.uuid for d, _ in index.search(question, 3)] == ["d1"]
+    hybrid = [d.uuid for d, _ in index.hybrid(question, vector, 3)]
+    assert hybrid[:2] == ["d1", "d0"] or hybrid[:2] == ["d0", "d1"]
+    assert "d0" in hybrid and len(hybrid) == 3
+    # reciprocal rank, equal weights: first in both rankings beats first in one
+    both = EpisodeIndex.of([vdoc(0, "hiking trail", [1.0, 0.0]), vdoc(1, "hiking", [0.0, 1.0]),
+                            vdoc(2, "kayak", [0.9, 0.1])])
+    assert [d.uuid for d, _ in both.search("hiking trail", 3)] == ["d0", "d1"]
+    assert [d.uuid for d, _ in both.nearest([1.0, 0.0], 3)] == ["d0", "d2", "d1"]
+    # d0 first in both; d1 second + third beats d2 second in one ranking only
+    assert [d.uuid for d, _ in both.hybrid("hiking trail", [1.0, 0.0], 3)] == ["d0", "d1", "d2"]
+    assert [d.uuid for d, _ in index.hybrid(question, None, 3)] == ["d1"]  # no vector: BM25 alone
+
+
 def test_removed_documents_score_as_if_never_added() -> None:
     texts = ["nginx on staging", "nginx crashed again", "postgres backups", "nginx and postgres", "redis"]
     index = EpisodeIndex.of([doc(i, t) for i, t in enumerate(texts)])
@@ -49,7 +96,7 @@ def test_removed_documents_score_as_if_never_added() -> None:
     index.remove("d2")
     compact = index.compacted()
     assert compact is not index and [d.uuid for d in compact.docs] == ["d3", "d4"]
-    assert compact.text_bytes == index.text_bytes and compact.total_length == index.total_length
+    assert compact.held_bytes == index.held_bytes and compact.total_length == index.total_length
 
 
 async def test_index_follows_the_graph(falkordb_server) -> None:  # noqa: ANN001

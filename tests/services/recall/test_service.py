@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engram.models.factory import EmbedderSettings, build_embedder
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
 from schemas import RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
@@ -40,6 +41,11 @@ CONVERSATION_B = [
 
 
 async def ask(nc: nats.NATS, request: RecallRequest | bytes, timeout: float = 10.0) -> RecallResponse:
+    """Ask recall over NATS. A request that sets no ``timeout_ms`` gets 5 s instead of the 500 ms
+    default: these tests check what recall answers, not how fast (bench/recall.py does), and a
+    group's first recall on a loaded 2-core CI machine can take longer than 500 ms."""
+    if isinstance(request, RecallRequest) and "timeout_ms" not in request.model_fields_set:
+        request = request.model_copy(update={"timeout_ms": 5000})
     body = request if isinstance(request, bytes) else request.model_dump_json().encode()
     reply = await nc.request(subjects.RECALL, body, timeout=timeout)
     return RecallResponse.model_validate_json(reply.data)
@@ -51,10 +57,14 @@ async def _idle(js, stream: str) -> bool:  # noqa: ANN001
 
 
 @contextlib.asynccontextmanager
-async def stack(nats_url: str, graph_url: str, tmp_path: Path) -> AsyncIterator[tuple]:
+async def stack(nats_url: str, graph_url: str, tmp_path: Path,
+                embedder: EmbedderSettings | None = None) -> AsyncIterator[tuple]:
+    """turn-detector, extractor (rules model) and recall; ``embedder`` for both extractor and
+    recall when given, else the configured one (the suite's: hashing)."""
     settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp_path, partitions=2,
                               group_prefix=f"t{uuid.uuid4().hex[:8]}", turn=TurnDetectorSettings(idle_timeout_s=3600))
-    apps = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient()), rc_app.build(settings)]
+    apps = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=embedder),
+            rc_app.build(settings, embedder=build_embedder(embedder) if embedder else None)]
     for app in apps:
         await app.start()
     nc = await nats.connect(nats_url)
@@ -91,8 +101,12 @@ async def test_recall_returns_session_facts_with_provenance(clean_nats, falkordb
         assert response.prompt_section.startswith("<graphiti_memory>") and "FastAPI" in response.prompt_section
         for item in response.items:
             assert item.provenance and all(set(p.message_ids) <= set(ids) and p.message_ids for p in item.provenance)
-        # past turns come back too (kind=episode), unless only facts are asked for
-        assert {i.kind for i in response.items} == {"fact", "episode"}
+        # past turns come back too (kind=episode), unless only facts are asked for; a fact whose
+        # turns are all shown above it is left out (drop_covered_facts)
+        assert "episode" in {i.kind for i in response.items}
+        for at, item in enumerate(response.items):
+            above = {i.uuid for i in response.items[:at] if i.kind == "episode"}
+            assert item.kind == "episode" or not {p.episode_id for p in item.provenance} <= above
         facts_only = await ask(nc, RecallRequest(query="Which web framework does the billing API use?",
                                                  scopes=RecallScopes(session="recall-a"), include_episodes=False))
         assert facts_only.items and all(i.kind == "fact" for i in facts_only.items)
