@@ -90,6 +90,11 @@ class RecallSettings(BaseSettings):
         description="The best N past turns each bring the turn that follows them (an answer often continues "
         "in the next exchange); 0: none.",
     )
+    facts: bool = Field(
+        True,
+        description="Return facts; false: past turns only (the graph's facts left out: bench/recall_quality.py's "
+        "ablation row).",
+    )
     when_lift: int = Field(
         DEFAULT_LIFT, ge=0, le=100,
         description="For a question asking when, items that carry a date move up at most this many places "
@@ -188,6 +193,8 @@ class Recall:
             *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
               for scope, group in groups)
         )
+        if not self.options.facts:
+            per_group = [[i for i in items if i.kind != "fact"] for items in per_group]
         items = merge(per_group, request.max_facts)
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:

@@ -179,3 +179,16 @@ async def test_recall_fails_open_on_a_stalled_graph_and_bad_requests(clean_nats,
     finally:
         await nc.close()
         await app.stop()
+
+
+async def test_recall_without_facts_returns_past_turns_only(clean_nats, falkordb_server, tmp_path,  # noqa: ANN001
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENGRAM_RECALL_FACTS=false: the ablation bench/recall_quality.py measures the graph's facts with."""
+    monkeypatch.setenv("ENGRAM_RECALL_FACTS", "false")
+    monkeypatch.setenv("ENGRAM_RECALL_DROP_COVERED_FACTS", "false")  # else facts would rarely be shown anyway
+    async with stack(clean_nats, falkordb_server.url, tmp_path) as (nc, _):
+        await ingest(nc, "recall-nf", CONVERSATION_A)
+        response = await ask(nc, RecallRequest(query="Which web framework does the billing API use?",
+                                                scopes=RecallScopes(session="recall-nf"), max_facts=10))
+        assert response.items and {i.kind for i in response.items} == {"episode"}, response.reason
+        assert any("FastAPI" in i.fact for i in response.items)
