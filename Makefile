@@ -33,26 +33,18 @@ demo: $(CORE_STAMP)
 test: $(STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# Every bench in bench/ (bench/run_all.py lists them), one after another, full sizes: hours on a
+# 2-core machine. Their tables go into ONE file, docs/bench-results.md, with the command, date,
+# commit and machine load; a failing bench is recorded there and fails the run at the end.
+# One or a few: `$(BIN)/python bench/run_all.py --only summary_gate recall`.
 bench: $(STAMP)
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/turn_detector.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/extraction_cost.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/pipeline_overhead.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/scale_out.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/summary_gate.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/summary_guard.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/restatement_threshold.py --embedders hashing
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/fact_changes.py --graph
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall_quality.py
-	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/recall.py
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/run_all.py
 
 # Each bench at its smallest sizes, its output checked (last line "smoke: ok"), not its speed:
-# about 30 s. CI runs the same through tests/bench. LoCoMo: ENGRAM_LOCOMO or ../shared/data/locomo.
+# a few minutes. CI runs the same through tests/bench. LoCoMo: ENGRAM_LOCOMO or ../shared/data/locomo.
+# The tables go to $(VENV)/bench-smoke.md (not docs/: smoke figures are no measurements).
 bench-smoke: $(STAMP)
-	@for b in turn_detector extraction_cost pipeline_overhead scale_out summary_gate summary_guard \
-	          recall_quality recall restatement_threshold embedders fact_changes temporal_grounding; do \
-		echo "== bench/$$b.py --smoke"; \
-		GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/$$b.py --smoke || exit 1; \
-	done
+	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/run_all.py --smoke --out $(VENV)/bench-smoke.md
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.export
