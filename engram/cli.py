@@ -1,9 +1,12 @@
-"""The `engram` command (Typer + Rich). Users' scripts depend on it: keep it stable."""
+"""The `engram` command (Typer + Rich). Users' scripts depend on it: keep it stable.
+
+Every command fails with one line on stderr that says what is wrong and what to do, and a
+non-zero exit; the traceback only with ``--debug`` (engram/cli_support.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from enum import Enum
 from pathlib import Path
@@ -12,20 +15,53 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
+from engram.cli_support import (  # noqa: E402
+    CliError,
+    EngramGroup,
+    error_line,
+    nats_connection,
+    nats_url_or_fail,
+    plain,
+    print_json,
+    print_table,
+    unreachable,
+)
 from engram.settings import EngramSettings  # noqa: E402
 
-app = typer.Typer(help="engram: conversation memory for agents over NATS.", no_args_is_help=True)
-dlq_app = typer.Typer(help="Inspect and replay dead letters.", no_args_is_help=True)
+app = typer.Typer(help="engram: conversation memory for agents over NATS.", no_args_is_help=True, cls=EngramGroup,
+                  pretty_exceptions_show_locals=False)
+dlq_app = typer.Typer(help="Inspect and replay dead letters.", no_args_is_help=True, cls=EngramGroup,
+                      pretty_exceptions_show_locals=False)
 app.add_typer(dlq_app, name="dlq")
 console = Console()
 err = Console(stderr=True)
 
+
+def _data_dir_is_a_directory(value: Optional[Path]) -> Optional[Path]:
+    if value is not None and value.exists() and not value.is_dir():
+        raise typer.BadParameter(f"{value} is a file; give a directory")
+    return value
+
+
 DataDir = Annotated[
-    Optional[Path], typer.Option("--data-dir", help="Where embedded servers keep data (default ~/.local/share/engram).")
+    Optional[Path], typer.Option("--data-dir", help="Where embedded servers keep data (default ~/.local/share/engram).",
+                                 callback=_data_dir_is_a_directory)
 ]
+
+
+def _bad_parameter(exc: Exception, options: dict[str, str]) -> typer.BadParameter:
+    """A pydantic ValidationError as a usage error naming the option (``options``: field -> option)."""
+    first = exc.errors()[0]  # type: ignore[attr-defined]
+    loc = [str(p) for p in first["loc"] if not isinstance(p, int)]
+    option = next((options[k] for k in (".".join(loc), *loc[::-1]) if k in options),
+                  "--" + (loc[-1] if loc else "value").replace("_", "-"))
+    got = first.get("input")
+    shown = f"{got!r}: " if isinstance(got, (str, int, float)) and len(repr(got)) <= 80 else ""
+    return typer.BadParameter(f"{shown}{first['msg']}", param_hint=f"'{option}'")
 
 
 def _settings(data_dir: Path | None = None) -> EngramSettings:
@@ -73,13 +109,13 @@ def up(data_dir: DataDir = None) -> None:
             table.add_row(svc.name, f"{svc.url}/metrics  {svc.url}/healthz")
             if svc.name == "gateway":
                 table.add_row("graphiti REST api", f"{svc.url}  (docs: {svc.url}/docs)")
-        console.print(table)
-        console.print(f"data: {settings.data_dir}   logs: {settings.data_dir / 'logs'}   Ctrl-C to stop")
+        print_table(console, table)
+        plain(console, f"data: {settings.data_dir}   logs: {settings.data_dir / 'logs'}   Ctrl-C to stop")
 
     try:
         code = asyncio.run(run_up(settings, on_ready=ready))
     except RuntimeError as exc:
-        err.print(f"[red]engram up failed:[/red] {exc}")
+        error_line(err, f"engram up failed: {exc}")
         raise typer.Exit(1) from exc
     console.print("engram stopped")
     raise typer.Exit(code)
@@ -93,6 +129,7 @@ def serve(service: Service, data_dir: DataDir = None) -> None:
     from engram.service import configure_logging
 
     settings = _settings(data_dir)
+    nats_url_or_fail(settings)  # no NATS to wait for at all: say so rather than fail inside the service
     configure_logging(settings.log_level)
     module = importlib.import_module(SERVICE_MODULES[service])
     service_app = module.build(settings)
@@ -109,11 +146,27 @@ def status(json_output: Annotated[bool, typer.Option("--json", help="Machine-rea
     """Health of each part, stream and consumer backlog, counts of messages, turns, episodes."""
     from engram.status import collect_status
 
-    result = asyncio.run(collect_status(_settings(data_dir)))
+    settings = _settings(data_dir)
+    result = asyncio.run(collect_status(settings))
+    nats_part = result["parts"].get("nats", {})
+    if not nats_part.get("ok"):
+        # Nothing else can be known without NATS: one line that says why (and JSON for scripts).
+        if json_output:
+            print_json(console, result)
+        try:
+            nats_url_or_fail(settings)
+        except CliError as exc:
+            error_line(err, str(exc))
+            raise typer.Exit(exc.code) from exc
+        error_line(err, unreachable(settings, str(nats_part.get("url")), str(nats_part.get("detail"))))
+        raise typer.Exit(1)
     if json_output:
-        console.print_json(json.dumps(result))
+        print_json(console, result)
     else:
         _print_status(result)
+    if not result.get("ok"):
+        down = [name for name, p in {**result["parts"], **result.get("services", {})}.items() if not p.get("ok")]
+        error_line(err, f"not healthy: {', '.join(down)} (see above; `engram doctor` checks each part)")
     raise typer.Exit(0 if result.get("ok") else 1)
 
 
@@ -122,10 +175,10 @@ def _print_status(result: dict) -> None:
     for col in ("part", "ok", "url / detail"):
         parts.add_column(col)
     for name, p in result["parts"].items():
-        parts.add_row(name, "[green]yes[/]" if p.get("ok") else "[red]no[/]", str(p.get("url") or p.get("detail")))
+        parts.add_row(name, "[green]yes[/]" if p.get("ok") else "[red]no[/]", Text(str(p.get("url") or p.get("detail"))))
     for name, s in result.get("services", {}).items():
-        parts.add_row(name, "[green]yes[/]" if s["ok"] else "[red]no[/]", s["url"])
-    console.print(parts)
+        parts.add_row(name, "[green]yes[/]" if s["ok"] else "[red]no[/]", Text(s["url"]))
+    print_table(console, parts)
     streams = Table(title="streams and consumers")
     for col in ("stream", "consumer", "messages", "pending", "ack pending", "redelivered"):
         streams.add_column(col)
@@ -136,17 +189,20 @@ def _print_status(result: dict) -> None:
         streams.add_row(stream, "", str(info["messages"]), "", "", "")
         for cname, c in info["consumers"].items():
             streams.add_row("", cname, "", str(c["pending"]), str(c["ack_pending"]), str(c["redelivered"]))
-    console.print(streams)
+    print_table(console, streams)
     counts = Table(title="counts")
     counts.add_column("what")
     counts.add_column("n", justify="right")
     for k, v in result.get("counts", {}).items():
         counts.add_row(k, str(v))
-    console.print(counts)
+    print_table(console, counts)
     if result.get("summary_gate"):
-        from engram.status import summary_gate_table
+        from engram.status import summary_caption, summary_gate_table
 
-        console.print(summary_gate_table(result["summary_gate"]))
+        print_table(console, summary_gate_table(result["summary_gate"]))
+        caption = summary_caption(result["summary_gate"])
+        if caption:
+            plain(console, caption)
 
 
 @app.command()
@@ -162,38 +218,50 @@ def recall(
     json_output: Annotated[bool, typer.Option("--json", help="The RecallResponse as JSON.")] = False,
     data_dir: DataDir = None,
 ) -> None:
-    """Ask engram's recall service for memory about QUERY across session, workspace and user scopes."""
-    import nats
+    """Ask engram's recall service for memory about QUERY across session, workspace and user scopes.
+
+    Exits 1 when recall answered degraded (timeout or backend error; the answer may be empty)."""
+    import re
+
+    from pydantic import ValidationError
 
     from schemas import RecallRequest, RecallResponse, RecallScopes, subjects
 
+    for g in group or []:
+        if not re.match(subjects.TOKEN_PATTERN, g):
+            raise typer.BadParameter(
+                f"{g!r} is not a group id (letters, digits, _ and -, at most 200: {subjects.TOKEN_PATTERN})",
+                param_hint="'--group'")
+    if not (session or workspace or user or group):
+        raise CliError("give at least one of --session, --workspace, --user or --group: recall searches only the "
+                       "scopes it is given (see `engram recall --help`)", code=2)
+    try:
+        request = RecallRequest(
+            query=query, scopes=RecallScopes(session=session, workspace=workspace, user=user), group_ids=group or [],
+            max_facts=max_facts, token_budget=token_budget, timeout_ms=timeout_ms,
+        )
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"group_ids": "--group", "query": "QUERY"}) from exc
     settings = _settings(data_dir)
-    request = RecallRequest(
-        query=query, scopes=RecallScopes(session=session, workspace=workspace, user=user), group_ids=group or [],
-        max_facts=max_facts, token_budget=token_budget, timeout_ms=timeout_ms,
-    )
 
     async def ask() -> RecallResponse:
-        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
-        try:
+        async with nats_connection(settings) as nc:
             reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(), timeout=timeout_ms / 1000 + 2)
-        finally:
-            await nc.close()
         return RecallResponse.model_validate_json(reply.data)
 
-    try:
-        response = asyncio.run(ask())
-    except Exception as exc:  # noqa: BLE001
-        err.print(f"[red]recall failed:[/red] {type(exc).__name__}: {exc} (is `engram up` running?)")
-        raise typer.Exit(1) from exc
+    response = asyncio.run(ask())
     if json_output:
-        console.print_json(response.model_dump_json())
-        return
+        print_json(console, response.model_dump(mode="json"))
+    else:
+        plain(console, response.prompt_section
+              or f"(no memory found{': ' + response.reason if response.reason else ''})")
+        facts = sum(1 for item in response.items if item.kind == "fact")
+        turns = len(response.items) - facts
+        plain(console, f"{facts} {'fact' if facts == 1 else 'facts'}, {turns} past {'turn' if turns == 1 else 'turns'}"
+                       f" in {response.took_ms:.1f} ms", style="dim")
     if response.degraded:
-        err.print(f"[yellow]recall degraded:[/yellow] {response.reason}")
-    console.print(response.prompt_section or f"(no memory found{': ' + response.reason if response.reason else ''})",
-                  markup=False, highlight=False)
-    console.print(f"{len(response.items)} facts in {response.took_ms:.1f} ms", style="dim")
+        error_line(err, f"recall degraded: {response.reason} (check the stack with `engram status`)")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -207,18 +275,28 @@ def doctor(
 
     from engram.doctor import run_checks
 
-    checks = asyncio.run(run_checks(_settings(data_dir), smoke=smoke))
+    settings = _settings(data_dir)
+    checks = asyncio.run(run_checks(settings, smoke=smoke))
     if json_output:
-        console.print_json(json.dumps([asdict(c) for c in checks]))
+        print_json(console, [asdict(c) for c in checks])
     else:
         table = Table(title="engram doctor")
         for col in ("check", "status", "detail", "ms"):
             table.add_column(col, justify="right" if col == "ms" else "left")
         colour = {"ok": "green", "warn": "yellow", "fail": "red"}
         for c in checks:
-            table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail, f"{c.took_ms:.0f}")
-        console.print(table)
-    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+            table.add_row(c.name, Text(c.status, style=colour[c.status]), Text(c.detail), f"{c.took_ms:.0f}")
+        print_table(console, table)
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        first = f"{failed[0].name}: {failed[0].detail}"
+        if failed[0].name.startswith("nats"):  # nothing else was checked: say how to get a stack
+            try:
+                first = unreachable(settings, nats_url_or_fail(settings), failed[0].detail)
+            except CliError as exc:
+                first = str(exc)
+        error_line(err, f"{len(failed)} of {len(checks)} checks failed: {first}")
+    raise typer.Exit(1 if failed else 0)
 
 
 @app.command()
@@ -232,29 +310,31 @@ def promote(
     data_dir: DataDir = None,
 ) -> None:
     """Store a durable memory in the workspace or user scope (extracted like a turn)."""
-    import nats
     from pydantic import ValidationError
 
     from engram.promote import Promotion, publish_promotion
 
     if (workspace is None) == (user is None):
-        raise typer.BadParameter("give exactly one of --workspace KEY or --user KEY")
+        raise CliError("give exactly one of --workspace KEY or --user KEY: the scope to store it in "
+                       "(see `engram promote --help`)", code=2)
     try:
         promotion = Promotion(kind=kind, text=text, scope="workspace" if workspace else "user",  # type: ignore[arg-type]
                               key=workspace or user, rationale=rationale, author=author)
     except ValidationError as exc:
-        raise typer.BadParameter(exc.errors()[0]["msg"]) from exc
+        raise _bad_parameter(exc, {"text": "TEXT", "key": "--workspace" if workspace else "--user"}) from exc
     settings = _settings(data_dir)
 
     async def send():  # noqa: ANN202
-        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
-        try:
+        async with nats_connection(settings) as nc:
             return await publish_promotion(nc.jetstream(), promotion, settings.group_prefix)
-        finally:
-            await nc.close()
 
     episode = asyncio.run(send())
-    console.print(f"stored {promotion.kind} in {promotion.scope} scope: group {episode.group_id}, episode {episode.episode_id}")
+    plain(console, f"stored {promotion.kind} in {promotion.scope} scope: group {episode.group_id}, "
+                   f"episode {episode.episode_id}")
+
+
+INGEST_SKIPPED_EXIT = 3
+"""`engram ingest` exit code when invalid lines were skipped and the rest was imported."""
 
 
 @app.command()
@@ -264,67 +344,89 @@ def ingest(
     workspace: Annotated[Optional[str], typer.Option(help="Workspace key (also written to that scope).")] = None,
     user: Annotated[Optional[str], typer.Option(help="User key (also written to that scope).")] = None,
     sample: Annotated[Optional[list[str]], typer.Option(help="LoCoMo sample id(s), e.g. conv-26; default all.")] = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Refuse the whole file (publish nothing) when any line is invalid.")] = False,
     data_dir: DataDir = None,
 ) -> None:
-    """Publish a transcript (one message per line, or LoCoMo JSON) into engram."""
-    import nats
+    """Publish a transcript (one message per line, or LoCoMo JSON) into engram.
+
+    A JSONL line that is not a valid message is reported with its line number and reason and
+    left out; the other lines are imported and the exit code is 3. With --strict nothing is
+    published when any line is invalid (exit 2). Ingesting the same file again is safe: what
+    engram already has is not stored twice."""
+    from pydantic import ValidationError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engram.ingest import TranscriptError, publish_events, read_transcript
-    from schemas import ScopeKeys
+    from engram.cli_support import explain
+    from engram.ingest import SkippedLine, TranscriptError, publish_events, read_transcript
+    from schemas import ChatMessage, ScopeKeys
 
     if fmt not in ("jsonl", "locomo"):
-        raise typer.BadParameter("--format must be jsonl or locomo")
-    settings = _settings(data_dir)
+        raise typer.BadParameter("must be jsonl or locomo", param_hint="'--format'")
     try:
-        events = read_transcript(path, fmt, ScopeKeys(workspace=workspace, user=user), sample or ())  # type: ignore[arg-type]
+        scopes = ScopeKeys(workspace=workspace, user=user)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {}) from exc
+    settings = _settings(data_dir)
+    skipped: list[SkippedLine] = []
+    try:
+        events = read_transcript(path, fmt, scopes, sample or (), skipped=skipped)  # type: ignore[arg-type]
     except TranscriptError as exc:
-        err.print(f"[red]cannot read transcript:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    if not events:
-        err.print("[yellow]nothing to ingest[/yellow] (no messages matched)")
-        raise typer.Exit(1)
+        raise CliError(f"cannot read transcript: {exc}", code=2) from exc
+    for line in skipped:
+        plain(err, f"{path}:{line.lineno}: {'invalid' if strict else 'skipped'}: {line.reason}", style="yellow")
+    if skipped and strict:
+        raise CliError(f"{path}: {len(skipped)} invalid {'line' if len(skipped) == 1 else 'lines'} (listed above): "
+                       "nothing published (--strict); fix them, or drop --strict to import the valid lines", code=2)
+    if not any(isinstance(e, ChatMessage) for e in events):
+        raise CliError(f"nothing to ingest: no valid message in {path}"
+                       + (f" for sample(s) {', '.join(sample)}" if sample else ""))
+
+    sent = 0
+
+    def advance(progress: Progress, task: object) -> None:
+        nonlocal sent
+        sent += 1
+        progress.advance(task)  # type: ignore[arg-type]
 
     async def run() -> object:
-        nc = await nats.connect(settings.resolved_nats_url(), name="engram-ingest", **settings.nats_options())
-        try:
+        async with nats_connection(settings, name="engram-ingest") as nc:
             with Progress(TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=False) as progress:
                 task = progress.add_task("publish", total=len(events))
-                return await publish_events(nc.jetstream(), events, lambda: progress.advance(task))
-        finally:
-            await nc.close()
+                try:
+                    return await publish_events(nc.jetstream(), events, lambda: advance(progress, task))
+                except Exception as exc:  # noqa: BLE001 - said in one line, with how to resume
+                    raise CliError(f"publishing stopped after {sent} of {len(events)} events: {explain(exc)}; running "
+                                   "the same ingest again is safe (what engram already has is not stored twice)") from exc
 
-    try:
-        report = asyncio.run(run())
-    except RuntimeError as exc:
-        err.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
-    console.print(
-        f"published {report.messages}, already present {report.duplicates} messages "  # type: ignore[attr-defined]
-        f"in {report.sessions} sessions ({report.closes} session closes)"  # type: ignore[attr-defined]
-    )
+    report = asyncio.run(run())
+    plain(console,
+          f"published {report.messages}, already present {report.duplicates} messages "  # type: ignore[attr-defined]
+          f"in {report.sessions} sessions ({report.closes} session closes)")  # type: ignore[attr-defined]
+    if skipped:
+        error_line(err, f"{path}: skipped {len(skipped)} invalid {'line' if len(skipped) == 1 else 'lines'} (listed "
+                        "above); every other line was imported (use --strict to refuse the file instead)")
+        raise typer.Exit(INGEST_SKIPPED_EXIT)
+
+
+DLQ_COLUMNS = ("seq", "stage", "reason", "detail", "subject", "time", "bytes")
 
 
 @dlq_app.command("list")
 def dlq_list(
     stage: Annotated[Optional[str], typer.Option(help="Only this stage, e.g. turn_detector.")] = None,
-    json_output: Annotated[bool, typer.Option("--json")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON array of dead letters (for scripts).")] = False,
     data_dir: DataDir = None,
 ) -> None:
     """List dead letters with their reasons (content is never printed)."""
-    import nats
-
     from engram.dlq import list_dead_letters
 
     settings = _settings(data_dir)
 
     async def run() -> list:
-        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
-        try:
+        async with nats_connection(settings) as nc:
             return await list_dead_letters(nc.jetstream(), stage)
-        finally:
-            await nc.close()
 
     letters = asyncio.run(run())
     rows = [
@@ -333,14 +435,14 @@ def dlq_list(
         for d in letters
     ]
     if json_output:
-        console.print_json(json.dumps(rows))
+        print_json(console, rows)
         return
     table = Table(title=f"{len(rows)} dead letters")
-    for col in ("seq", "stage", "reason", "detail", "subject", "time", "bytes"):
-        table.add_column(col)
+    for col in DLQ_COLUMNS:
+        table.add_column(col, justify="right" if col in ("seq", "bytes") else "left")
     for r in rows:
-        table.add_row(*(str(r[c]) for c in ("seq", "stage", "reason", "detail", "subject", "time", "bytes")))
-    console.print(table)
+        table.add_row(*(Text(str(r[c])) for c in DLQ_COLUMNS))
+    print_table(console, table)
 
 
 @dlq_app.command("replay")
@@ -349,20 +451,15 @@ def dlq_replay(
     data_dir: DataDir = None,
 ) -> None:
     """Re-publish dead letters to their original subjects (e.g. after fixing a bug)."""
-    import nats
-
     from engram.dlq import replay_dead_letters
 
     settings = _settings(data_dir)
 
     async def run() -> int:
-        nc = await nats.connect(settings.resolved_nats_url(), **settings.nats_options())
-        try:
+        async with nats_connection(settings) as nc:
             return await replay_dead_letters(nc, stage)
-        finally:
-            await nc.close()
 
-    console.print(f"replayed {asyncio.run(run())} dead letters")
+    plain(console, f"replayed {asyncio.run(run())} dead letters")
 
 
 @app.command()
@@ -373,7 +470,10 @@ def demo(
         "The demo marks directories it creates and only ever deletes those: it refuses a non-empty "
         "directory it did not create.",
     )] = None,
-    locomo: Annotated[Optional[Path], typer.Option(help="LoCoMo JSON to ingest as well (one conversation).")] = None,
+    locomo: Annotated[Optional[Path], typer.Option(
+        exists=True, dir_okay=False, readable=True,
+        help="LoCoMo JSON to ingest as well (conversation conv-26); by default ../shared/data/locomo/locomo7.json "
+        "when it is there.")] = None,
 ) -> None:
     """Start engram, ingest a sample conversation, show the turns it built, stop."""
     from engram.demo import DEFAULT_DEMO_DIR, run_demo

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,10 +21,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from engram.cli_support import error_line, plain, print_table
 from engram.datadir_lock import lock_holder
 from engram.ingest import publish_events, read_jsonl, read_locomo
 from engram.settings import EngramSettings
-from engram.status import collect_status, summary_gate_table
+from engram.status import collect_status, summary_caption, summary_gate_table
 from schemas import Episode, RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +54,28 @@ async def _wait_idle(nc: nats.NATS, stream: str, timeout: float = 300.0) -> None
         await asyncio.sleep(0.25)
 
 
+_WORD = re.compile(r"^[A-Za-z][A-Za-z'’-]*[.,;:!?]?$")
+
+
+def readable_facts(facts: list[str], limit: int) -> list[str]:
+    """The facts worth showing a person: each once (the rules extractor states one sentence as a
+    fact per pair of entities it names, so the same text comes back several times), and only
+    sentences: a "fact" with fewer than three plain words (``tests/test_mod19.py ....``, a line of
+    tool output) is left out."""
+    seen: set[str] = set()
+    out = []
+    for fact in facts:
+        key = " ".join(fact.split()).casefold()
+        if key in seen or sum(1 for token in fact.split() if _WORD.match(token)) < 3:
+            continue
+        seen.add(key)
+        out.append(fact)
+    return out[:limit]
+
+
 def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str], list[str], list[tuple[str, str]]]:
-    """Entity names, current facts and the longest summaries of one group's graph (FalkorDB)."""
+    """Entity names, current facts (in the order they were learned) and the longest summaries of
+    one group's graph (FalkorDB)."""
     from urllib.parse import urlparse
 
     from falkordb import FalkorDB
@@ -65,9 +87,10 @@ def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str
         "MATCH (n:Entity) WHERE n.summary <> '' RETURN n.name, n.summary ORDER BY size(n.summary) DESC LIMIT 4"
     ).result_set]
     facts = [r[0] for r in graph.query(
-        "MATCH ()-[e:RELATES_TO]->() WHERE e.expired_at IS NULL RETURN e.fact LIMIT $n", {"n": limit}
+        "MATCH ()-[e:RELATES_TO]->() WHERE e.expired_at IS NULL RETURN e.fact ORDER BY e.created_at LIMIT $n",
+        {"n": limit * 4},
     ).result_set]
-    return names, facts, summaries
+    return names, readable_facts(facts, limit), summaries
 
 
 async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
@@ -87,15 +110,20 @@ async def _session_episodes(nc: nats.NATS, group: str) -> list[Episode]:
     return out
 
 
+DEMO_RECALL_TIMEOUT_MS = 20_000
+
+
 def _demo_questions(with_locomo: bool) -> list[tuple[str, RecallRequest]]:
     """What an agent would ask recall before answering (the same as `engram recall ...`)."""
+    # A first recall loads the embedder and warms the graph's indexes: the demo waits for it
+    # rather than showing "(nothing recalled: timeout after 500 ms)".
     questions = [("Why did the tests fail on CI?", RecallRequest(
         query="Why did the tests fail on CI?", scopes=RecallScopes(session="coding-1", workspace="examples/engram"),
-        max_facts=5, token_budget=600))]
+        max_facts=5, token_budget=600, timeout_ms=DEMO_RECALL_TIMEOUT_MS))]
     if with_locomo:
         questions.append(("When did Caroline go to the LGBTQ support group?", RecallRequest(
             query="When did Caroline go to the LGBTQ support group?", scopes=RecallScopes(user="locomo-conv-26"),
-            max_facts=5, token_budget=600)))
+            max_facts=5, token_budget=600, timeout_ms=DEMO_RECALL_TIMEOUT_MS)))
     return questions
 
 
@@ -106,20 +134,20 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
         js = nc.jetstream()
         scopes = ScopeKeys(workspace="examples/engram", user="demo-user")
         report = await publish_events(js, read_jsonl(EXAMPLE, scopes))
-        console.print(f"ingested {EXAMPLE.name}: {report.messages} messages, {report.sessions} session")
-        if locomo is not None and locomo.exists():
+        plain(console, f"ingested {EXAMPLE.name}: {report.messages} messages, {report.sessions} session")
+        if locomo is not None:
             report = await publish_events(js, read_locomo(locomo, ScopeKeys(user="locomo-conv-26"), ["conv-26"]))
-            console.print(
-                f"ingested LoCoMo conv-26: {report.messages} messages in {report.sessions} sessions "
-                "(speaker_a = user, speaker_b = assistant)"
-            )
+            plain(console, f"ingested LoCoMo conv-26: {report.messages} messages in {report.sessions} sessions "
+                           "(speaker_a = user, speaker_b = assistant)")
         await _wait_idle(nc, subjects.STREAM_IN)
         for ep in await _session_episodes(nc, subjects.session_group(fresh.group_prefix, "coding-1")):
-            title = f"turn {ep.turn_id}  ({ep.completed_by}, {len(ep.messages)} messages"
-            title += f", {ep.stats.secrets_scrubbed} secrets scrubbed" if ep.stats.secrets_scrubbed else ""
-            title += f", reduced: {', '.join(ep.stats.reductions)}" if ep.stats.reductions else ""
-            console.print(Panel(Text(ep.content), title=title + ")", title_align="left"))
-        console.print("extracting the knowledge graph (offline rules extractor, no model) ...")
+            details = [ep.completed_by, f"{len(ep.messages)} {'message' if len(ep.messages) == 1 else 'messages'}"]
+            details += [f"{ep.stats.secrets_scrubbed} secrets scrubbed"] if ep.stats.secrets_scrubbed else []
+            details += [f"reduced: {', '.join(ep.stats.reductions)}"] if ep.stats.reductions else []
+            # the details go below the turn: a panel cuts a title longer than its width
+            console.print(Panel(Text(ep.content), title=Text(f"turn {ep.turn_id}"), title_align="left",
+                                subtitle=Text(", ".join(details)), subtitle_align="left"))
+        plain(console, f"extracting the knowledge graph ({_extraction_model()}) ...")
         await _wait_idle(nc, subjects.STREAM_EPISODES)
         console.print("refreshing entity summaries where the facts changed (summary-gate) ...")
         await _wait_idle(nc, subjects.STREAM_DELTAS)
@@ -129,23 +157,46 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
             names, facts, summaries = await asyncio.to_thread(_graph_sample, graph_url, group)
             text = "entities: " + ", ".join(names) + "\n\nfacts:\n" + "\n".join(f"- {f}" for f in facts)
             text += "\n\nsummaries:\n" + "\n".join(f"- {name}: {summary}" for name, summary in summaries)
-            console.print(Panel(Text(text), title=f"graph {group}", title_align="left"))
-        for title, request in _demo_questions(locomo is not None and locomo.exists()):
-            reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(), timeout=10)
+            console.print(Panel(Text(text), title=Text(f"graph {group}"), title_align="left"))
+        for title, request in _demo_questions(locomo is not None):
+            reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(),
+                                     timeout=request.timeout_ms / 1000 + 5)
             answer = RecallResponse.model_validate_json(reply.data)
             body = answer.prompt_section or f"(nothing recalled: {answer.reason})"
-            console.print(Panel(Text(body), title=f"engram recall: {title}  ({answer.took_ms:.0f} ms)", title_align="left"))
+            facts = sum(1 for item in answer.items if item.kind == "fact")
+            shown = f"{facts} facts, {len(answer.items) - facts} past turns, {answer.took_ms:.0f} ms"
+            console.print(Panel(Text(body), title=Text(f"engram recall: {title}"), title_align="left",
+                                subtitle=Text(shown), subtitle_align="left"))
     finally:
         await nc.close()
     status = await collect_status(EngramSettings(data_dir=settings.data_dir))
-    table = Table(title="engram status (also: engram status --json)")
+    table = Table(title="engram status")
     table.add_column("count")
     table.add_column("n", justify="right")
     for k, v in status["counts"].items():
         table.add_row(k, str(v))
-    console.print(table)
+    print_table(console, table)
+    plain(console, "(all of it: engram status --json)", style="dim")
     if status.get("summary_gate"):
-        console.print(summary_gate_table(status["summary_gate"]))
+        print_table(console, summary_gate_table(status["summary_gate"]))
+        caption = summary_caption(status["summary_gate"], _summary_model())
+        if caption:
+            plain(console, caption)
+
+
+def _summary_model() -> str:
+    """The model `engram up` summarises with (the demo starts it with the demo's own environment)."""
+    from engram.models.factory import LLMSettings
+
+    llm = LLMSettings()
+    return "engram's offline rules model, no LLM" if llm.provider == "rules" else f"{llm.provider} {llm.model}"
+
+
+def _extraction_model() -> str:
+    from engram.models.factory import LLMSettings
+
+    llm = LLMSettings()
+    return "offline rules extractor, no LLM" if llm.provider == "rules" else f"{llm.provider} {llm.model}"
 
 
 DEFAULT_DEMO_DIR = Path(".engram/demo")
@@ -181,16 +232,28 @@ def prepare_demo_dir(data_dir: Path) -> None:
     (data_dir / DEMO_MARKER).write_text("created by `engram demo`; `engram demo` may delete this directory\n")
 
 
+def demo_locomo(given: Path | None, console: Console, default: Path = DEFAULT_LOCOMO) -> Path | None:
+    """The LoCoMo file the demo ingests: the one given, else the default when it is there; saying
+    so when the LoCoMo part is skipped."""
+    if given is not None:
+        return given
+    if default.exists():
+        return default
+    plain(console, f"LoCoMo data not found at {default}: the demo skips its LoCoMo conversation "
+                   "(give one with --locomo PATH)", style="yellow")
+    return None
+
+
 def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) -> int:
-    locomo = locomo or (DEFAULT_LOCOMO if DEFAULT_LOCOMO.exists() else None)
+    locomo = demo_locomo(locomo, console)
     try:
         prepare_demo_dir(settings.data_dir)
     except DemoDirRefused as exc:
-        console.print(f"[red]demo refused:[/red] {exc}")
+        error_line(console, f"demo refused: {exc}")
         return 2
     env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_NATS_URL", "ENGRAM_GRAPH_URL")}
     log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
-    console.print(f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
+    plain(console, f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
     proc = subprocess.Popen(
         [sys.executable, "-m", "engram.cli", "up", "--data-dir", str(settings.data_dir)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -201,7 +264,9 @@ def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) ->
         asyncio.run(_ingest_and_show(settings, locomo, console))
         return 0
     except Exception as exc:  # noqa: BLE001
-        console.print(f"[red]demo failed:[/red] {exc}")
+        from engram.cli_support import explain
+
+        error_line(console, f"demo failed: {explain(exc)} (the stack's log: {settings.data_dir / 'up.log'})")
         return 1
     finally:
         proc.send_signal(signal.SIGTERM)

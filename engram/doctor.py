@@ -26,6 +26,7 @@ import nats.js.errors
 from engram.embedded import http_ok
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings
+from engram.nats_client import quick_connect_options
 from engram.settings import EngramSettings
 from engram.topology import Topology
 from schemas import ChatMessage, RecallRequest, RecallResponse, ScopeKeys, SessionClosed, subjects
@@ -63,8 +64,7 @@ async def run_checks(settings: EngramSettings, smoke: bool = False) -> list[Chec
 
     async def connect() -> tuple[Status, str]:
         nonlocal nc
-        nc = await nats.connect(nats_url, connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False,
-                                **settings.nats_options())
+        nc = await nats.connect(nats_url, **quick_connect_options(), **settings.nats_options())
         info = await nc.jetstream().account_info()
         return "ok", f"{nats_url} (server {nc._server_info.get('version')}, {info.streams} streams)"  # noqa: SLF001
 

@@ -40,8 +40,47 @@ def _utc(value: str | float | int | None, fallback: datetime) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
-def read_jsonl(path: Path, scopes: ScopeKeys, close_sessions: bool = True) -> Iterator[Event]:
-    """One message per line: {session_id, role, content, timestamp, message_id?, name?, metadata?}."""
+@dataclass(frozen=True)
+class SkippedLine:
+    """A transcript line that is not a valid message, left out of the import."""
+
+    lineno: int
+    reason: str
+
+
+_SHOWN_FIELDS = ("session_id", "role", "timestamp", "message_id", "name")
+"""Fields whose bad value a reason may quote (never the content: it is the user's text)."""
+
+
+def line_problem(exc: Exception) -> str:
+    """Why a JSONL line is not a message, in words (the field, what is wrong, the bad value)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}"
+    if isinstance(exc, ValidationError):
+        problems = []
+        for error in exc.errors()[:3]:
+            field_name = ".".join(str(p) for p in error["loc"]) or "line"
+            value = error.get("input")
+            quoted = f" (got {value!r})" if field_name in _SHOWN_FIELDS and isinstance(value, str) and \
+                len(value) <= 80 else ""
+            problems.append(f"{field_name}: {error['msg']}{quoted}")
+        return "; ".join(problems)
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, TranscriptError) else str(exc)
+
+
+def read_jsonl(
+    path: Path, scopes: ScopeKeys, close_sessions: bool = True, skipped: list[SkippedLine] | None = None
+) -> Iterator[Event]:
+    """One message per line: {session_id, role, content, timestamp, message_id?, name?, metadata?}.
+
+    A line that is not a valid message raises :class:`TranscriptError`, or, when a ``skipped``
+    list is given, is recorded there (line number and reason) and left out; the other lines are
+    read as if it were not there (message ids derive from line numbers, so they do not shift).
+    """
     last_time: dict[str, datetime] = {}
     now = datetime.now(timezone.utc)
     with path.open(encoding="utf-8") as fh:
@@ -49,32 +88,44 @@ def read_jsonl(path: Path, scopes: ScopeKeys, close_sessions: bool = True) -> It
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                session = str(row["session_id"])
-                ts = _utc(row.get("timestamp"), now)
-                # Without an id the line's position and text identify the message; the time
-                # only when the file gives one (``now`` would make every re-ingest new).
-                stamp = ts.isoformat() if row.get("timestamp") is not None else ""
-                message_id = str(row.get("message_id") or hashlib.sha256(
-                    f"{session}|{lineno}|{row['role']}|{stamp}|{row['content']}".encode()
-                ).hexdigest()[:32])
-                yield ChatMessage(
-                    message_id=message_id,
-                    session_id=session,
-                    role=row["role"],
-                    content=row["content"],
-                    timestamp=ts,
-                    scopes=scopes,
-                    name=row.get("name"),
-                    source_description=row.get("source_description") or f"jsonl:{path.name}",
-                    metadata=row.get("metadata") or {},
-                )
-            except (KeyError, ValueError, TypeError) as exc:
-                raise TranscriptError(f"{path}:{lineno}: {type(exc).__name__}: {exc}") from exc
-            last_time[session] = ts
+                message = _jsonl_message(json.loads(line), lineno, path, scopes, now)
+            except (KeyError, ValueError, TypeError, OverflowError) as exc:
+                if skipped is None:
+                    raise TranscriptError(f"{path}:{lineno}: {line_problem(exc)}") from exc
+                skipped.append(SkippedLine(lineno, line_problem(exc)))
+                continue
+            last_time[message.session_id] = message.timestamp
+            yield message
     if close_sessions:
         for session, ts in last_time.items():
             yield SessionClosed(session_id=session, closed_at=ts, reason="end of transcript")
+
+
+def _jsonl_message(row: object, lineno: int, path: Path, scopes: ScopeKeys, now: datetime) -> ChatMessage:
+    if not isinstance(row, dict):
+        raise TranscriptError(f"not a JSON object (a {type(row).__name__})")
+    session = str(row["session_id"])
+    try:
+        ts = _utc(row.get("timestamp"), now)
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise TranscriptError(f"timestamp: not a date and time ({exc})") from exc
+    # Without an id the line's position and text identify the message; the time
+    # only when the file gives one (``now`` would make every re-ingest new).
+    stamp = ts.isoformat() if row.get("timestamp") is not None else ""
+    message_id = str(row.get("message_id") or hashlib.sha256(
+        f"{session}|{lineno}|{row['role']}|{stamp}|{row['content']}".encode()
+    ).hexdigest()[:32])
+    return ChatMessage(
+        message_id=message_id,
+        session_id=session,
+        role=row["role"],
+        content=row["content"],
+        timestamp=ts,
+        scopes=scopes,
+        name=row.get("name"),
+        source_description=row.get("source_description") or f"jsonl:{path.name}",
+        metadata=row.get("metadata") or {},
+    )
 
 
 _SESSION_KEY = re.compile(r"^session_(\d+)$")
@@ -148,10 +199,21 @@ def read_locomo(
             yield SessionClosed(session_id=session.session_id, closed_at=ts, reason="end of LoCoMo session")
 
 
-def read_transcript(path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterable[str] = ()) -> list[Event]:
+def read_transcript(
+    path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterable[str] = (), skipped: list[SkippedLine] | None = None
+) -> list[Event]:
+    """Every event of a transcript file. JSONL lines that are not messages go to ``skipped`` when
+    it is given (else :class:`TranscriptError`); a LoCoMo file is one JSON document, read whole
+    or refused with :class:`TranscriptError`."""
     if fmt == "jsonl":
-        return list(read_jsonl(path, scopes))
-    return list(read_locomo(path, scopes, samples))
+        try:
+            return list(read_jsonl(path, scopes, skipped=skipped))
+        except UnicodeDecodeError as exc:
+            raise TranscriptError(f"{path}: not UTF-8 text (byte {exc.start}): a JSONL transcript is UTF-8") from exc
+    try:
+        return list(read_locomo(path, scopes, samples))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise TranscriptError(f"{path}: not a LoCoMo file ({line_problem(exc)})") from exc
 
 
 def subject_and_id(event: Event, epoch: int = 0, after: str = "") -> tuple[str, str]:

@@ -14,6 +14,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from engram.embedded import http_ok, redis_ping
+from engram.nats_client import quick_connect_options
 from engram.settings import EngramSettings
 from schemas import subjects
 
@@ -51,7 +52,8 @@ def summary_counters(metrics_url: str) -> dict[str, Any]:
 
 
 def summary_gate_table(summary: dict[str, Any]) -> Any:
-    """A rich Table of the summary-gate's decisions by reason (from :func:`summary_counters`)."""
+    """A rich Table of the summary-gate's decisions by reason (from :func:`summary_counters`);
+    print :func:`summary_caption` under it (a caption would wrap at the table's narrow width)."""
     from rich.table import Table
 
     table = Table(title="summary-gate decisions (since the service started)")
@@ -60,16 +62,23 @@ def summary_gate_table(summary: dict[str, Any]) -> Any:
     for reason, n in sorted(summary.get("refreshed", {}).items()):
         table.add_row("refreshed", reason, str(int(n)))
     for reason, n in sorted(summary.get("composed", {}).items()):
-        table.add_row("  composed, no LLM", reason, str(int(n)))
+        table.add_row("  composed, no model call", reason, str(int(n)))
     for reason, n in sorted(summary.get("skipped", {}).items()):
         table.add_row("skipped", reason, str(int(n)))
     table.add_row("deferred", "burst", str(int(summary.get("deferred", 0))))
-    deltas, calls = summary.get("deltas", 0), summary.get("llm_calls", 0)
-    if deltas:
-        # refresh-always (graphiti's behaviour) makes one summary LLM call per delta
-        table.caption = (f"{int(calls)} summary LLM calls for {int(deltas)} deltas: "
-                         f"{100 * (1 - calls / deltas):.0f}% of refresh calls skipped")
     return table
+
+
+def summary_caption(summary: dict[str, Any], model: str | None = None) -> str | None:
+    """What the gate saved, in words: refresh-always (graphiti's behaviour) calls the summary
+    model once per delta; the gate calls it ``llm_calls`` times. The counter is named for LLMs,
+    but counts calls to whatever model summarises, the offline rules model included."""
+    deltas, calls = int(summary.get("deltas", 0)), int(summary.get("llm_calls", 0))
+    if not deltas:
+        return None
+    text = (f"{deltas} deltas, {calls} summary-model {'call' if calls == 1 else 'calls'}: "
+            f"{100 * (1 - calls / deltas):.0f}% fewer than one call per delta")
+    return text + (f" (summary model: {model})" if model else "")
 
 
 def _graph_ping(url: str) -> tuple[bool, str]:
@@ -150,9 +159,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
         status["ok"] = False
         return status
     try:
-        nc = await nats.connect(
-            nats_url, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False, **settings.nats_options()
-        )
+        nc = await nats.connect(nats_url, **quick_connect_options(), **settings.nats_options())
     except Exception as exc:  # noqa: BLE001
         status["parts"]["nats"] = {"ok": False, "url": nats_url, "detail": type(exc).__name__}
         status["ok"] = False
