@@ -21,8 +21,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter
 
+from engram.secrets import scrub_secrets
 from schemas import subjects
-from services.turn_detector.secrets import scrub_secrets
 
 DLQ_MESSAGES = Counter(
     "engram_dlq_messages_total",

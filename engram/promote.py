@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from engram.secrets import scrub_secrets
 from schemas import Episode, EpisodeMessage, ExtractionOverride, subjects
+from schemas.ids import episode_id_for
 from schemas.relations import vocabulary_text
-from services.turn_detector.pairing import episode_id_for
-from services.turn_detector.secrets import scrub_secrets
 
 PromotionKind = Literal["decision", "lesson_learned", "preference", "procedure"]
 PROMOTION_SESSION = "promotion"

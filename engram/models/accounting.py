@@ -4,7 +4,7 @@ Counts every call by stage and graphiti prompt name in Prometheus
 (``engram_llm_calls_total{stage,prompt}``, ``engram_llm_tokens_total{stage,prompt,direction}``)
 and per wrapper instance (``calls`` / ``tokens``, used for per-episode accounting).
 
-Tokens are counted with a real cl100k tokenizer (offline, see services/extractor/chunking.py):
+Tokens are counted with a real cl100k tokenizer (offline, see engram/tokens.py):
 input = the text of the messages graphiti built (including the JSON schema graphiti's base client
 appends for non-OpenAI clients), output = the JSON of the structured response. Providers that
 report usage themselves may differ by a few tokens of chat framing.
@@ -19,6 +19,7 @@ from graphiti_core.llm_client.client import LLMClient
 from prometheus_client import Counter, Histogram
 
 from engram.models.delegating import DelegatingLLMClient, Forward
+from engram.tokens import token_counter
 
 LLM_CALLS = Counter("engram_llm_calls_total", "LLM calls by pipeline stage and graphiti prompt.", ["stage", "prompt"])
 LLM_TOKENS = Counter(
@@ -31,12 +32,6 @@ LLM_SECONDS = Histogram(
 )
 
 
-def _count_tokens() -> Any:
-    from services.extractor.chunking import token_counter
-
-    return token_counter()
-
-
 class AccountingLLMClient(DelegatingLLMClient):
     """Delegates every call to ``inner`` and accounts for it."""
 
@@ -46,7 +41,7 @@ class AccountingLLMClient(DelegatingLLMClient):
         self.calls: dict[str, int] = {}
         self.tokens: dict[str, dict[str, int]] = {}
         self.max_output: dict[str, int] = {}  # largest answer per prompt (how the max_tokens caps were chosen)
-        self._count = _count_tokens()
+        self._count = token_counter()
 
     async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
         with LLM_SECONDS.labels(stage=self.stage).time():

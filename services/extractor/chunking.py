@@ -1,8 +1,7 @@
 """Adaptive chunking for entity extraction and covering chunks for edge extraction.
 
-Pure functions (the only I/O is the one-time tokenizer set-up in :func:`token_counter`).
-Sizes are in tokens, counted by a ``count_tokens`` callable (normally :func:`token_counter`,
-which counts real cl100k tokens offline). Settings (:class:`ChunkingSettings`) follow the
+Pure functions. Sizes are in tokens, counted by a ``count_tokens`` callable (normally
+:func:`engram.tokens.token_counter`, which counts real cl100k tokens offline). Settings (:class:`ChunkingSettings`) follow the
 episode-processing design (seed 002) and graphiti-core's ``helpers.py``:
 
 ====================  =======  ============================================================
@@ -79,115 +78,22 @@ Limits
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
 import logging
 import math
-import os
 import re
-import tempfile
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engram.tokens import CountTokens, estimate_tokens, token_counter  # noqa: F401 - the last two re-exported for bench/
+
 logger = logging.getLogger("engram.extractor")
 
-CountTokens = Callable[[str], int]
 T = TypeVar("T")
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizer
-# ---------------------------------------------------------------------------------------------
-
-#: tiktoken's source of the cl100k encoding; its cache file is named by the sha1 of this URL.
-CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
-#: sha256 of the decompressed encoding file (tiktoken checks the same hash).
-CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
-#: fallback estimate when the tokenizer cannot be prepared.
-CHARS_PER_TOKEN = 4
-
-
-def estimate_tokens(text: str) -> int:
-    """Fallback token estimate: ``ceil(len(text) / 4)`` characters per token (0 for "")."""
-    return -(-len(text) // CHARS_PER_TOKEN)
-
-
-def tiktoken_cache_dir() -> str:
-    """The directory tiktoken reads cached encodings from (same resolution as tiktoken):
-    ``TIKTOKEN_CACHE_DIR``, else ``DATA_GYM_CACHE_DIR``, else ``<tmp>/data-gym-cache``."""
-    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
-        if var in os.environ:
-            return os.environ[var]
-    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
-
-
-def _prepare_cl100k_cache() -> str:
-    """Make sure tiktoken's cache holds the cl100k file, decompressed from bpe-openai's copy.
-
-    Returns the cache file path. Raises (OSError, ValueError, ImportError ...) on failure.
-    """
-    cache_dir = tiktoken_cache_dir()
-    if not cache_dir:
-        raise ValueError("tiktoken caching is disabled (empty TIKTOKEN_CACHE_DIR)")
-    path = os.path.join(cache_dir, hashlib.sha1(CL100K_URL.encode()).hexdigest())
-    try:
-        with open(path, "rb") as f:
-            if hashlib.sha256(f.read()).hexdigest() == CL100K_SHA256:
-                return path
-    except OSError:
-        pass
-    packed = resources.files("bpe_openai").joinpath("data", "cl100k_base.tiktoken.gz").read_bytes()
-    data = gzip.decompress(packed)
-    if hashlib.sha256(data).hexdigest() != CL100K_SHA256:
-        raise ValueError("bpe-openai's cl100k_base file does not match tiktoken's expected hash")
-    os.makedirs(cache_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)  # atomic: concurrent preparers never expose a partial file
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
-
-
-@cache
-def token_counter() -> CountTokens:
-    """A callable counting cl100k tokens, prepared once per process and with no network.
-
-    The encoding file comes from the ``bpe-openai`` package and is placed where tiktoken looks
-    for it (:func:`tiktoken_cache_dir`, file named by the sha1 of :data:`CL100K_URL`). If that
-    fails, a warning is logged and :func:`estimate_tokens` (characters / 4) is returned instead.
-    Special-token text such as ``<|endoftext|>`` is counted as ordinary text.
-    """
-    try:
-        _prepare_cl100k_cache()
-        import tiktoken
-
-        encoding = tiktoken.get_encoding("cl100k_base")
-        encoding.encode_ordinary("warm up")
-    except Exception as exc:  # any failure means: no exact tokenizer here
-        logger.warning(
-            "cl100k tokenizer unavailable (%s: %s); estimating tokens as characters/%d",
-            type(exc).__name__,
-            exc,
-            CHARS_PER_TOKEN,
-        )
-        return estimate_tokens
-
-    def count_cl100k(text: str) -> int:
-        return len(encoding.encode_ordinary(text))
-
-    return count_cl100k
-
 
 # ---------------------------------------------------------------------------------------------
 # Settings and the chunking decision

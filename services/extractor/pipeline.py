@@ -103,16 +103,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engram.models.accounting import AccountingLLMClient
 from schemas import Episode, NodeDelta
-from services.extractor.chunking import (
-    ChunkingSettings,
-    CountTokens,
-    assign_pairs,
-    chunk_json,
-    chunk_messages,
-    chunk_text,
-    should_chunk,
-    token_counter,
-)
+from engram.tokens import CountTokens, token_counter
+from services.extractor.chunking import ChunkingSettings, assign_pairs, chunk_json, chunk_messages, chunk_text, should_chunk
 from services.extractor.deltas import build_node_deltas
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 

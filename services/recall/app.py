@@ -31,9 +31,9 @@ from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, build_embedder, is_semantic, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
+from engram.tokens import token_counter
 from schemas import RecallRequest, RecallResponse, subjects
 from services.extractor.app import NoRerank
-from services.extractor.chunking import token_counter
 from services.recall.admin import register_admin
 from services.recall.merge import drop_covered_facts, fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes

@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from engram.secrets import scrub_secrets
 from schemas import ChatMessage, SessionClosed, SessionIdle
 from services.turn_detector.noise import NoiseSettings, filter_noise, reduce_tool_output
 from services.turn_detector.pairing import TurnPart
-from services.turn_detector.secrets import scrub_secrets
 
 RejectReason = Literal[
     "malformed_json", "schema", "unsupported_version", "oversize", "invalid_id", "session_mismatch", "unknown_subject"

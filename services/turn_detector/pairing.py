@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -26,9 +25,9 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ScopeKeys
+from schemas.ids import episode_id_for
 from schemas.subjects import session_group, user_group, workspace_group
 
-EPISODE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://engram.dev/episode")
 TRUNCATION_MARKER = "\n[... turn truncated: {n} chars]"
 
 
@@ -285,10 +284,6 @@ def render_turn(parts: tuple[TurnPart, ...] | list[TurnPart], max_chars: int) ->
         cut = len(text) - max_chars
         text = text[:max_chars] + TRUNCATION_MARKER.format(n=cut)
     return text
-
-
-def episode_id_for(group_id: str, turn_id: str) -> str:
-    return str(uuid.uuid5(EPISODE_NAMESPACE, f"{group_id}/{turn_id}"))
 
 
 def scope_groups(prefix: str, session_id: str, scopes: ScopeKeys) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench._recall_common import REPORT_SPLIT, TUNING_SPLIT, load_conversations, split_of
 from bench.recall_quality import fill, holds, rrf
-from services.extractor.chunking import token_counter
+from engram.tokens import token_counter
 from tests.conftest import LOCOMO
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,15 +1,10 @@
-"""Adaptive chunking and covering chunks (services/extractor/chunking.py). Pure: the only I/O is
-the tokenizer set-up, tested offline in a subprocess with the network blocked."""
+"""Adaptive chunking and covering chunks (services/extractor/chunking.py). Pure; the tokenizer
+(engram/tokens.py) is tested in tests/engram/test_tokens.py."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from services.extractor import chunking
+from engram.tokens import estimate_tokens, token_counter
 from services.extractor.chunking import (
-    CL100K_SHA256,
-    CL100K_URL,
     ChunkingSettings,
     assign_pairs,
     chunk_json,
@@ -30,10 +23,8 @@ from services.extractor.chunking import (
     covering_chunk_count,
     covering_chunks,
     entity_density,
-    estimate_tokens,
     merge_entity_names,
     should_chunk,
-    token_counter,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,66 +39,6 @@ def words(text: str) -> int:
 
 def small(size: int = 40, overlap: int = 10) -> ChunkingSettings:
     return ChunkingSettings(chunk_token_size=size, chunk_overlap_tokens=overlap, chunk_min_tokens=0)
-
-
-# --------------------------------------------------------------------------------- tokenizer
-
-
-def test_token_counter_counts_real_cl100k_tokens() -> None:
-    assert COUNT is not estimate_tokens
-    assert COUNT("hello world") == 2
-    assert COUNT("tiktoken is great!") == 6  # OpenAI cookbook's cl100k example
-    assert COUNT(" " * 40) == 1  # a chars/4 estimate would say 10
-    assert COUNT("<|endoftext|>") > 1  # special-token text is ordinary text, no exception
-    assert COUNT("") == 0
-    assert token_counter() is COUNT  # prepared once
-
-
-def test_token_counter_prepares_cache_offline_in_a_fresh_process(tmp_path: Path) -> None:
-    cache = tmp_path / "tiktoken-cache"
-    code = (
-        "import json, socket\n"
-        "def blocked(*a, **k):\n"
-        "    raise OSError('network access attempted')\n"
-        "socket.socket.connect = blocked\n"
-        "socket.create_connection = blocked\n"
-        "socket.getaddrinfo = blocked\n"
-        "from services.extractor.chunking import estimate_tokens, token_counter\n"
-        "c = token_counter()\n"
-        "print(json.dumps([c is not estimate_tokens, c('hello world'), c('tiktoken is great!')]))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("DATA_GYM_CACHE_DIR", "TIKTOKEN_CACHE_DIR")}
-    env.update(TIKTOKEN_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == [True, 2, 6]
-    assert "unavailable" not in proc.stderr
-    cached = cache / hashlib.sha1(CL100K_URL.encode()).hexdigest()
-    assert hashlib.sha256(cached.read_bytes()).hexdigest() == CL100K_SHA256
-
-
-def test_prepare_replaces_a_corrupt_cache_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    bad = tmp_path / hashlib.sha1(CL100K_URL.encode()).hexdigest()
-    bad.write_bytes(b"not an encoding")
-    assert chunking._prepare_cl100k_cache() == str(bad)
-    assert hashlib.sha256(bad.read_bytes()).hexdigest() == CL100K_SHA256
-    assert [p.name for p in tmp_path.iterdir()] == [bad.name]  # no temp files left
-
-
-def test_token_counter_falls_back_to_chars_over_4_with_a_warning(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("x")
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(not_a_dir))
-    with caplog.at_level(logging.WARNING, logger="engram.extractor"):
-        counter = token_counter.__wrapped__()  # bypass the per-process cache
-    assert counter is estimate_tokens
-    assert "characters/4" in caplog.text
-    assert [estimate_tokens(t) for t in ("", "abcd", "abcde")] == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------------- settings

@@ -21,8 +21,9 @@ from graphiti_core.llm_client.config import LLMConfig
 from graphiti_core.tracer import NoOpTracer
 
 from engram.models.hashing_embedder import HashingEmbedder
+from engram.tokens import token_counter
 from schemas import Episode, EpisodeMessage
-from services.extractor.chunking import ChunkingSettings, covering_chunk_count, token_counter
+from services.extractor.chunking import ChunkingSettings, covering_chunk_count
 from services.extractor.pipeline import episode_chunks, extract_episode
 from tests.services.extractor.test_pipeline import NoOpCrossEncoder, _host_port
 

@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engram.tokens import token_counter
 from schemas import RecallItem, RecallMessage, RecallRequest, RecallScopes, subjects
 from schemas.relations import canonical_relation
-from services.extractor.chunking import token_counter
 from services.recall.merge import (
     FOOTER,
     HEADER,

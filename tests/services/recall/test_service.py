@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from engram.models.factory import EmbedderSettings, build_embedder
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
+from engram.tokens import token_counter
 from schemas import RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
 from services.extractor import app as ex_app
-from services.extractor.chunking import token_counter
 from services.recall import app as rc_app
 from services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import close, msg, publish, wait_for

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engram.tokens import token_counter
 from schemas import RecallItem
-from services.extractor.chunking import token_counter
 from services.recall.merge import fit_budget, render_line
 from services.recall.temporal import DEFAULT_LIFT, is_dated, is_when_question, prefer_dated, rank_for_query
 

@@ -1,4 +1,6 @@
-"""Secret scrubbing for chat message text before it leaves the turn-detector.
+"""Secret scrubbing for chat message text: the turn-detector scrubs every message before it
+leaves, and ``engram dlq`` / ``engram promote`` scrub what they show or publish (shared, so it
+lives in engram/, below the services).
 
 Every secret found is replaced by a typed placeholder ``[REDACTED:<kind>]`` while the
 surrounding structure stays readable: assignments keep their key (``password=[REDACTED:password]``),
