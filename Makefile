@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-smoke install schemas clean
+.PHONY: demo test bench bench-smoke install schemas settings clean
 
 $(CORE_STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || test -n "$(PY)" || { echo "engram needs Python 3.11, 3.12 or 3.13 (none found; set PY=/path/to/python)"; exit 1; }
@@ -48,6 +48,10 @@ bench-smoke: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.export
+
+# docs/settings.md: every ENGRAM_* setting, generated from the settings classes (a test fails when stale).
+settings: $(STAMP)
+	$(BIN)/python tools/settings_table.py
 
 clean:
 	rm -rf $(VENV) .engram

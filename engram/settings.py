@@ -44,22 +44,30 @@ class EngramSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ENGRAM_", extra="ignore")
 
-    data_dir: Path = Field(default_factory=default_data_dir)
-    nats_url: str | None = None
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Where `engram up` keeps the embedded servers' data and its runtime file (URLs, pids).",
+    )
+    nats_url: str | None = Field(
+        None, description="nats:// URL of the NATS server; unset: the embedded one of a running `engram up`.",
+    )
     nats_creds: Path | None = Field(None, description="NATS credentials file (JWT + NKey seed), e.g. a mounted Secret.")
-    graph_backend: Literal["falkordb", "neo4j"] = "falkordb"
+    graph_backend: Literal["falkordb", "neo4j"] = Field("falkordb", description="The graph database graphiti writes to.")
     graph_url: str | None = Field(None, description="falkor://host:port (or redis://) of a FalkorDB server.")
     neo4j_uri: str | None = Field(None, description="bolt:// or neo4j:// URI of a Neo4j 5 server (graph_backend=neo4j).")
-    neo4j_user: str = "neo4j"
-    neo4j_password: SecretStr = SecretStr("")
+    neo4j_user: str = Field("neo4j", description="Neo4j user (graph_backend=neo4j).")
+    neo4j_password: SecretStr = Field(SecretStr(""), description="Neo4j password (graph_backend=neo4j).")
     neo4j_database: str = Field(
         "neo4j", min_length=1,
         description="The one Neo4j database every group shares (Community has one); graphiti's group_id separates groups.",
     )
-    group_prefix: str = Field("engram", pattern=r"^[a-zA-Z0-9]{1,32}$")
+    group_prefix: str = Field(
+        "engram", pattern=r"^[a-zA-Z0-9]{1,32}$",
+        description="Prefix of the graph group ids engram derives from scopes (session, workspace, user).",
+    )
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
-    ack_wait_s: float = Field(30.0, gt=0)
+    ack_wait_s: float = Field(30.0, gt=0, description="JetStream ack wait of engram's consumers: an unacked message is redelivered after it.")
     extractor_concurrency: int = Field(
         4, ge=1, le=256,
         description="Episodes one extractor replica works on at once (LLM-bound: bounds its in-flight LLM calls). "
@@ -67,10 +75,10 @@ class EngramSettings(BaseSettings):
     )
     nats_port: int = Field(0, ge=0, le=65535, description="Port of the embedded nats-server; 0 = random.")
     graph_port: int = Field(0, ge=0, le=65535, description="Port of the embedded FalkorDB; 0 = random.")
-    http_host: str = "127.0.0.1"
+    http_host: str = Field("127.0.0.1", description="Address of each service's HTTP server (/metrics, health; the gateway's API).")
     http_port: int = Field(0, ge=0, le=65535, description="Port for /metrics and health; 0 = random.")
     otel_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; tracing is off when unset.")
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="Python logging level of every engram process.")
     turn: TurnDetectorSettings = Field(default_factory=TurnDetectorSettings)
 
     @property

