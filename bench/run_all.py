@@ -105,6 +105,8 @@ def render(results: list[Result], planned: int, command: str, started: datetime,
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     failed = [r for r in results if r.returncode != 0]
     state = "complete" if len(results) == planned else f"partial: {len(results)} of {planned} benches run"
+    if planned < len(BENCHES):
+        state += f" (a subset: {planned} of the {len(BENCHES)} benches, --only)"
     lines = [
         "# Benchmark results",
         "",

@@ -51,7 +51,7 @@ def test_one_file_holds_every_table_with_command_date_and_load(tmp_path: Path) -
     assert done.returncode == 0, done.stdout + done.stderr
     assert text.startswith("# Benchmark results\n")
     for field in ("- command: `python bench/run_all.py --smoke --only summary_guard fact_changes.py --out ",
-                  "- date: 20", "- commit: ", " cores, Python 3.", "- run: complete; 0 failed;"):
+                  "- date: 20", "- commit: ", " cores, Python 3.", f"- run: complete (a subset: 2 of the {len(BENCHES)} benches, --only); 0 failed;"):
         assert field in text, field
     assert "| summary_guard.py | `python bench/summary_guard.py --smoke` | 0 |" in text
     assert "## bench/summary_guard.py" in text and "## bench/fact_changes.py" in text
@@ -68,7 +68,7 @@ def test_a_failing_bench_is_recorded_and_fails_the_run_without_stopping_the_othe
     assert "FAILED: temporal_grounding.py" in done.stdout
     assert "| temporal_grounding.py | `python bench/temporal_grounding.py --smoke` | 1 |" in text
     assert "LoCoMo data not found at" in text  # its stderr, kept in the file
-    assert "- run: complete; 1 failed;" in text
+    assert f"- run: complete (a subset: 2 of the {len(BENCHES)} benches, --only); 1 failed;" in text
     assert "chosen threshold:" in text
 
 
