@@ -26,7 +26,7 @@ import nats.js.errors
 from engram.embedded import http_ok
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings
-from engram.nats_client import quick_connect_options
+from engram.nats_client import quick_connect_options, server_version
 from engram.settings import EngramSettings
 from engram.topology import Topology
 from schemas import ChatMessage, RecallRequest, RecallResponse, ScopeKeys, SessionClosed, subjects
@@ -66,7 +66,7 @@ async def run_checks(settings: EngramSettings, smoke: bool = False) -> list[Chec
         nonlocal nc
         nc = await nats.connect(nats_url, **quick_connect_options(), **settings.nats_options())
         info = await nc.jetstream().account_info()
-        return "ok", f"{nats_url} (server {nc._server_info.get('version')}, {info.streams} streams)"  # noqa: SLF001
+        return "ok", f"{nats_url} (server {server_version(nc)}, {info.streams} streams)"
 
     checks.append(await _timed("nats + jetstream", connect))
     if nc is None:

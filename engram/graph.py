@@ -50,6 +50,7 @@ from graphiti_core.driver.neo4j_driver import Neo4jDriver
 from prometheus_client import Counter
 from redis.exceptions import ResponseError
 
+from engram.compat import driver_database, falkor_graph, take_index_build
 from engram.settings import EngramSettings
 
 log = logging.getLogger("engram.graph")
@@ -113,7 +114,7 @@ class EngramFalkorDriver(FalkorDriver):
         return build_falkor_fulltext_query(fulltext_words(query), group_ids, max_query_length)
 
     def clone(self, database: str) -> GraphDriver:
-        if database == self._database:
+        if database == driver_database(self):
             return self
         return EngramFalkorDriver(falkor_db=self.client, database=database)
 
@@ -307,10 +308,9 @@ class GraphDrivers:
             )
             # The constructor schedules the index build as a background task whose failure (server
             # down at that moment) would stick; ensure_indices builds them instead.
-            task = getattr(driver, "_init_task", None)
+            task = take_index_build(driver)
             if task is not None:
                 task.cancel()  # not started yet: nothing was sent
-                driver._init_task = None  # noqa: SLF001
             self.neo4j = driver
         return self.neo4j
 
@@ -320,15 +320,13 @@ class GraphDrivers:
         async with self._locks.setdefault(id(driver), asyncio.Lock()):
             if id(driver) in self._indexed:
                 return
-            init_task = getattr(driver, "_init_task", None)
-            try:
-                if init_task is not None:
-                    await init_task  # FalkorDriver: index creation scheduled by its constructor
-                else:
-                    await driver.build_indices_and_constraints()  # IF NOT EXISTS: safe to repeat
-            except BaseException:
-                driver._init_task = None  # noqa: SLF001 - not remembered: the next call builds again
-                raise
+            # FalkorDriver: index creation scheduled by its constructor, taken from the driver so
+            # that a failed build is not remembered: the next call builds again.
+            init_task = take_index_build(driver)
+            if init_task is not None:
+                await init_task
+            else:
+                await driver.build_indices_and_constraints()  # IF NOT EXISTS: safe to repeat
             if self.embedding_dim and isinstance(driver, FalkorDriver):
                 await self._ensure_vector_index(driver, self.embedding_dim)
             self._indexed.add(id(driver))
@@ -336,7 +334,7 @@ class GraphDrivers:
     async def _ensure_vector_index(self, driver: FalkorDriver, dim: int) -> None:
         """Connection errors propagate (the next call tries again); an error the server answers
         with is logged and not retried: recall then falls back to graphiti's search."""
-        graph = driver._get_graph(None)  # noqa: SLF001 - raw graph: the driver logs every failure as an error
+        graph = falkor_graph(driver)  # raw graph: the driver logs every failure as an error
         try:
             action = await ensure_vector_index(graph, dim)
         except ResponseError as exc:

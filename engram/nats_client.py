@@ -19,3 +19,12 @@ def quick_connect_options() -> dict[str, Any]:
     attempts 2 s apart, retries for two minutes.
     """
     return {"connect_timeout": 2, "max_reconnect_attempts": 1, "reconnect_time_wait": 0.5, "error_cb": _quiet}
+
+
+def server_version(nc: Any) -> str:
+    """The version of the NATS server ``nc`` is connected to ("2.11.4", "2.12.0-dev"), from
+    nats-py's public ``Client.connected_server_version`` ("0.0.0-unknown" before the INFO)."""
+    version = nc.connected_server_version
+    core = f"{version.major}.{version.minor}.{version.patch}"
+    dev = version.dev  # "<prerelease>[+<build>]", or "+<build>" when only a build is given
+    return f"{core}{dev}" if dev.startswith("+") or not dev else f"{core}-{dev}"

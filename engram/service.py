@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import nats.errors
+from nats.js import JetStreamContext
 
 from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
 from faststream import AckPolicy
@@ -24,6 +25,7 @@ from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
 from prometheus_client import REGISTRY, make_asgi_app
 
+from engram.compat import stop_fetching
 from engram.settings import EngramSettings
 
 log = logging.getLogger(__name__)
@@ -428,10 +430,6 @@ class CapacityPuller:
             log.debug("nak failed", exc_info=True)
 
 
-async def _faststream_never_pulls() -> None:
-    """Stands in for a FastStream subscriber's ``_create_subscription``: its CapacityPuller pulls."""
-
-
 def subscribe_partitions_with_capacity(
     broker: NatsBroker,
     stream: str,
@@ -458,11 +456,7 @@ def subscribe_partitions_with_capacity(
     for p, config in enumerate(consumers):
         subscriber = _partition_subscriber(broker, js_stream, config, f"{title} partition {p}")
         subscriber(handler)
-        # FastStream 0.7.x creates the pull subscription and its fetch task here; fail loudly if
-        # a FastStream upgrade moves it, rather than run two pullers.
-        if not callable(getattr(type(subscriber), "_create_subscription", None)):
-            raise RuntimeError("FastStream subscriber has no _create_subscription to replace")
-        subscriber._create_subscription = _faststream_never_pulls  # noqa: SLF001
+        stop_fetching(subscriber)  # the CapacityPuller fetches (engram/compat.py)
         subscribers.append(subscriber)
 
     async def consume(p: int, msg: Any) -> None:
@@ -473,6 +467,12 @@ def subscribe_partitions_with_capacity(
 
     return CapacityPuller(stream, [c.durable_name for c in consumers], consume, capacity=capacity,
                           name=title, **puller_options)
+
+
+def jetstream(broker: NatsBroker) -> JetStreamContext:
+    """A JetStream context on the broker's connection (FastStream's public ``broker.connection``;
+    raises FastStream's IncorrectState before the broker connected)."""
+    return broker.connection.jetstream()
 
 
 def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:

@@ -14,7 +14,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from engram.embedded import http_ok, redis_ping
-from engram.nats_client import quick_connect_options
+from engram.nats_client import quick_connect_options, server_version
 from engram.settings import EngramSettings
 from schemas import subjects
 
@@ -170,7 +170,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
         status["parts"]["nats"] = {
             "ok": True,
             "url": nats_url,
-            "server_version": nc._server_info.get("version"),  # noqa: SLF001
+            "server_version": server_version(nc),
             "jetstream_streams": account.streams,
         }
         streams = (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY,

@@ -50,7 +50,14 @@ from pydantic import ValidationError
 from engram import dlq
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
-from engram.service import CapacityPuller, ServiceApp, make_broker, retry_or_dead_letter, subscribe_partitions_with_capacity
+from engram.service import (
+    CapacityPuller,
+    ServiceApp,
+    jetstream,
+    make_broker,
+    retry_or_dead_letter,
+    subscribe_partitions_with_capacity,
+)
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
@@ -115,13 +122,13 @@ class Extractor:
         self.graph.validate()
         self.configured_prompt = validate_at_startup(self.extraction)  # fail fast on a bad template
         await self.broker.connect()
-        self.js = self.broker.config.connection_state.stream
+        self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
 
     async def start_pulling(self) -> None:
         """After the broker started its (non-fetching) subscribers: start the capacity puller."""
         if self.puller is not None:
-            await self.puller.start(self.broker.config.connection_state.connection)
+            await self.puller.start(self.broker.connection)
 
     async def stop(self) -> None:
         if self.puller is not None:  # before the graph closes: in-flight episodes still use it

@@ -91,7 +91,6 @@ from graphiti_core.search.search_utils import get_mentioned_nodes
 from graphiti_core.utils.bulk_utils import add_nodes_and_edges_bulk, resolve_edge_pointers
 from graphiti_core.utils.datetime_utils import ensure_utc, utc_now
 from graphiti_core.utils.maintenance.combined_extraction import extract_nodes_and_edges
-from graphiti_core.utils.maintenance.dedup_helpers import _normalize_string_exact
 from graphiti_core.utils.maintenance.edge_operations import (
     build_episodic_edges,
     extract_edges,
@@ -101,9 +100,10 @@ from graphiti_core.utils.maintenance.graph_data_operations import retrieve_episo
 from graphiti_core.utils.maintenance.node_operations import extract_nodes, resolve_extracted_nodes
 from pydantic import BaseModel, ConfigDict, Field
 
+from engram.compat import driver_database, normalize_name_exact
 from engram.models.accounting import AccountingLLMClient
-from schemas import Episode, NodeDelta
 from engram.tokens import CountTokens, token_counter
+from schemas import Episode, NodeDelta
 from services.extractor.chunking import ChunkingSettings, assign_pairs, chunk_json, chunk_messages, chunk_text, should_chunk
 from services.extractor.deltas import build_node_deltas
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
@@ -236,7 +236,7 @@ def check_driver_for_group(clients: GraphitiClients, group_id: str) -> None:
     """
     driver = clients.driver
     if driver.provider == GraphProvider.FALKORDB:
-        database = getattr(driver, "_database", None)
+        database = driver_database(driver)
         if database != group_id:
             raise ValueError(f"FalkorDriver targets graph {database!r}, episode belongs to group {group_id!r}")
     elif driver.provider != GraphProvider.NEO4J:
@@ -382,13 +382,13 @@ async def _merge_materialized_endpoints(
     them by name against this episode's resolved nodes, resolve the rest against the graph.
     ``nodes`` and ``uuid_map`` are updated in place.
     """
-    by_name = {_normalize_string_exact(n.name): n for n in nodes}
+    by_name = {normalize_name_exact(n.name): n for n in nodes}
     known = {n.uuid for n in nodes}
     unresolved: list[EntityNode] = []
     for node in materialized:
         if node.uuid in known:
             continue
-        existing = by_name.get(_normalize_string_exact(node.name))
+        existing = by_name.get(normalize_name_exact(node.name))
         if existing is not None:
             uuid_map[node.uuid] = existing.uuid
             continue

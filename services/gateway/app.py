@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from faststream.asgi import AsgiFastStream
 from prometheus_client import Counter, Histogram
 
+from engram.compat import route_unmatched_http
 from engram.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
 from services.gateway.bus import Bus
@@ -98,15 +99,7 @@ class GatewayService(ServiceApp):
         app = super().asgi()
         rest = self.rest
         assert rest is not None
-        fallback = app.not_found
-
-        async def to_rest(scope: Any, receive: Any, send: Any) -> None:
-            if scope["type"] == "http":
-                await rest(scope, receive, send)
-            else:
-                await fallback(scope, receive, send)
-
-        app.not_found = to_rest  # type: ignore[method-assign]
+        route_unmatched_http(app, rest)  # FastStream has no fallback option (engram/compat.py)
         return app
 
 

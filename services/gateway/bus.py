@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from engram.epochs import SessionEpochs
+from engram.service import jetstream
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, subjects
@@ -67,8 +68,9 @@ class Bus:
         """Connect and declare the topology, as every service does: the gateway may be the first
         engram process a fresh NATS sees, and its publishes need the input stream."""
         await self.broker.connect()
-        await ensure_topology(self.broker.config.connection_state.stream, Topology.from_settings(self.settings))
-        self.epochs = await SessionEpochs.open(self.broker.config.connection_state.stream)
+        js = jetstream(self.broker)
+        await ensure_topology(js, Topology.from_settings(self.settings))
+        self.epochs = await SessionEpochs.open(js)
 
     def _client(self) -> Any:
         try:
@@ -78,14 +80,12 @@ class Bus:
 
     def jetstream(self) -> Any:
         """The JetStream context (BusError 503 when not connected)."""
-        self._client()
-        return self.broker.config.connection_state.stream
+        return self._client().jetstream()
 
     async def publish_messages(self, group_id: str, messages: list[ChatMessage]) -> PublishReport:
         """Store ``messages`` in order; raise BusError(503) at the first one the server did not
         acknowledge (the ones before it are stored: a retry deduplicates them)."""
-        self._client()  # connected, or BusError(503)
-        js = self.broker.config.connection_state.stream
+        js = self._client().jetstream()  # connected, or BusError(503)
         report = PublishReport()
         subject = subjects.in_message(group_id)
         try:

@@ -43,8 +43,9 @@ from faststream.nats import NatsBroker
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
+from engram.compat import take_index_build
 from engram.graph import GraphDrivers, as_utc, query_rows
-from engram.service import message_itself
+from engram.service import jetstream, message_itself
 from schemas import subjects
 from schemas.messages import (
     GraphDeleteResponse,
@@ -211,7 +212,7 @@ class _Falkor(_Backend):
         # Indices on the fresh, empty graph (see the module docstring). The driver shares our
         # client; its constructor schedules exactly this index build.
         driver = FalkorDriver(falkor_db=self.client, database=group_id)
-        init = getattr(driver, "_init_task", None)
+        init = take_index_build(driver)
         await (init if init is not None else driver.build_indices_and_constraints())
         return GraphDeleteResponse(group_id=group_id, deleted_episodes=episodes)
 
@@ -299,7 +300,7 @@ class GraphAdmin:
         self.broker = broker  # for erasing a deleted group's or episode's messages (purge.py)
 
     def _js(self) -> Any:
-        return self.broker.config.connection_state.stream if self.broker is not None else None
+        return jetstream(self.broker) if self.broker is not None else None
 
     @contextlib.asynccontextmanager
     async def _backend(self) -> AsyncIterator[_Backend]:

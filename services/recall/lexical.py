@@ -68,12 +68,13 @@ import bm25s
 import numpy as np
 import Stemmer
 from bm25s import stopwords as bm25s_stopwords
-from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
 from graphiti_core.driver.driver import GraphProvider
 from lemminflect import getAllLemmas
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge
 
+from engram.compat import bm25_idf_scorer as _select_idf_scorer
+from engram.compat import bm25_tfc_scorer as _select_tfc_scorer
 from engram.graph import query_rows
 from services.extractor.pipeline import EMBEDDING_PROPERTY
 

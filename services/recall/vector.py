@@ -39,6 +39,8 @@ from graphiti_core.search.search_filters import (
 )
 from graphiti_core.search.search_utils import fulltext_query, rrf
 
+from engram.compat import falkor_graph
+
 log = logging.getLogger("engram.recall.vector")
 
 # Recall's filter (as services.recall.search.NOT_EXPIRED, kept here to avoid an import cycle).
@@ -96,7 +98,7 @@ async def vector_fact_search(
         return None
     from redis.exceptions import ResponseError
 
-    graph = driver._get_graph(None)  # noqa: SLF001 - raw graph: the driver logs every failure as an error
+    graph = falkor_graph(driver)  # raw graph: the driver logs every failure as an error
     k = limit
     while True:
         try:

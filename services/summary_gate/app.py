@@ -46,7 +46,7 @@ from engram import dlq
 from engram.graph import GraphDrivers
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
-from engram.service import ServiceApp, make_broker, retry_or_dead_letter, subscribe_partitions
+from engram.service import ServiceApp, jetstream, make_broker, retry_or_dead_letter, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
@@ -118,7 +118,7 @@ class SummaryGate:
     async def start(self) -> None:
         self.graph.validate()
         await self.broker.connect()
-        self.js = self.broker.config.connection_state.stream
+        self.js = jetstream(self.broker)
         topology = Topology.from_settings(self.settings)
         await ensure_topology(self.js, topology)
         if self.gate.staleness_sla_s >= topology.episode_max_age_s:

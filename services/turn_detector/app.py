@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 
 from engram import dlq
 from engram.epochs import SessionEpochs
-from engram.service import ServiceApp, make_broker, subscribe_partitions
+from engram.service import ServiceApp, jetstream, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, subjects
@@ -74,7 +74,7 @@ class TurnDetector:
     async def start(self) -> None:
         """Connect, declare the topology and open the KV store before any subscriber starts."""
         await self.broker.connect()
-        self.js = self.broker.config.connection_state.stream
+        self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
         self.store = SessionStore(await self.js.key_value(subjects.KV_TURN_SESSIONS))
         self.epochs = await SessionEpochs.open(self.js)

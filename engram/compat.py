@@ -1,0 +1,159 @@
+"""Every place engram relies on a library's private API, in one module.
+
+engram pins its libraries (pyproject.toml, requirements.lock). Where a pinned library offers no
+public way to do what engram needs, the private attribute, method or function is used here and
+only here, one function per hook, each with what it does, why there is no public API and the
+version it was written against. tests/engram/test_compat.py checks every hook against the
+installed library (the attribute exists, the signature and the behaviour engram relies on are
+unchanged), so upgrading a pin fails those tests loudly instead of breaking a service quietly.
+
+Hooks (library, pinned version, private name):
+
+* FastStream 0.7.8: ``_create_subscription`` of a NATS pull subscriber (:func:`stop_fetching`)
+  and ``AsgiFastStream.not_found`` (:func:`route_unmatched_http`);
+* graphiti-core 0.31.1: FalkorDriver's ``_get_graph`` (:func:`falkor_graph`), a driver's
+  ``_database`` (:func:`driver_database`) and ``_init_task`` (:func:`take_index_build`),
+  ``dedup_helpers._normalize_string_exact`` (:func:`normalize_name_exact`);
+* bm25s 0.3.16: ``scoring._select_idf_scorer`` / ``_select_tfc_scorer``
+  (:func:`bm25_idf_scorer`, :func:`bm25_tfc_scorer`).
+
+Not hooks, though the names start with an underscore: graphiti's ``LLMClient._generate_response``
+is the abstract method its documentation tells an LLMClient subclass to implement (engram's
+rules model, OpenAI-compatible client, recall's no-LLM stand-in and the delegating wrappers do),
+so it is a subclass contract; the test module still checks that contract. Public API replaced
+what used to reach in elsewhere: FastStream's ``broker.connection`` (instead of
+``broker.config.connection_state``, see engram/service.py :func:`~engram.service.jetstream`) and
+nats-py's ``Client.connected_server_version`` (instead of ``_server_info``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Asgi = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+# --------------------------------------------------------------------------------- FastStream
+
+
+async def _never_fetch() -> None:
+    """Stands in for the subscriber's ``_create_subscription``: engram's CapacityPuller fetches."""
+
+
+def stop_fetching(subscriber: Any) -> None:
+    """Keep a FastStream NATS pull subscriber registered (handler, middlewares, AsyncAPI entry,
+    ``subscriber.consume``) but stop it from creating its pull subscription and fetch loop.
+
+    Why private: FastStream 0.7.8 creates the subscription and starts its fetch task in the
+    subscriber's ``_create_subscription``, called by ``start()`` whenever a handler is
+    registered; there is no option to register a handler without FastStream fetching for it.
+    engram's :class:`~engram.service.CapacityPuller` pulls instead (only when a slot is free) and
+    hands each message to the public ``subscriber.consume``. Raises when the method is gone, so
+    an upgrade cannot leave two pullers running.
+    """
+    if not callable(getattr(type(subscriber), "_create_subscription", None)):
+        raise RuntimeError(f"{type(subscriber).__name__} has no _create_subscription to replace (FastStream changed)")
+    subscriber._create_subscription = _never_fetch
+
+
+def route_unmatched_http(app: Any, http: Asgi) -> None:
+    """Send every HTTP request that none of ``app``'s own routes matches to ``http`` (another ASGI
+    app); other scopes (websocket) keep FastStream's answer.
+
+    Why private: FastStream 0.7.8's ``AsgiFastStream`` matches its routes (``/metrics``,
+    ``/healthz`` ...) by exact path and answers anything else with its ``not_found`` method; it
+    has no mount or fallback option, and wrapping the app from outside would hide the
+    ``AsgiFastStream`` (lifespan, ``run``) that the service runner needs. So ``not_found`` is
+    replaced on this instance.
+    """
+    if not callable(getattr(app, "not_found", None)):
+        raise RuntimeError(f"{type(app).__name__} has no not_found to replace (FastStream changed)")
+    fallback = app.not_found
+
+    async def not_found(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await http(scope, receive, send)
+        else:
+            await fallback(scope, receive, send)
+
+    app.not_found = not_found
+
+
+# --------------------------------------------------------------------------------- graphiti-core
+
+
+def falkor_graph(driver: Any) -> Any:
+    """The raw FalkorDB graph (``falkordb.asyncio.AsyncGraph``) a FalkorDriver targets.
+
+    Why private: graphiti-core 0.31.1's FalkorDriver exposes its client (``driver.client``) but
+    the graph it targets only through ``_get_graph(None)`` (the name is ``_database``). engram
+    queries the raw graph for what graphiti has no call for (the vector index on facts, its
+    queries), and raw, because ``driver.execute_query`` logs every failure as an error.
+    """
+    return driver._get_graph(None)
+
+
+def driver_database(driver: Any) -> str | None:
+    """The database (FalkorDB: graph name) a graphiti driver targets, None when it has none.
+
+    Why private: graphiti-core 0.31.1 stores it as ``GraphDriver._database`` and offers
+    ``with_database``/``clone`` to change it, but no getter.
+    """
+    return getattr(driver, "_database", None)
+
+
+def take_index_build(driver: Any) -> asyncio.Task[Any] | None:
+    """The index build a graphiti driver's constructor scheduled (None when none was), handed to
+    the caller: the driver forgets it, so the caller awaits or cancels it.
+
+    Why private: graphiti-core 0.31.1's FalkorDriver and Neo4jDriver constructors schedule
+    ``build_indices_and_constraints()`` as a task (``_init_task``) when a loop is running, and
+    nothing public awaits it. A failure there (server down at that moment) would stick to the
+    driver; engram awaits it once, and builds again itself on the next call if it failed.
+    """
+    task = getattr(driver, "_init_task", None)
+    if task is not None:
+        driver._init_task = None
+    return task
+
+
+def normalize_name_exact(name: str) -> str:
+    """graphiti's exact-name key: lower case, runs of whitespace collapsed, stripped.
+
+    Why private: graphiti-core 0.31.1 keys its own exact-name dedup with
+    ``dedup_helpers._normalize_string_exact``; engram's merge of materialized endpoint nodes must
+    match graphiti's keys exactly, so it calls the same function rather than a copy that could
+    drift from it.
+    """
+    from graphiti_core.utils.maintenance.dedup_helpers import _normalize_string_exact
+
+    return _normalize_string_exact(name)
+
+
+# --------------------------------------------------------------------------------- bm25s
+
+
+def bm25_idf_scorer(method: str) -> Callable[..., float]:
+    """bm25s's idf function for ``method`` (robertson, lucene, atire, bm25l, bm25+), called
+    ``idf(df, N=n_docs)``.
+
+    Why private: bm25s 0.3.16 builds its score matrix inside ``BM25.index`` from a tokenized
+    corpus; recall builds the same matrix from term counts it already has, with bm25s's own
+    formulas (``scoring._select_idf_scorer``) so scores stay identical to bm25s's.
+    """
+    from bm25s.scoring import _select_idf_scorer
+
+    return _select_idf_scorer(method)
+
+
+def bm25_tfc_scorer(method: str) -> Callable[..., Any]:
+    """bm25s's term-frequency component for ``method``, called with keyword arguments
+    ``tf_array, l_d, l_avg, k1, b, delta`` (numpy arrays or scalars).
+
+    Why private: as :func:`bm25_idf_scorer` (``scoring._select_tfc_scorer``).
+    """
+    from bm25s.scoring import _select_tfc_scorer
+
+    return _select_tfc_scorer(method)
