@@ -100,9 +100,14 @@ def run_one(script: str, args: list[str], smoke: bool, timeout_s: float | None) 
     return Result(script, shown, returncode, seconds, load_before, load_average(), stdout, tail)
 
 
-def render(results: list[Result], planned: int, command: str, started: datetime, smoke: bool) -> str:
+def tree_state() -> str:
+    """The commit the benches run on, and whether tracked files differed from it."""
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return f"{commit}{' (with uncommitted changes)' if dirty else ''}"
+
+
+def render(results: list[Result], planned: int, command: str, started: datetime, tree: str, smoke: bool) -> str:
     failed = [r for r in results if r.returncode != 0]
     state = "complete" if len(results) == planned else f"partial: {len(results)} of {planned} benches run"
     if planned < len(BENCHES):
@@ -122,7 +127,7 @@ def render(results: list[Result], planned: int, command: str, started: datetime,
     lines += [
         f"- command: `{command}`",
         f"- date: {started:%Y-%m-%d %H:%M} UTC",
-        f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}",
+        f"- commit: {tree} (at the start)",
         f"- machine: {platform.system()} {platform.machine()}, {os.cpu_count()} cores,"
         f" Python {platform.python_version()}",
         f"- run: {state}; {len(failed)} failed; {sum(r.seconds for r in results):.0f} s in all",
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     benches = select(args.only) if args.only else BENCHES
     command = shlex.join(["python", "bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
     started = datetime.now(timezone.utc)
+    tree = tree_state()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     for script, bench_args in benches:
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   exit {result.returncode}, {result.seconds:.0f} s", flush=True)
         if result.stderr_tail:
             print(result.stderr_tail, file=sys.stderr, flush=True)
-        args.out.write_text(render(results, len(benches), command, started, args.smoke))
+        args.out.write_text(render(results, len(benches), command, started, tree, args.smoke))
     failed = [r.script for r in results if r.returncode != 0]
     print(f"wrote {args.out}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
