@@ -14,6 +14,11 @@ Hooks (library, pinned version, private name):
 * graphiti-core 0.31.1: FalkorDriver's ``_get_graph`` (:func:`falkor_graph`), a driver's
   ``_database`` (:func:`driver_database`) and ``_init_task`` (:func:`take_index_build`),
   ``dedup_helpers._normalize_string_exact`` (:func:`normalize_name_exact`);
+* graphiti-core 0.31.1 LLMClient helpers that engram's OpenAI-compatible client (which
+  replaces ``generate_response``) keeps using: ``_generate_response_with_retry``
+  (:func:`generate_with_retry`), ``_apply_attribute_extraction_preamble``
+  (:func:`apply_attribute_extraction_preamble`), ``_clean_input`` (:func:`clean_llm_input`) and
+  OpenAIGenericClient's ``_strip_code_fences`` (:func:`strip_code_fences`);
 * bm25s 0.3.16: ``scoring._select_idf_scorer`` / ``_select_tfc_scorer``
   (:func:`bm25_idf_scorer`, :func:`bm25_tfc_scorer`).
 
@@ -130,6 +135,43 @@ def normalize_name_exact(name: str) -> str:
     from graphiti_core.utils.maintenance.dedup_helpers import _normalize_string_exact
 
     return _normalize_string_exact(name)
+
+
+# --------------------------------------------------------------------------------- graphiti LLMClient
+# engram/models/openai_compat.py replaces graphiti's ``generate_response`` (per-prompt output
+# caps, one stricter retry on a cut answer, structured-output fallback) but keeps graphiti's own
+# behaviour around the HTTP call through these helpers; no public API exposes them.
+
+
+async def generate_with_retry(client: Any, messages: list[Any], response_model: Any, *, max_tokens: int,
+                              model_size: Any, model: str | None) -> dict[str, Any]:
+    """``client._generate_response`` under graphiti's retry policy (4 attempts, random exponential
+    wait, on rate limits, 5xx, empty and non-JSON answers).
+
+    Why private: graphiti-core 0.31.1 applies that policy (tenacity) only in
+    ``LLMClient._generate_response_with_retry``, which its ``generate_response`` calls.
+    """
+    return await client._generate_response_with_retry(messages, response_model, max_tokens=max_tokens,
+                                                      model_size=model_size, model=model)
+
+
+def apply_attribute_extraction_preamble(client: Any, messages: list[Any], attribute_extraction: bool) -> None:
+    """Add graphiti's strict framing to the system message of attribute-extraction calls (no-op
+    otherwise). Why private: graphiti-core 0.31.1 does it in
+    ``LLMClient._apply_attribute_extraction_preamble`` from ``generate_response`` only."""
+    client._apply_attribute_extraction_preamble(messages, attribute_extraction)
+
+
+def clean_llm_input(client: Any, text: str) -> str:
+    """Text without invalid unicode, zero-width and control characters (newlines and tabs kept),
+    as graphiti sends it. Why private: graphiti-core 0.31.1's ``LLMClient._clean_input``."""
+    return client._clean_input(text)
+
+
+def strip_code_fences(client: Any, text: str) -> str:
+    """A JSON answer without the markdown fence local servers wrap it in. Why private:
+    graphiti-core 0.31.1's ``OpenAIGenericClient._strip_code_fences``."""
+    return client._strip_code_fences(text)
 
 
 # --------------------------------------------------------------------------------- bm25s

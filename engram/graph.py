@@ -131,7 +131,7 @@ class EngramFalkorDriver(FalkorDriver):
             FULLTEXT_REJECTED.labels(index=match.group(1)).inc()
             reason = _REJECTION_REASON.search(str(exc))  # the words only: "... near <query word>" is content
             log.warning("graph %s: FalkorDB rejected a fulltext query on %s (%s); continuing without that lookup",
-                        self._database, match.group(1), reason.group(1).strip() if reason else "RediSearch error")
+                        driver_database(self), match.group(1), reason.group(1).strip() if reason else "RediSearch error")
             return [], [], None
         finally:
             _quiet_rejections.reset(token)

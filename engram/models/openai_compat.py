@@ -55,6 +55,8 @@ from graphiti_core.prompts.models import Message
 from prometheus_client import Counter
 from pydantic import BaseModel
 
+from engram.compat import apply_attribute_extraction_preamble, clean_llm_input, generate_with_retry, strip_code_fences
+
 log = logging.getLogger("engram.llm")
 
 StructuredOutput = Literal["auto", "json_schema", "json_object", "prompt"]
@@ -273,7 +275,7 @@ class OpenAICompatibleClient(OpenAIGenericClient):
     ) -> dict[str, typing.Any]:
         prompt = prompt_key(prompt_name, response_model)
         cap = max_tokens_for(prompt, max_tokens, self.max_tokens_by_prompt, self.max_tokens)
-        self._apply_attribute_extraction_preamble(messages, attribute_extraction)
+        apply_attribute_extraction_preamble(self, messages, attribute_extraction)
         messages[0].content += get_extraction_language_instruction(group_id)
         requests = [0]
         token = _REQUESTS.set(requests)
@@ -334,8 +336,8 @@ class OpenAICompatibleClient(OpenAIGenericClient):
                 attempt[-1].content += f"\n\nRespond with a JSON object in the following format:\n\n{json.dumps(schema)}"
             token = _ATTEMPT.set(_Attempt(mode, strict))
             try:
-                result = await self._generate_response_with_retry(attempt, response_model, max_tokens=cap,
-                                                                  model_size=model_size, model=model)
+                result = await generate_with_retry(self, attempt, response_model, max_tokens=cap,
+                                                   model_size=model_size, model=model)
             except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
                 refused = refused or exc
                 if mode != modes[-1]:
@@ -374,7 +376,7 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         model: str | None = None,
     ) -> dict[str, typing.Any]:
         attempt = _ATTEMPT.get()
-        chat = [{"role": m.role, "content": self._clean_input(m.content)} for m in messages if m.role in ("system", "user")]
+        chat = [{"role": m.role, "content": clean_llm_input(self, m.content)} for m in messages if m.role in ("system", "user")]
         kwargs: dict[str, Any] = {}
         response_format = self._response_format(attempt.mode, response_model, attempt.strict)
         if response_format is not None:
@@ -395,7 +397,7 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         content = choice.message.content or ""
         if not content:
             raise EmptyResponseError("LLM returned an empty response")
-        return json.loads(self._strip_code_fences(content))
+        return json.loads(strip_code_fences(self, content))
 
 
 def make_sdk_client(*, api_key: str, base_url: str | None, timeout_s: float, max_retries: int) -> openai.AsyncOpenAI:

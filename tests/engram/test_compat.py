@@ -248,6 +248,46 @@ async def test_generate_response_reaches_the_subclass_and_the_delegating_wrapper
     assert len(calls) == 2
 
 
+async def test_generate_with_retry_keeps_graphitis_retry_policy() -> None:
+    import json
+
+    from tenacity import wait_none
+
+    policy = LLMClient._generate_response_with_retry.retry  # type: ignore[attr-defined]
+    assert policy.stop.max_attempt_number == 4
+    answers: list[Any] = [json.JSONDecodeError("cut", "", 0), {"answer": "ok"}]
+
+    class Flaky(LLMClient):
+        async def _generate_response(self, messages: Any, response_model: Any = None, max_tokens: int = 0,
+                                     model_size: ModelSize = ModelSize.medium, *, model: str | None = None) -> Any:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return {**answer, "model": model, "max_tokens": max_tokens}
+
+    client = Flaky(None, cache=False)
+    fast = LLMClient._generate_response_with_retry.retry_with(wait=wait_none())  # type: ignore[attr-defined]
+    client._generate_response_with_retry = fast.__get__(client)  # the same policy without the 5 s+ waits
+    result = await compat.generate_with_retry(client, [Message(role="user", content="q")], _Answer,
+                                              max_tokens=7, model_size=ModelSize.small, model="m")
+    assert result == {"answer": "ok", "model": "m", "max_tokens": 7} and answers == []
+
+
+def test_graphiti_llm_input_helpers() -> None:
+    from graphiti_core.llm_client.openai_generic_client import OpenAIGenericClient
+
+    client = OpenAIGenericClient(client=object())  # no request is made
+    assert compat.clean_llm_input(client, "a\u200bb\x00c\nd\te") == "abc\nd\te"
+    assert compat.strip_code_fences(client, '```json\n{"a": 1}\n```') == '{"a": 1}'
+    assert compat.strip_code_fences(client, '{"a": 1}') == '{"a": 1}'
+    plain = [Message(role="system", content="sys"), Message(role="user", content="u")]
+    compat.apply_attribute_extraction_preamble(client, plain, False)
+    assert plain[0].content == "sys"
+    framed = [Message(role="system", content="sys"), Message(role="user", content="u")]
+    compat.apply_attribute_extraction_preamble(client, framed, True)
+    assert framed[0].content != "sys" and "sys" in framed[0].content and framed[1].content == "u"
+
+
 # ------------------------------------------------------------------ nats-py: public server version
 
 
