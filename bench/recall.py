@@ -680,6 +680,9 @@ async def main(args: argparse.Namespace) -> int:
     print_tables(rows, args)
     print(f"total wall {time.perf_counter() - wall:.0f}s; load average at start {load_start}, at end "
           f"{tuple(round(x, 2) for x in os.getloadavg())} (2 cores: other work on the machine shows here)")
+    lexical = rc_app.RecallSettings()
+    print(f"recall settings: lexical_max_bytes {lexical.lexical_max_bytes:,} (a group whose turns and their vectors "
+          f"exceed it is read from the graph on every recall), lexical_max_groups {lexical.lexical_max_groups:,}")
     for row in rows:
         if row.facts == largest or row.facts == 10_000:
             p95 = percentile(row.nats_ms, 95)
