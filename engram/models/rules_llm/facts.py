@@ -163,6 +163,17 @@ def _has_content(masked_sentence: str) -> bool:
     return bool(content) or not small_talk
 
 
+_PLAIN_WORD = re.compile(r"^[A-Za-z][A-Za-z'’-]*[.,;:!?]?$")
+MIN_PLAIN_WORDS = 2
+
+
+def _prose(text: str) -> bool:
+    """At least ``MIN_PLAIN_WORDS`` whitespace-separated plain words: a line of tool output kept by
+    the turn-detector's reduction ("tests/test_mod19.py ....  [95%]") states no fact, while
+    "Bumped pydantic==2.14 in pyproject.toml" still does."""
+    return sum(1 for token in text.split() if _PLAIN_WORD.match(token)) >= MIN_PLAIN_WORDS
+
+
 _VOCATIVE_BEFORE = re.compile(
     r"(?:^|[,;:!?.]|\b(?:hey|hi|hello|thanks|thank you|wow|oh|yes|yeah|yep|congrats|congratulations|dear|sorry|"
     r"bye|great|awesome|absolutely|sure|okay|ok|aw|aww|haha|lol|omg))\W*$",
@@ -202,7 +213,7 @@ class _FactBuilder:
 
     def sentence(self, sent: _Sentence, mentions: list[_Mention], speaker_key: str | None) -> None:
         text = sent.text
-        if sent.code:
+        if sent.code or not _prose(text):
             return
         fact_text = third_person(text, sent.speaker if speaker_key else None)
         masked = _mask(text, [(m.start, m.end) for m in mentions if not m.pronoun])

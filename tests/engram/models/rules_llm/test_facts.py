@@ -50,3 +50,18 @@ def test_a_name_used_to_address_the_listener_is_no_argument() -> None:
     for text, name in [("I met Caroline at the park.", "Caroline"), ("Caroline went to Boston.", "Caroline"),
                        ("I painted it for Melanie.", "Melanie")]:
         assert not _vocative(text, mention(text, name)), text
+
+
+async def test_lines_of_tool_output_are_not_facts() -> None:
+    """What the turn-detector keeps of a pytest run (head and tail lines) names files and
+    packages, but states nothing; a short sentence with a version still does."""
+    turn = ("tool (pytest): $ pytest -q\ntests/test_mod1.py ....  [5%]\ntests/test_mod19.py ....  [95%]\n"
+            "========== 212 passed, 3 skipped in 41.2s ==========\n\n"
+            "user (Ada): Bumped pydantic==2.14 in pyproject.toml.")
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    facts = [e["fact"] for e in response["edges"]]
+    assert not [f for f in facts if "test_mod" in f], facts
+    assert any("pydantic" in f for f in facts), facts
