@@ -114,9 +114,9 @@ class RecallSettings(BaseSettings):
     )
     lexical_max_bytes: int = Field(
         DEFAULT_MAX_BYTES, ge=1,
-        description="Episode text (UTF-8 bytes) held in those indexes in all, least recently used dropped "
-        "first; the indexes take about 17x this in memory (measured on LoCoMo turns). A group larger than this "
-        "alone is rebuilt on every recall.",
+        description="Episode text (UTF-8 bytes) and turn vectors (4 bytes a dimension) held in those indexes in "
+        "all, least recently used dropped first; besides them the BM25 indexes take about 12x the text (LoCoMo "
+        "turns). A group larger than this alone is rebuilt on every recall.",
     )
 
 

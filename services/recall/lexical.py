@@ -85,7 +85,11 @@ MIN_LANGUAGE_VOTES = 2.0  # below this a group is English: a turn or two of "de"
 DEFAULT_MAX_GROUPS = 1024
 RRF_K = 60  # reciprocal-rank constant of the BM25 + dense fusion (the usual 60; not tuned)
 CANDIDATES_PER_K = 3  # each ranking's depth in the fusion, per result asked for
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # of text; the index holds ~12x that besides the text (LoCoMo turns, 10k)
+# Text and turn vectors held. 64 MiB since turns carry vectors (384 float32 = 1.5 KB a turn, ~3x a
+# LoCoMo turn's text): the text it bounds stays about the 16 MiB of text the bound was before (the
+# BM25 index holds ~12x its text besides), and a group of ~35k turns still fits (at 16 MiB one of
+# ~9k turns did not, and a group over the bound is re-read on every recall: 16 s at 20k turns).
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # One string, not a list: the Python client parses every list element on its own (measured at
 # 10k episodes: 8.0 ms p50 / 56 ms p95 for the list, 3.2 / 4.5 ms joined; a count was 0.9 / 1.1).
 # A uuid holding the separator only makes every request read it again, never hides it.
