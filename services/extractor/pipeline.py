@@ -273,7 +273,7 @@ async def embed_episode(embedder: Any, episode: Episode) -> list[float] | None:
     return [float(x) for x in vector] if vector else None
 
 
-async def record_message_ids(driver: Any, episode: Episode, vector: list[float] | None = None) -> None:
+async def record_episode_properties(driver: Any, episode: Episode, vector: list[float] | None = None) -> None:
     """Store the episode's source message ids (recall's provenance) and, when given, the turn's
     embedding (recall's dense search over past turns) on its Episodic node.
 
@@ -602,7 +602,7 @@ async def extract_episode(
     if stored is not None:
         log.info("episode already in the graph; skipping extraction")
         # a crash may have come before these were written
-        await record_message_ids(clients.driver, episode, await embed_episode(clients.embedder, episode))
+        await record_episode_properties(clients.driver, episode, await embed_episode(clients.embedder, episode))
         timings["total_ms"] = _ms(total)
         return ExtractionResult(
             episode_id=episode.episode_id, group_id=episode.group_id, already_present=True, episode=stored, timings=timings
@@ -667,7 +667,7 @@ async def extract_episode(
     # Facts first, the episode (the idempotency marker) last; existing nodes are not re-written.
     await add_nodes_and_edges_bulk(run.driver, [], [], new_nodes, entity_edges, run.embedder)
     await add_nodes_and_edges_bulk(run.driver, [episode_node], episodic_edges, [], [], run.embedder)
-    await record_message_ids(run.driver, episode, episode_vector)
+    await record_episode_properties(run.driver, episode, episode_vector)
     timings["save_ms"] = _ms(start)
     timings["total_ms"] = _ms(total)
 
