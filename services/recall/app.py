@@ -196,8 +196,6 @@ class Recall:
             *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
               for scope, group in groups)
         )
-        if not self.options.facts:
-            per_group = [[i for i in items if i.kind != "fact"] for items in per_group]
         items = merge(per_group, request.max_facts)
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:
@@ -215,7 +213,7 @@ class Recall:
         return await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
                                   episode_weight=self.options.episode_weight, episodes=episodes,
                                   episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
-                                  followers=self.options.followers)
+                                  followers=self.options.followers, with_facts=self.options.facts)
 
 
 def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:

@@ -85,12 +85,13 @@ async def search_group(
     episode_chars: int = EPISODE_CHARS,
     dense_episodes: bool = False,
     followers: int = 0,
+    with_facts: bool = True,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
     Past turns come from ``lexical`` (BM25 kept by the recall service, fused with the turn
     vectors' cosine to ``query_vector`` when ``dense_episodes``) when given, else from the graph's
-    episode fulltext index."""
+    episode fulltext index. ``with_facts`` False: past turns only, no fact search."""
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
 
@@ -106,12 +107,17 @@ async def search_group(
         return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit]
 
     if episodes and lexical is not None:
-        (edges, scores, _), hits = await asyncio.gather(facts(), lexical.search(
-            clients.driver, group_id, query, limit, vector=query_vector if dense_episodes else None,
-            followers=followers))
+        turn_search = lexical.search(clients.driver, group_id, query, limit,
+                                     vector=query_vector if dense_episodes else None, followers=followers)
+        if with_facts:
+            (edges, scores, _), hits = await asyncio.gather(facts(), turn_search)
+        else:
+            edges, scores, hits = [], [], await turn_search
         turns_found = [_Turn(d.uuid, d.content, d.valid_at, d.created_at) for d, _ in hits]
     else:
         edges, scores, graph_episodes = await facts()
+        if not with_facts:
+            edges, scores = [], []
         turns_found = [_Turn(ep.uuid, ep.content, ep.valid_at, ep.created_at) for ep in graph_episodes] if episodes else []
     sources = await provenance(
         clients.driver, group_id, sorted({u for e in edges for u in e.episodes} | {ep.uuid for ep in turns_found})

@@ -83,4 +83,6 @@ def prefer_dated(items: Sequence[Item], *, lift: int = DEFAULT_LIFT,
 
 def rank_for_query(query: str, items: Sequence[RecallItem], *, lift: int = DEFAULT_LIFT) -> list[RecallItem]:
     """:func:`prefer_dated` for a "when" question, ``items`` unchanged for any other query."""
-    return prefer_dated(items, lift=lift) if is_when_question(query) else list(items)
+    if lift <= 0 or not is_when_question(query):  # lift 0 (the default) is the identity: no regex per request
+        return list(items)
+    return prefer_dated(items, lift=lift)
