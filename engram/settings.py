@@ -39,6 +39,48 @@ class TurnDetectorSettings(BaseSettings):
     )
 
 
+class SessionSettings(BaseSettings):
+    """Session segments and their close stage (seed 004)."""
+
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_SESSION_", extra="ignore")
+
+    token_limit: int = Field(
+        30_000, ge=100,
+        description="cl100k tokens of a session segment's messages at which the turn-detector closes it "
+        "(reason token_limit) at the next turn boundary; the publisher's session continues in a new segment.",
+    )
+    idle_close_s: float = Field(
+        1800.0, gt=0,
+        description="A segment with no new message for this long is closed (reason idle); its open turn is "
+        "flushed earlier, after ENGRAM_TURN_IDLE_TIMEOUT_S.",
+    )
+    transcript_messages: int = Field(
+        50, ge=1, le=1000, description="Messages of a closing segment handed to the close stage (the last ones).",
+    )
+    transcript_tokens: int = Field(
+        6000, ge=100, le=100_000,
+        description="cl100k token cap of that transcript (the oldest messages are left out first).",
+    )
+    summary_max_tokens: int = Field(500, ge=50, le=4000, description="Output cap of the hybrid session summary.")
+    facts_max_tokens: int = Field(300, ge=50, le=4000, description="Output cap of the preferences/notes extraction.")
+    previous_summaries: int = Field(
+        3, ge=0, le=20, description="Summaries of the same memory group's earlier segments chained into the prompt.",
+    )
+
+
+class ContextSettings(BaseSettings):
+    """Default cl100k budgets of the context builder's layers (seed 004, 6); a request may override each."""
+
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_CONTEXT_BUDGET_", extra="ignore")
+
+    identity: int = Field(500, ge=0, le=100_000, description="Tokens of the identity layer (the agent's own text).")
+    agent_memory: int = Field(500, ge=0, le=100_000, description="Tokens of the agent memory layer.")
+    user_context: int = Field(1500, ge=0, le=100_000, description="Tokens of the user context layer (notes, preferences).")
+    session_summary: int = Field(500, ge=0, le=100_000, description="Tokens of the last closed session's summary.")
+    skills: int = Field(1000, ge=0, le=100_000, description="Tokens of the skills layer (the agent's own text).")
+    recall: int = Field(1500, ge=0, le=100_000, description="Tokens of the recall layer for the current query.")
+
+
 class EngramSettings(BaseSettings):
     """Process-wide settings. Unset server URLs mean: use the embedded servers of `engram up`."""
 
@@ -80,6 +122,7 @@ class EngramSettings(BaseSettings):
     otel_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; tracing is off when unset.")
     log_level: str = Field("INFO", description="Python logging level of every engram process.")
     turn: TurnDetectorSettings = Field(default_factory=TurnDetectorSettings)
+    session: SessionSettings = Field(default_factory=SessionSettings)
 
     @property
     def runtime_file(self) -> Path:

@@ -1,7 +1,8 @@
 """engram's message contract: pydantic models, subjects, and their generated JSON Schema/AsyncAPI."""
 
+from schemas.memory import MEMORY_MODELS, SessionSegmentClosed
 from schemas.messages import (
-    ALL_MODELS,
+    ALL_MODELS as MESSAGE_MODELS,
     ChatMessage,
     Episode,
     EpisodeMessage,
@@ -24,6 +25,9 @@ from schemas.messages import (
     SummaryTick,
 )
 
+ALL_MODELS = MESSAGE_MODELS + MEMORY_MODELS
+"""Every model of the contract (schemas/json/ holds one JSON Schema per model)."""
+
 __all__ = [
     "ALL_MODELS",
     "ChatMessage",
@@ -43,6 +47,7 @@ __all__ = [
     "ScopeKeys",
     "SessionClosed",
     "SessionIdle",
+    "SessionSegmentClosed",
     "SummaryAudit",
     "SummaryEvent",
     "SummaryTick",

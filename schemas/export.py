@@ -16,7 +16,9 @@ import yaml
 from pydantic import BaseModel
 
 from schemas import subjects
-from schemas.messages import ALL_MODELS, ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
+from schemas import ALL_MODELS
+from schemas import memory
+from schemas.messages import ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
 from schemas.messages import SessionClosed, SessionIdle, SummaryAudit, SummaryEvent, SummaryTick
 from schemas.messages import (
     GraphDeleteResponse,
@@ -60,6 +62,23 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
     "graphGroups": (subjects.GRAPH_GROUPS, GraphGroupsRequest, "Every group that holds a node (graph admin)."),
     "graphEntitySave": (subjects.GRAPH_ENTITY_SAVE, GraphEntityNodeRequest,
                         "Create or update one entity node with a name and summary (graph admin)."),
+    "sessionClosed": (subjects.SESSION_CLOSED, memory.SessionSegmentClosed,
+                      "One segment of a publisher session ended (token limit, idle, explicit): its transcript "
+                      "tail for the session close stage."),
+    "memoryNoteSave": (subjects.MEMORY_NOTE_SAVE, memory.SaveUserNoteRequest, "Save a note about the user (request/reply)."),
+    "memoryNoteDelete": (subjects.MEMORY_NOTE_DELETE, memory.DeleteUserNoteRequest, "Delete one note (request/reply)."),
+    "memoryNotesList": (subjects.MEMORY_NOTES_LIST, memory.ListUserNotesRequest, "The user's notes, newest first."),
+    "memoryPreferenceSet": (subjects.MEMORY_PREFERENCE_SET, memory.SetUserPreferenceRequest,
+                            "Set a preference key -> value (the latest wins, history kept)."),
+    "memoryPreferenceGet": (subjects.MEMORY_PREFERENCE_GET, memory.GetUserPreferencesRequest,
+                            "The user's current preferences (optionally with history)."),
+    "memoryPreferenceRemove": (subjects.MEMORY_PREFERENCE_REMOVE, memory.RemoveUserPreferenceRequest,
+                               "End a preference's current value."),
+    "memorySessionsList": (subjects.MEMORY_SESSIONS_LIST, memory.ListSessionsRequest,
+                           "Closed session segments with their hybrid summaries, newest first."),
+    "context": (subjects.CONTEXT, memory.ContextRequest,
+                "The agent's layered context (identity, agent memory, user context, last session summary, "
+                "skills, recall), each layer within its token budget."),
     "deadLetter": (
         subjects.DLQ,
         None,
@@ -79,6 +98,10 @@ REPLIES: dict[str, type[BaseModel]] = {
     "graphGroupDelete": GraphDeleteResponse,
     "graphGroups": GraphGroupsResponse,
     "graphEntitySave": GraphEntityNodeResponse,
+    **{cid: memory.MemoryResponse for cid in ("memoryNoteSave", "memoryNoteDelete", "memoryNotesList",
+                                              "memoryPreferenceSet", "memoryPreferenceGet", "memoryPreferenceRemove",
+                                              "memorySessionsList")},
+    "context": memory.ContextResponse,
 }
 
 

@@ -45,6 +45,28 @@ CTL_FORGET_SESSIONS = "engram.ctl.sessions.forget"
 turn-detector replica drops them from its cache."""
 DLQ = "engram.dlq.{stage}"
 
+# --- sessions and user memory (seed 004) ----------------------------------------------------
+SESSION_CLOSED = "engram.session.closed.{session}"
+"""A SessionSegmentClosed: one segment of a publisher session ended (token limit, idle, explicit)."""
+MEMORY_NOTE_SAVE = "engram.memory.note.save"
+"""SaveUserNoteRequest -> MemoryResponse (request/reply, served by the sessions service)."""
+MEMORY_NOTE_DELETE = "engram.memory.note.delete"
+"""DeleteUserNoteRequest -> MemoryResponse."""
+MEMORY_NOTES_LIST = "engram.memory.notes.list"
+"""ListUserNotesRequest -> MemoryResponse."""
+MEMORY_PREFERENCE_SET = "engram.memory.preference.set"
+"""SetUserPreferenceRequest -> MemoryResponse."""
+MEMORY_PREFERENCE_GET = "engram.memory.preference.get"
+"""GetUserPreferencesRequest -> MemoryResponse."""
+MEMORY_PREFERENCE_REMOVE = "engram.memory.preference.remove"
+"""RemoveUserPreferenceRequest -> MemoryResponse."""
+MEMORY_SESSIONS_LIST = "engram.memory.sessions.list"
+"""ListSessionsRequest -> MemoryResponse."""
+CONTEXT = "engram.context"
+"""ContextRequest -> ContextResponse: the agent's layered context (served by the sessions service)."""
+MEMORY_SUBJECTS = (MEMORY_NOTE_SAVE, MEMORY_NOTE_DELETE, MEMORY_NOTES_LIST, MEMORY_PREFERENCE_SET,
+                   MEMORY_PREFERENCE_GET, MEMORY_PREFERENCE_REMOVE, MEMORY_SESSIONS_LIST)
+
 # --- graph admin (NATS request/reply, served by the recall service; used by the gateway) ----
 GRAPH_EPISODES = "engram.graph.episodes"
 """GraphEpisodesRequest -> GraphEpisodesResponse: a group's latest episodes, newest first."""
@@ -70,6 +92,7 @@ STREAM_EPISODES = "ENGRAM_EPISODES"
 STREAM_DLQ = "ENGRAM_DLQ"
 STREAM_DELTAS = "ENGRAM_DELTAS"
 STREAM_SUMMARY = "ENGRAM_SUMMARY"
+STREAM_SESSIONS = "ENGRAM_SESSIONS"
 
 KV_TURN_SESSIONS = "engram_turn_sessions"
 
@@ -169,6 +192,10 @@ def summary_audit(group_id: str) -> str:
 
 def sched_summary(group_id: str, node_uuid: str) -> str:
     return SCHED_SUMMARY.format(group=require_token(group_id, "group_id"), node=require_token(node_uuid, "node_uuid"))
+
+
+def session_closed(session_id: str) -> str:
+    return SESSION_CLOSED.format(session=require_token(session_id, "session_id"))
 
 
 def dlq(stage: str) -> str:
