@@ -1,0 +1,139 @@
+"""Proactive memory over NATS request/reply (services/sessions/memory.py, requests.py) against real
+NATS and FalkorDB: seed 004's save_user_note / set_user_preference / get_user_preferences /
+remove_user_preference, note listing and deletion, sessions listing; a request naming no scope,
+a body that does not parse and a graph that is down are answered (never raised, never echoed)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+
+import nats
+import pytest
+from prometheus_client import REGISTRY
+
+from engram.graph import GraphDrivers
+from engram.service import ServiceApp, make_broker
+from engram.settings import EngramSettings
+from schemas import subjects
+from schemas.memory import (
+    DeleteUserNoteRequest,
+    GetUserPreferencesRequest,
+    ListSessionsRequest,
+    ListUserNotesRequest,
+    MemoryResponse,
+    MemoryScopes,
+    RemoveUserPreferenceRequest,
+    SaveUserNoteRequest,
+    SessionRecord,
+    SetUserPreferenceRequest,
+)
+from services.sessions import memory, requests
+from services.sessions.store import MemoryStore
+
+
+@pytest.fixture
+async def served(clean_nats, falkordb_server, tmp_path) -> AsyncIterator[tuple[nats.NATS, EngramSettings, MemoryStore]]:  # noqa: ANN001
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path,
+                              group_prefix=f"m{uuid.uuid4().hex[:8]}")
+    graphs = GraphDrivers(settings)
+    store = MemoryStore(graphs)
+    broker = make_broker(settings, service="sessions")
+    requests.subscribe(broker, store, settings)
+    app = ServiceApp(name="sessions", broker=broker)
+    await app.start()
+    nc = await nats.connect(clean_nats)
+    try:
+        yield nc, settings, store
+    finally:
+        await nc.close()
+        await app.stop()
+        await graphs.close()
+
+
+async def call(nc: nats.NATS, subject: str, request: object) -> MemoryResponse:
+    body = request if isinstance(request, bytes) else request.model_dump_json().encode()  # type: ignore[attr-defined]
+    reply = await nc.request(subject, body, timeout=10)
+    return MemoryResponse.model_validate_json(reply.data)
+
+
+def counted(op: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("engram_memory_requests_total", {"op": op, "outcome": outcome}) or 0.0
+
+
+async def test_preferences_notes_and_sessions_round_trip(served) -> None:  # noqa: ANN001
+    nc, settings, store = served
+    ayse = MemoryScopes(user="ayse@example.org", session="chat-1")
+    group = subjects.user_group(settings.group_prefix, "ayse@example.org")
+    before = counted("preference_set", "ok")
+
+    set_tr = await call(nc, subjects.MEMORY_PREFERENCE_SET, SetUserPreferenceRequest(scopes=ayse, key="language", value="Türkçe"))
+    assert set_tr.status == "ok" and set_tr.group_id == group  # the user's group, not the session's
+    assert set_tr.preference.key == "language" and set_tr.preference.value == "Türkçe" and set_tr.preference.current
+    await call(nc, subjects.MEMORY_PREFERENCE_SET, SetUserPreferenceRequest(scopes=ayse, key="theme", value="dark"))
+    await call(nc, subjects.MEMORY_PREFERENCE_SET, SetUserPreferenceRequest(scopes=ayse, key="language", value="English",
+                                                                            source="extraction"))
+    assert counted("preference_set", "ok") - before == 3
+
+    got = await call(nc, subjects.MEMORY_PREFERENCE_GET, GetUserPreferencesRequest(scopes=ayse))
+    assert {(p.key, p.value) for p in got.preferences} == {("language", "English"), ("theme", "dark")}
+    history = await call(nc, subjects.MEMORY_PREFERENCE_GET, GetUserPreferencesRequest(scopes=ayse, include_history=True))
+    assert [(p.value, p.current) for p in history.preferences if p.key == "language"] == [("English", True), ("Türkçe", False)]
+
+    removed = await call(nc, subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=ayse, key="theme"))
+    assert removed.status == "ok" and removed.preference.ended_by == "removed"
+    again = await call(nc, subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=ayse, key="theme"))
+    assert again.status == "not_found"
+    got = await call(nc, subjects.MEMORY_PREFERENCE_GET, GetUserPreferencesRequest(scopes=ayse))
+    assert [p.key for p in got.preferences] == ["language"]
+
+    first = await call(nc, subjects.MEMORY_NOTE_SAVE, SaveUserNoteRequest(scopes=ayse, text="Django projesi üzerinde çalışıyor",
+                                                                          session_id="chat-1"))
+    second = await call(nc, subjects.MEMORY_NOTE_SAVE, SaveUserNoteRequest(scopes=ayse, text="Kedisinin adı Pamuk"))
+    assert first.note.source == "conversation" and first.note.session_id == "chat-1"
+    listed = await call(nc, subjects.MEMORY_NOTES_LIST, ListUserNotesRequest(scopes=ayse))
+    assert [n.uuid for n in listed.notes] == [second.note.uuid, first.note.uuid]  # newest first
+    deleted = await call(nc, subjects.MEMORY_NOTE_DELETE, DeleteUserNoteRequest(scopes=ayse, uuid=first.note.uuid))
+    assert deleted.status == "ok"
+    gone = await call(nc, subjects.MEMORY_NOTE_DELETE, DeleteUserNoteRequest(scopes=ayse, uuid=first.note.uuid))
+    assert gone.status == "not_found"
+    assert [n.text for n in (await call(nc, subjects.MEMORY_NOTES_LIST, ListUserNotesRequest(scopes=ayse))).notes] == [
+        "Kedisinin adı Pamuk"]
+
+    await store.save_session(group, SessionRecord(
+        session_id="chat-1", segment=0, segment_id="chat-1-0-0", summary="Özet.", summary_source="llm",
+        close_reason="idle", closed_at=datetime(2026, 3, 1, tzinfo=timezone.utc)))
+    sessions = await call(nc, subjects.MEMORY_SESSIONS_LIST, ListSessionsRequest(scopes=ayse))
+    assert [(s.session_id, s.summary) for s in sessions.sessions] == [("chat-1", "Özet.")]
+
+    # a workspace-only request is the workspace's memory, a different group
+    ws = await call(nc, subjects.MEMORY_PREFERENCE_GET, GetUserPreferencesRequest(scopes=MemoryScopes(workspace="/repo")))
+    assert ws.group_id == subjects.workspace_group(settings.group_prefix, "/repo") and ws.preferences == []
+
+
+async def test_no_scope_and_bad_bodies_are_answered_not_raised(served) -> None:  # noqa: ANN001
+    nc, _, _ = served
+    for subject in subjects.MEMORY_SUBJECTS:
+        model = memory.OPERATIONS[subject].model
+        fields = {"text": "x", "key": "k", "value": "v", "uuid": "u"}
+        request = model.model_validate({"scopes": {}, **{k: v for k, v in fields.items() if k in model.model_fields}})
+        answer = await call(nc, subject, request)
+        assert answer.status == "error" and answer.reason == memory.NO_SCOPE, subject
+    bad = await call(nc, subjects.MEMORY_NOTE_SAVE,
+                     '{"scopes": {"user": "u"}, "text": "gizli not", "source": "elsewhere"}'.encode())
+    assert bad.status == "error" and bad.reason == "bad_request: source: literal_error" and "gizli" not in bad.reason
+    junk = await call(nc, subjects.MEMORY_PREFERENCE_SET, b"{")
+    assert junk.status == "error" and junk.reason.startswith("bad_request: ")
+    assert counted("note_save", "bad_request") >= 2
+
+
+async def test_a_graph_that_is_down_is_a_backend_error(falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = EngramSettings(graph_url="falkor://127.0.0.1:1", data_dir=tmp_path)
+    graphs = GraphDrivers(settings)
+    try:
+        body = SaveUserNoteRequest(scopes=MemoryScopes(user="u"), text="not").model_dump_json().encode()
+        response, outcome = await memory.answer(subjects.MEMORY_NOTE_SAVE, body, MemoryStore(graphs), "engram")
+        assert outcome == "error" and response.status == "error" and response.reason.startswith("backend_error: ")
+    finally:
+        await graphs.close()
