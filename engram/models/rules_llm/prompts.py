@@ -22,6 +22,7 @@ from engram.models.rules_llm.dedupe import _labels, resolve_edge, resolve_node
 from engram.models.rules_llm.entities import _type_id
 from engram.models.rules_llm.episodes import _Doc, _analyse
 from engram.models.rules_llm.extraction import ExtractionResult, _extract, _facts_for_given_entities
+from engram.models.rules_llm.sessions import session_summary, user_facts
 from engram.models.rules_llm.summaries import summarize_entities
 from engram.models.rules_llm.text import _norm_key
 from engram.temporal import ground
@@ -253,7 +254,7 @@ def batch_timestamps(prompt: str, limits: Limits) -> dict[str, Any]:
 Handler = Callable[[str, Limits], dict[str, Any]]
 
 # Dispatch on ``response_model.__name__``: graphiti's response models, plus engram's own
-# summary-gate model (services/summary_gate/summarize.py).
+# summary-gate model (services/summary_gate/summarize.py) and the session close stage's two.
 HANDLERS: dict[str, Handler] = {
     "CombinedExtraction": combined,
     "ExtractedEntities": entities,
@@ -264,4 +265,7 @@ HANDLERS: dict[str, Handler] = {
     "EdgeTimestamps": timestamps,
     "BatchEdgeTimestamps": batch_timestamps,
     "EntitySummaries": entity_summaries,
+    # the session close stage (services/sessions/close.py): its own prompt blocks, not graphiti's
+    "HybridSessionSummary": lambda prompt, limits: session_summary(_block(prompt, "TRANSCRIPT")),
+    "UserFacts": lambda prompt, limits: user_facts(_block(prompt, "TRANSCRIPT")),
 }

@@ -28,6 +28,8 @@ from graphiti_core.utils.text_utils import concatenate_timeline
 from pydantic import BaseModel
 
 from engram.models.rules_llm import RulesExtractorClient, prompts
+from schemas.memory import TranscriptLine
+from services.sessions.close import HybridSessionSummary, UserFacts, facts_messages, summary_messages
 from services.summary_gate.store import ActiveFact, NodeView
 from services.summary_gate.summarize import EntitySummaries, build_messages
 from tests.engram.models.rules_llm.helpers import CHAT_TURN, CHAT_TYPES, REF
@@ -36,6 +38,7 @@ PREVIOUS = [{"content": "user (Caroline): Hi Melanie!", "timestamp": REF.isoform
 FACT = "Caroline went to a LGBTQ support group yesterday."
 JSON_EPISODE = '{"user": "Jordan Lee", "service": "FastAPI on Kubernetes"}'
 TEXT_EPISODE = "The deploy uses docker compose and reads deploy/nginx.conf."
+SESSION_TRANSCRIPT = [TranscriptLine(message_id="m1", role="user", text="My favourite editor is Neovim.", timestamp=REF)]
 
 
 def timeline() -> str:
@@ -156,6 +159,18 @@ CASES = [
             max_facts=10, max_chars=300,
         ),
         frozenset({"ENTITIES"}),
+        {},
+    ),
+    Case(
+        "sessions.summary", HybridSessionSummary,
+        lambda: summary_messages(SESSION_TRANSCRIPT, ["An earlier session."], 500),
+        frozenset({"TRANSCRIPT"}),
+        {},
+    ),
+    Case(
+        "sessions.facts", UserFacts,
+        lambda: facts_messages(SESSION_TRANSCRIPT, 300),
+        frozenset({"TRANSCRIPT"}),
         {},
     ),
 ]
