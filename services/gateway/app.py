@@ -43,16 +43,20 @@ HTTP_SECONDS = Histogram(
 )
 
 
+CONTENT_FIELDS = frozenset({"text", "value", "query", "identity", "skills"})
+"""Body fields of the session routes that hold content (memory_routes.py): never echoed back."""
+
+
 def _readable(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """FastAPI's validation errors, with a plain-words message for a bad group id, and without
-    echoing message content back (``input`` of errors inside ``messages``)."""
+    echoing message content back (``input`` of errors inside ``messages`` or a content field)."""
     out = []
     for error in errors:
         error = dict(error)
         loc = [str(p) for p in error.get("loc", ())]
         if error.get("type") == "string_pattern_mismatch" and any(p in ("group_id", "group_ids") for p in loc):
             error["msg"] = GROUP_ID_HELP
-        if "messages" in loc:
+        if "messages" in loc or CONTENT_FIELDS.intersection(loc):
             error.pop("input", None)
         out.append(error)
     return out

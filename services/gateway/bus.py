@@ -123,7 +123,7 @@ class Bus:
             reply = await nc.request(subject, request.model_dump_json().encode(), timeout=timeout_s)
         except nats.errors.NoRespondersError as exc:
             REQUESTS_OUT.labels(subject=label, outcome="no_responders").inc()
-            raise BusError(503, f"no engram service answers {subject} (is the recall service running?)") from exc
+            raise BusError(503, f"no engram service answers {subject} (is the {_service_of(subject)} service running?)") from exc
         except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
             REQUESTS_OUT.labels(subject=label, outcome="timeout").inc()
             raise BusError(504, f"{subject} did not answer within {timeout_s:g} s") from exc
@@ -137,6 +137,11 @@ class Bus:
             raise BusError(502, f"unexpected reply on {subject} (schema mismatch between gateway and recall?)") from exc
         REQUESTS_OUT.labels(subject=label, outcome="ok").inc()
         return response
+
+
+def _service_of(subject: str) -> str:
+    """The service that answers ``subject``: sessions for user memory and the context, else recall."""
+    return "sessions" if subject == subjects.CONTEXT or subject.startswith("engram.memory.") else "recall"
 
 
 def _why(exc: BaseException) -> str:

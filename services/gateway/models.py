@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.messages import MESSAGE_ID_PATTERN
+from schemas.subjects import SESSION_ID_PATTERN
 
 GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
 GROUP_ID_HELP = "group_id may contain only ASCII letters, digits, '_' and '-' (pattern ^[a-zA-Z0-9_-]+$)"
@@ -146,3 +147,22 @@ class EntityNodeResult(BaseModel):
 
 class HealthStatus(BaseModel):
     status: str = "healthy"
+
+
+# --- the session layer (seed 004): user memory and the agent's context -------------------------
+
+class NoteBody(_In):
+    """``POST /memory/notes``: a note about the user (seed 004 ``save_user_note``)."""
+
+    text: str = Field(min_length=1, max_length=4000)
+    source: Literal["conversation", "extraction"] = "conversation"
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN, description="The chat session the note was made in, if any.")
+
+
+class PreferenceBody(_In):
+    """``PUT /memory/preferences/{key}``: the latest value wins, earlier values stay as history."""
+
+    value: str = Field(min_length=1, max_length=2000)
+    source: Literal["conversation", "extraction"] = "conversation"
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN,
+                                   description="The chat session the preference was stated in, if any.")

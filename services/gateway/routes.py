@@ -36,6 +36,7 @@ from schemas.messages import (
 )
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
+from services.gateway.memory_routes import add_memory_routes
 from services.gateway.models import (
     GROUP_ID_PATTERN,
     MAX_GROUP_ID,
@@ -277,4 +278,5 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"{what} not found")
         return answer
 
+    add_memory_routes(router, bus, gateway)  # POST /context, /memory/* (memory_routes.py)
     return router

@@ -222,6 +222,10 @@ _SPEAKER = re.compile(r"^user(?: \([^)\n]*\))?: ")
 _PROMOTION_KIND = re.compile(r"^engram promotion \((.+)\)$")
 
 
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
 def _day(value: datetime | None) -> str:
     return value.date().isoformat() if value else ""
 
@@ -315,7 +319,7 @@ class StoredSources:
         for row in rows:
             row["valid_at"] = as_utc(row.get("valid_at"))
         body = render_promotions(rows)
-        return LayerContent(body, f"workspace group {group}: {len(rows)} promoted memories") if body else None
+        return LayerContent(body, f"workspace group {group}: {_n(len(rows), 'promoted memory', 'promoted memories')}") if body else None
 
     async def user_context(self, request: ContextRequest) -> LayerContent | None:
         group = self._memory_group(request)
@@ -324,7 +328,7 @@ class StoredSources:
         preferences, notes = await asyncio.gather(self.store.preferences(group), self.store.notes(group, NOTES_LIMIT))
         body = render_user_context(preferences, notes)
         current = sum(1 for p in preferences if p.current)
-        return LayerContent(body, f"group {group}: {current} preferences, {len(notes)} notes") if body else None
+        return LayerContent(body, f"group {group}: {_n(current, 'preference')}, {_n(len(notes), 'note')}") if body else None
 
     async def session_summary(self, request: ContextRequest) -> LayerContent | None:
         group = self._memory_group(request)
@@ -347,7 +351,7 @@ class StoredSources:
         if not body:
             return None
         facts = sum(1 for i in response.items if i.kind == "fact")
-        return LayerContent(body, f"recall: {facts} facts, {len(response.items) - facts} past turns")
+        return LayerContent(body, f"recall: {_n(facts, 'fact')}, {_n(len(response.items) - facts, 'past turn')}")
 
 
 class RecallDegraded(RuntimeError):

@@ -1,0 +1,109 @@
+"""The gateway's session routes (services/gateway/memory_routes.py) over a real socket, with the
+sessions service's request side and recall on real NATS + FalkorDB: notes and preferences
+round trip, POST /context returns the layered context within its budgets, errors follow the
+gateway's conventions (400 no scope, 404 unknown, 401 without the key, 503 when no sessions
+service answers) and content is never echoed in a validation error."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from pydantic import SecretStr
+
+from engram.graph import GraphDrivers
+from engram.service import ServiceApp, make_broker
+from engram.settings import EngramSettings
+from engram.tokens import token_counter
+from schemas import subjects
+from services.gateway.settings import GatewaySettings
+from services.recall import app as rc_app
+from services.sessions import requests
+from services.sessions.store import MemoryStore
+from tests.services.gateway.test_gateway import serve_gateway
+
+
+@contextlib.asynccontextmanager
+async def sessions_side(settings: EngramSettings) -> AsyncIterator[None]:
+    graphs = GraphDrivers(settings)
+    broker = make_broker(settings, service="sessions")
+    requests.subscribe(broker, MemoryStore(graphs), settings)
+    apps = [rc_app.build(settings), ServiceApp(name="sessions", broker=broker)]
+    for app in apps:
+        await app.start()
+    try:
+        yield
+    finally:
+        for app in reversed(apps):
+            await app.stop()
+        await graphs.close()
+
+
+@pytest.fixture
+def settings(clean_nats, falkordb_server, tmp_path) -> EngramSettings:  # noqa: ANN001
+    return EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path,
+                          group_prefix=f"g{uuid.uuid4().hex[:8]}")
+
+
+async def test_notes_preferences_and_context_over_http(settings: EngramSettings) -> None:
+    user = {"user": "ayse@example.org"}
+    async with sessions_side(settings), serve_gateway(settings) as http:
+        r = await http.get("/memory/preferences")
+        assert r.status_code == 400 and "user, workspace or session" in r.json()["detail"]
+
+        r = await http.put("/memory/preferences/language", params=user, json={"value": "Türkçe"})
+        assert r.status_code == 200, r.text
+        assert r.json()["key"] == "language" and r.json()["value"] == "Türkçe" and r.json()["current"]
+        await http.put("/memory/preferences/language", params=user, json={"value": "English", "source": "extraction"})
+        await http.put("/memory/preferences/theme", params=user, json={"value": "dark"})
+        current = (await http.get("/memory/preferences", params=user)).json()
+        assert {(p["key"], p["value"]) for p in current} == {("language", "English"), ("theme", "dark")}
+        history = (await http.get("/memory/preferences", params={**user, "include_history": "true"})).json()
+        assert [p["value"] for p in history if p["key"] == "language"] == ["English", "Türkçe"]
+        r = await http.delete("/memory/preferences/theme", params=user)
+        assert r.status_code == 200 and r.json()["ended_by"] == "removed"
+        assert (await http.delete("/memory/preferences/theme", params=user)).status_code == 404
+
+        r = await http.post("/memory/notes", params=user, json={"text": "Django projesi üzerinde çalışıyor"})
+        assert r.status_code == 201, r.text
+        note = r.json()
+        await http.post("/memory/notes", params=user, json={"text": "Kedisinin adı Pamuk", "session_id": "chat-1"})
+        notes = (await http.get("/memory/notes", params=user)).json()
+        assert [n["text"] for n in notes] == ["Kedisinin adı Pamuk", "Django projesi üzerinde çalışıyor"]
+        assert (await http.delete(f"/memory/notes/{note['uuid']}", params=user)).json()["success"]
+        assert (await http.delete(f"/memory/notes/{note['uuid']}", params=user)).status_code == 404
+        assert (await http.get("/memory/sessions", params=user)).json() == []
+
+        r = await http.post("/context", json={
+            "scopes": user, "identity": "Sen yardımsever bir asistansın.", "query": "kedi",
+            "budgets": {"user_context": 80}, "timeout_ms": 5000})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert not body["degraded"] and "X-Engram-Context-Degraded" not in r.headers
+        layers = {s["layer"]: s for s in body["sections"]}
+        assert list(layers) == ["identity", "user_context"]
+        assert "- language: English" in layers["user_context"]["text"]
+        count = token_counter()
+        assert all(count(s["text"]) == s["tokens"] <= s["budget"] for s in body["sections"])
+        assert layers["user_context"]["budget"] == 80
+
+        # validation errors never echo content back
+        secret = "çok gizli " * 500
+        r = await http.post("/memory/notes", params=user, json={"text": secret})
+        assert r.status_code == 422 and "gizli" not in r.text
+        r = await http.post("/context", json={"query": secret * 2})
+        assert r.status_code == 422 and "gizli" not in r.text
+
+
+async def test_api_key_and_no_sessions_service(settings: EngramSettings) -> None:
+    gateway = GatewaySettings(api_key=SecretStr("k3y"))
+    async with serve_gateway(settings, gateway) as http:
+        assert (await http.post("/context", json={})).status_code == 401
+        assert (await http.get("/memory/notes", params={"user": "u"})).status_code == 401
+        r = await http.post("/context", json={"identity": "x"}, headers={"x-api-key": "k3y"})
+        assert r.status_code == 503 and "sessions service" in r.json()["detail"] and r.headers["Retry-After"] == "1"
+        r = await http.put("/memory/preferences/language", params={"user": "u"}, json={"value": "tr"},
+                           headers={"Authorization": "Bearer k3y"})
+        assert r.status_code == 503 and subjects.MEMORY_PREFERENCE_SET in r.json()["detail"]
