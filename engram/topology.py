@@ -143,6 +143,17 @@ class Topology:
             duplicate_window=self.duplicate_window_s,
         )
 
+    def sessions_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_SESSIONS,
+            description="Closed session segments (SessionSegmentClosed) for the session close stage (seed 004).",
+            subjects=["engram.session.closed.*"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.episode_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+        )
+
     def dlq_stream(self) -> StreamConfig:
         return StreamConfig(
             name=subjects.STREAM_DLQ,
@@ -155,7 +166,8 @@ class Topology:
         )
 
     def streams(self) -> list[StreamConfig]:
-        return [self.input_stream(), self.episode_stream(), self.delta_stream(), self.summary_stream(), self.dlq_stream()]
+        return [self.input_stream(), self.episode_stream(), self.delta_stream(), self.summary_stream(),
+                self.sessions_stream(), self.dlq_stream()]
 
     # --- consumers -------------------------------------------------------------------------
     @staticmethod
@@ -214,11 +226,29 @@ class Topology:
         return self._one_at_a_time(self.summary_gate_durable(partition), self.summary_gate_filter(partition),
                                    f"summary-gate, delta partition {partition}", max(self.ack_wait_s, 120.0))
 
+    SESSIONS_DURABLE = "sessions"
+
+    def sessions_consumer(self) -> ConsumerConfig:
+        """The session close stage: segments of different sessions close independently (a
+        segment's idempotency is the stored record's, see services/sessions); two LLM calls per
+        close, so a long ack wait."""
+        return ConsumerConfig(
+            durable_name=self.SESSIONS_DURABLE,
+            description="sessions: close stage of session segments",
+            filter_subject="engram.session.closed.*",
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=max(self.ack_wait_s, 300.0),
+            max_ack_pending=4,
+            max_deliver=-1,
+        )
+
     def consumers(self) -> list[tuple[str, ConsumerConfig]]:
         return [
             *((subjects.STREAM_IN, self.turn_detector_consumer(p)) for p in range(self.partitions)),
             *((subjects.STREAM_EPISODES, self.extractor_consumer(p)) for p in range(self.partitions)),
             *((subjects.STREAM_DELTAS, self.summary_gate_consumer(p)) for p in range(self.partitions)),
+            (subjects.STREAM_SESSIONS, self.sessions_consumer()),
         ]
 
     # --- key-value -------------------------------------------------------------------------

@@ -11,7 +11,10 @@ the group:
   (``scopes_seen``) or by messages still in the input stream: their raw input, idle schedules and
   every revision of their checkpoint; their epoch is bumped (:mod:`engram.epochs`) and every
   turn-detector replica told to forget them, so re-posted content is stored afresh;
-- dead letters whose original subject, session or group points at the group.
+- dead letters whose original subject, session or group points at the group;
+- those sessions' closed segments (``engram.session.closed.<session>``: transcript tails). The
+  summaries, preferences and notes already stored in another memory group (the user's) stay:
+  they belong to that group and are deleted with it, or one by one.
 
 A session that fed the deleted group *and* others is erased as a whole (its open turn and
 unprocessed input included): the pipeline cannot split one raw message between groups.
@@ -141,6 +144,8 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
             continue
         report.erased += (await erase_where(js, subjects.STREAM_IN, f"engram.in.*.*.{session}")).erased
         report.erased += (await erase_where(js, subjects.STREAM_IN, subjects.sched_idle(session))).erased
+        # Closed segments carry the session's transcript tail for the session close stage.
+        report.erased += (await erase_where(js, subjects.STREAM_SESSIONS, subjects.session_closed(session))).erased
         report.erased += (await erase_where(js, KV_STREAM, f"$KV.{subjects.KV_TURN_SESSIONS}.{session}")).erased
         await epochs.bump(session)
     return report

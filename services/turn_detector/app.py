@@ -28,13 +28,15 @@ from engram import dlq
 from engram.epochs import SessionEpochs
 from engram.service import ServiceApp, jetstream, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
+from engram.tokens import token_counter
 from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, subjects
+from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, SessionSegmentClosed, subjects
 from services.turn_detector import metrics
 from services.turn_detector.intake import Rejected, parse_event, prepare_part
 from services.turn_detector.noise import NoiseSettings
 from services.turn_detector.pairing import (
     CompletedTurn,
+    SegmentPolicy,
     SessionState,
     Transition,
     apply_close,
@@ -65,6 +67,12 @@ class TurnDetector:
         self.turn = settings.turn
         self.broker = broker
         self.noise = NoiseSettings()
+        sessions = settings.session
+        self.segments = SegmentPolicy(
+            token_limit=sessions.token_limit, idle_close_s=sessions.idle_close_s,
+            transcript_messages=sessions.transcript_messages, transcript_tokens=sessions.transcript_tokens,
+        )
+        self.count_tokens = token_counter()
         self.store: SessionStore | None = None
         self.epochs: SessionEpochs | None = None
         self.eraser: InputEraser | None = None
@@ -148,6 +156,7 @@ class TurnDetector:
             if state.last_seq < seq:
                 state.last_seq = seq
                 state.outbox = []
+                state.closed_outbox = []
                 await self.store.persist(partition, state, revision)
         except Exception:  # noqa: BLE001
             log.exception("cannot checkpoint past seq=%s; will retry instead of dead-lettering", seq)
@@ -167,6 +176,8 @@ class TurnDetector:
                 now=now,
                 include_system=self.turn.include_system,
                 recent_ids_kept=self.turn.recent_ids_kept,
+                tokens=self.count_tokens(prepared.part.text),
+                segments=self.segments,
             )
             if count and result.outcome in ("accepted", "late"):
                 for kind, n in prepared.secrets.items():
@@ -174,10 +185,14 @@ class TurnDetector:
                 for kind in prepared.part.reductions:
                     metrics.REDUCTIONS.labels(kind=kind).inc()
         elif isinstance(event, SessionClosed):
-            result = apply_close(state, now=now)
+            result = apply_close(state, now=now, closed_at=event.closed_at)
         else:
-            result = apply_idle(state, now=now, idle_timeout_s=idle_timeout_for(state, self.turn.idle_timeout_s))
-        plan_idle(result.state, idle_timeout_for(result.state, self.turn.idle_timeout_s))
+            result = apply_idle(state, now=now, idle_timeout_s=idle_timeout_for(state, self.turn.idle_timeout_s),
+                                idle_close_s=self.segments.idle_close_s)
+        plan_idle(result.state, idle_timeout_for(result.state, self.turn.idle_timeout_s), self.segments.idle_close_s)
+        if count:
+            for ended in result.closed:
+                metrics.SEGMENTS_CLOSED.labels(reason=ended.reason).inc()
         return result
 
     async def _load(self, session_id: str, partition: int, seq: int) -> tuple[SessionState, int]:
@@ -204,9 +219,10 @@ class TurnDetector:
                 state = result.state
                 state.last_seq = stored.seq
                 state.outbox = list(result.completed)
-                # Events that complete a turn are checkpointed, so this is not expected; if it
-                # happens the publish is idempotent anyway.
-                await self._publish_effects(result.completed, None)
+                state.closed_outbox = list(result.closed)
+                # Events that complete a turn or close a segment are checkpointed, so this is not
+                # expected; if it happens the publish is idempotent anyway.
+                await self._publish_effects(result.completed, None, result.closed)
             next_seq = stored.seq + 1
         return state, revision
 
@@ -218,21 +234,23 @@ class TurnDetector:
             # Applied before a crash or a failed ack. If it was checkpointed, its publishes may
             # not all have landed: repeat them (idempotent) and ack.
             if seq == state.last_seq:
-                await self._publish_effects(state.outbox, state if state.idle_scheduled_for else None)
+                await self._publish_effects(state.outbox, state if state.idle_scheduled_for else None,
+                                            state.closed_outbox)
             return "redelivered"
         result = self._transition(state, event)
         new = result.state
         schedule = new.idle_scheduled_for not in (None, state.idle_scheduled_for)
         new.last_seq = seq
         new.outbox = list(result.completed)
-        if result.completed or schedule or not isinstance(event, ChatMessage):
+        new.closed_outbox = list(result.closed)
+        if result.completed or result.closed or schedule or not isinstance(event, ChatMessage):
             # Checkpoint first, publish second. The compare-and-set proves the state we computed
             # from was the latest; publishing first could put a turn built from a stale state
             # on the stream under the right episode id, and the server would then drop the
             # correct one as a duplicate. After a crash between the two, the redelivery branch
             # above re-publishes the outbox.
             new_revision = await self.store.persist(partition, new, revision)
-            await self._publish_effects(result.completed, new if schedule else None)
+            await self._publish_effects(result.completed, new if schedule else None, result.closed)
             if self.eraser is not None:
                 self.eraser.checkpointed(event.session_id, seq, new_revision)
             for turn in result.completed:
@@ -243,13 +261,16 @@ class TurnDetector:
             self.store.keep(partition, new, revision)
         return result.outcome
 
-    async def _publish_effects(self, turns: list[CompletedTurn], schedule_for: SessionState | None) -> None:
-        """Episodes of completed turns (Nats-Msg-Id = episode id) and the idle schedule."""
+    async def _publish_effects(self, turns: list[CompletedTurn], schedule_for: SessionState | None,
+                               closed: list[SessionSegmentClosed] = ()) -> None:  # type: ignore[assignment]
+        """Episodes of completed turns (Nats-Msg-Id = episode id), closed segments (Nats-Msg-Id =
+        segment id) and the idle schedule."""
         publishes = [
             self._publish_episode(ep)
             for turn in turns
             for ep in episodes_for(turn, prefix=self.settings.group_prefix, max_chars=self.turn.max_turn_chars)
         ]
+        publishes += [self._publish_segment_closed(ended) for ended in closed]
         if schedule_for is not None:
             publishes.append(self._schedule_idle(schedule_for))
         outcomes = await asyncio.gather(*publishes, return_exceptions=True)
@@ -265,6 +286,14 @@ class TurnDetector:
             stream=subjects.STREAM_EPISODES,
         )
         metrics.EPISODES.labels(scope=ep.scope).inc()
+
+    async def _publish_segment_closed(self, ended: SessionSegmentClosed) -> None:
+        await self.broker.publish(
+            ended.model_dump_json().encode(),
+            subjects.session_closed(ended.session_id),
+            headers={subjects.HDR_MSG_ID: ended.segment_id, "content-type": "application/json"},
+            stream=subjects.STREAM_SESSIONS,
+        )
 
     async def _schedule_idle(self, state: SessionState) -> None:
         """Publish the session's idle schedule (a newer one on the same subject replaces it).

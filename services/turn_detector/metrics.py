@@ -7,6 +7,11 @@ MESSAGES = Counter(
     "Input events handled, by outcome (accepted, duplicate, excluded, late, flushed, dead_lettered, ...).",
     ["outcome"],
 )
+SEGMENTS_CLOSED = Counter(
+    "engram_turn_detector_segments_closed_total",
+    "Session segments closed (SessionSegmentClosed published), by reason: token_limit (rotation), idle, explicit.",
+    ["reason"],
+)
 TURNS = Counter("engram_turn_detector_turns_total", "Turns completed.", ["completed_by"])
 EPISODES = Counter("engram_turn_detector_episodes_total", "Episodes published (one per turn and scope).", ["scope"])
 SECRETS = Counter("engram_secrets_scrubbed_total", "Secrets replaced by a typed placeholder.", ["kind"])

@@ -10,6 +10,15 @@ Rules (stream arrival order is the conversation order):
   session is never lost;
 - a message id seen before in the session is a duplicate and changes nothing.
 
+Session segments (seed 004): a publisher's session is cut into segments without the publisher
+noticing. Every accepted message adds its cl100k tokens (counted by the caller) to the open
+segment; at a turn boundary (a message that opens a new turn) a segment holding
+``token_limit`` tokens or more is closed with reason ``token_limit`` and the message starts the
+next segment, so no turn and no message ever straddles two segments. An explicit close ends the
+segment (``explicit``), so a closed session id that sends again starts a new segment; a segment
+with no message for ``idle_close_s`` ends with ``idle``. A closed segment becomes a
+:class:`SessionSegmentClosed` carrying the tail of its (scrubbed) transcript.
+
 Nothing here does I/O: the service loads a :class:`SessionState`, applies one event and stores
 the result, so every rule is testable without a broker.
 """
@@ -26,7 +35,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ScopeKeys
 from schemas.ids import episode_id_for
-from schemas.subjects import session_group, user_group, workspace_group
+from schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
+from schemas.subjects import _dedupe_digest, session_group, user_group, workspace_group
 
 TRUNCATION_MARKER = "\n[... turn truncated: {n} chars]"
 
@@ -70,6 +80,36 @@ class CompletedTurn(BaseModel):
     source_description: str | None = None
 
 
+@dataclass(frozen=True)
+class SegmentPolicy:
+    """When segments close and how much transcript a closed one carries (ENGRAM_SESSION_*)."""
+
+    token_limit: int = 30_000
+    idle_close_s: float = 1800.0
+    transcript_messages: int = 50
+    transcript_tokens: int = 6000
+    max_line_chars: int = 8000
+
+
+DEFAULT_SEGMENTS = SegmentPolicy()
+
+
+class Segment(BaseModel):
+    """The open segment of a session: its counters and the tail of its transcript."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = 0
+    tokens: int = 0
+    messages: int = 0
+    opened_at: AwareDatetime | None = None
+    last_at: AwareDatetime | None = None
+    scopes: ScopeKeys = Field(default_factory=ScopeKeys)
+    transcript: list[TranscriptLine] = Field(default_factory=list)
+    line_tokens: list[int] = Field(default_factory=list, description="cl100k tokens of each transcript line.")
+    dropped: int = 0
+
+
 class SessionState(BaseModel):
     """Everything the detector remembers about one session (stored in NATS KV)."""
 
@@ -98,6 +138,10 @@ class SessionState(BaseModel):
         "episodes are published; a redelivery of that event re-publishes them (the server drops "
         "what already arrived).",
     )
+    segment: Segment = Field(default_factory=Segment)
+    closed_outbox: list[SessionSegmentClosed] = Field(
+        default_factory=list, description="Segments closed by the event at last_seq (published like outbox).",
+    )
 
 
 @dataclass
@@ -107,6 +151,7 @@ class Transition:
     state: SessionState
     completed: list[CompletedTurn] = field(default_factory=list)
     outcome: str = "accepted"  # low-cardinality: accepted|duplicate|excluded|late|flushed|idle_wait|noop
+    closed: list[SessionSegmentClosed] = field(default_factory=list)
 
 
 def _clone(state: SessionState) -> SessionState:
@@ -120,6 +165,9 @@ def _clone(state: SessionState) -> SessionState:
     new.recent_ids = list(state.recent_ids)
     new.scopes_seen = list(state.scopes_seen)
     new.outbox = list(state.outbox)
+    new.closed_outbox = list(state.closed_outbox)
+    new.segment = state.segment.model_copy(update={
+        "transcript": list(state.segment.transcript), "line_tokens": list(state.segment.line_tokens)})
     if state.open_turn is not None:
         new.open_turn = state.open_turn.model_copy(update={"parts": list(state.open_turn.parts)})
     return new
@@ -150,6 +198,61 @@ def _remember(state: SessionState, message_id: str, keep: int) -> None:
         del state.recent_ids[: len(state.recent_ids) - keep]
 
 
+def segment_id_for(session_id: str, epoch: int, segment: int) -> str:
+    """Deterministic and unique per (session, epoch, segment): the close event's Nats-Msg-Id and
+    the stored session record's key. Hashed: session ids may contain any separator we could use."""
+    return "seg-" + _dedupe_digest(session_id, int(epoch), int(segment))[:32]
+
+
+def _add_to_segment(state: SessionState, message: ChatMessage, part: TurnPart, tokens: int, policy: SegmentPolicy) -> None:
+    seg = state.segment
+    seg.tokens += tokens
+    seg.messages += 1
+    if seg.opened_at is None:
+        seg.opened_at = message.timestamp
+    if seg.last_at is None or message.timestamp > seg.last_at:
+        seg.last_at = message.timestamp
+    seg.scopes = _merge_scopes(seg.scopes, message.scopes) if seg.messages > 1 else message.scopes
+    text = part.text if len(part.text) <= policy.max_line_chars else part.text[: policy.max_line_chars]
+    seg.transcript.append(TranscriptLine.model_construct(
+        message_id=part.message_id, role=part.role, name=part.name, text=text, timestamp=part.timestamp))
+    seg.line_tokens.append(tokens)
+    # The tail only: the oldest lines go first; the newest line always stays (capped above).
+    total = sum(seg.line_tokens)
+    while len(seg.transcript) > 1 and (len(seg.transcript) > policy.transcript_messages
+                                       or total > policy.transcript_tokens):
+        seg.transcript.pop(0)
+        total -= seg.line_tokens.pop(0)
+        seg.dropped += 1
+
+
+def close_segment(state: SessionState, reason: CloseReason, closed_at: datetime | None = None) -> SessionSegmentClosed | None:
+    """End the open segment (mutates ``state``: the next message starts segment index + 1).
+    An empty segment (no accepted message since the last close) closes nothing. ``closed_at``
+    defaults to the segment's last message time (the conversation's clock, also for imports of
+    old chats); an explicit close passes the publisher's time."""
+    seg = state.segment
+    if seg.messages == 0:
+        return None
+    closed_at = closed_at or seg.last_at or seg.opened_at
+    assert closed_at is not None
+    event = SessionSegmentClosed(
+        session_id=state.session_id,
+        segment=seg.index,
+        segment_id=segment_id_for(state.session_id, state.epoch, seg.index),
+        reason=reason,
+        token_count=seg.tokens,
+        message_count=seg.messages,
+        opened_at=seg.opened_at,
+        closed_at=max(closed_at, seg.opened_at) if seg.opened_at else closed_at,
+        scopes=seg.scopes,
+        transcript=seg.transcript,
+        transcript_dropped=seg.dropped,
+    )
+    state.segment = Segment(index=seg.index + 1)
+    return event
+
+
 def apply_message(
     state: SessionState,
     message: ChatMessage,
@@ -158,8 +261,11 @@ def apply_message(
     now: float,
     include_system: bool = False,
     recent_ids_kept: int = 64,
+    tokens: int = 0,
+    segments: SegmentPolicy = DEFAULT_SEGMENTS,
 ) -> Transition:
-    """Apply one chat message (``part`` is its filtered, scrubbed form) to the session."""
+    """Apply one chat message (``part`` is its filtered, scrubbed form, ``tokens`` its cl100k
+    count) to the session."""
     state = _clone(state)
     key = dedupe_key(message)
     if key in state.recent_ids:
@@ -173,6 +279,7 @@ def apply_message(
     if state.last_turn_end is not None and message.timestamp < state.last_turn_end:
         part = part.model_copy(update={"late": True})  # shallow: only the flag changes
     completed: list[CompletedTurn] = []
+    closed: list[SessionSegmentClosed] = []
     turn = state.open_turn
     if message.role == "user" and turn is not None and turn.has_assistant_side:
         done = _complete(state, "next_user")
@@ -180,14 +287,20 @@ def apply_message(
             completed.append(done)
         turn = None
     if turn is None:
+        # A turn boundary: the only place a segment may rotate (no turn spans two segments).
+        if state.segment.tokens >= segments.token_limit:
+            ended = close_segment(state, "token_limit")
+            if ended is not None:
+                closed.append(ended)
         turn = OpenTurn(turn_id=turn_id_for(state, message.message_id))
         state.open_turn = turn
+    _add_to_segment(state, message, part, tokens, segments)
     turn.parts.append(part)
     if message.scopes not in state.scopes_seen and len(state.scopes_seen) < MAX_SCOPES_SEEN:
         state.scopes_seen.append(message.scopes)
     turn.scopes = _merge_scopes(turn.scopes, message.scopes)
     turn.source_description = turn.source_description or message.source_description
-    return Transition(state, completed, outcome="late" if part.late else "accepted")
+    return Transition(state, completed, outcome="late" if part.late else "accepted", closed=closed)
 
 
 _DEFAULT_SCOPES = ScopeKeys()
@@ -224,30 +337,44 @@ def _merge_scopes(current: ScopeKeys, incoming: ScopeKeys) -> ScopeKeys:
     )
 
 
-def apply_close(state: SessionState, *, now: float) -> Transition:
+def apply_close(state: SessionState, *, now: float, closed_at: datetime | None = None) -> Transition:
+    """An explicit close: flush the open turn and end the segment (``explicit``); the session id
+    may send again later, into a new segment."""
     state = _clone(state)
     state.last_activity = now
     done = _complete(state, "session_closed")
-    return Transition(state, [done] if done else [], outcome="flushed" if done else "noop")
+    ended = close_segment(state, "explicit", closed_at)
+    return Transition(state, [done] if done else [], outcome="flushed" if done or ended else "noop",
+                      closed=[ended] if ended else [])
 
 
-def apply_idle(state: SessionState, *, now: float, idle_timeout_s: float) -> Transition:
-    """An idle tick fired: flush if the session really was idle, else ask to be rescheduled.
+def apply_idle(state: SessionState, *, now: float, idle_timeout_s: float,
+               idle_close_s: float = DEFAULT_SEGMENTS.idle_close_s) -> Transition:
+    """An idle tick fired: flush the open turn if the session really was idle for
+    ``idle_timeout_s``, and close the segment once it was idle for ``idle_close_s``; else ask to
+    be rescheduled.
 
     The tick may be late or early relative to the latest activity (a schedule is only pending
-    once per session, see app.py); the caller reschedules when ``state.idle_scheduled_for``
-    is left set.
+    once per session, see app.py); the caller reschedules (plan_idle) when something is left to
+    do. 0.5 s slack: schedules have 1 s resolution.
     """
     state = _clone(state)
     state.idle_scheduled_for = None
-    if state.open_turn is None:
-        return Transition(state, outcome="noop")
     last = state.last_activity or 0.0
-    if now + 0.5 >= last + idle_timeout_s:  # 0.5 s slack: schedules have 1 s resolution
+    completed: list[CompletedTurn] = []
+    if state.open_turn is not None:
+        if now + 0.5 < last + idle_timeout_s:
+            state.idle_scheduled_for = last + idle_timeout_s
+            return Transition(state, outcome="idle_wait")
         done = _complete(state, "idle")
-        return Transition(state, [done] if done else [], outcome="flushed")
-    state.idle_scheduled_for = last + idle_timeout_s
-    return Transition(state, outcome="idle_wait")
+        completed = [done] if done else []
+    closed: list[SessionSegmentClosed] = []
+    if state.segment.messages and now + 0.5 >= last + idle_close_s:
+        ended = close_segment(state, "idle")
+        closed = [ended] if ended else []
+    if completed or closed:
+        return Transition(state, completed, outcome="flushed", closed=closed)
+    return Transition(state, outcome="noop")
 
 
 def idle_timeout_for(state: SessionState, default_s: float) -> float:
@@ -255,14 +382,19 @@ def idle_timeout_for(state: SessionState, default_s: float) -> float:
     return state.idle_timeout_s or default_s
 
 
-def plan_idle(state: SessionState, idle_timeout_s: float) -> None:
+def plan_idle(state: SessionState, idle_timeout_s: float,
+              idle_close_s: float = DEFAULT_SEGMENTS.idle_close_s) -> None:
     """An open turn gets an idle schedule at last activity + timeout when none is pending, or
-    when the pending one is later than that (a message with a shorter idle_timeout_s arrived).
+    when the pending one is later than that (a message with a shorter idle_timeout_s arrived);
+    with no open turn, an open segment gets one at last activity + ``idle_close_s``.
     With one timeout per session the due time only grows, so a pending schedule is kept and
     apply_idle reschedules when it fires early: one publish per idle period, not per message."""
-    if state.open_turn is None:
+    if state.open_turn is not None:
+        due = (state.last_activity or 0.0) + idle_timeout_s
+    elif state.segment.messages:
+        due = (state.last_activity or 0.0) + idle_close_s
+    else:
         return
-    due = (state.last_activity or 0.0) + idle_timeout_s
     if state.idle_scheduled_for is None or state.idle_scheduled_for > due:
         state.idle_scheduled_for = due
 

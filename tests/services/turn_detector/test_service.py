@@ -193,14 +193,14 @@ async def test_failure_at_any_step_loses_nothing_and_duplicates_nothing(clean_na
     if fail_at.startswith("publish"):
         real = detector._publish_effects
 
-        async def flaky(turns, schedule_for):  # noqa: ANN001, ANN202
+        async def flaky(turns, schedule_for, closed=()):  # noqa: ANN001, ANN202
             if turns and not failed["n"]:
                 failed["n"] += 1
                 if fail_at == "publish":
-                    await real(turns, schedule_for)  # episodes reach the stream, then a failure
+                    await real(turns, schedule_for, closed)  # episodes reach the stream, then a failure
                 # publish_lost: nothing reaches the stream while the state save succeeds
                 raise ConnectionError("publish failed")
-            return await real(turns, schedule_for)
+            return await real(turns, schedule_for, closed)
 
         detector._publish_effects = flaky  # type: ignore[method-assign]
     else:
