@@ -37,6 +37,9 @@ app = typer.Typer(help="engram: conversation memory for agents over NATS.", no_a
 dlq_app = typer.Typer(help="Inspect and replay dead letters.", no_args_is_help=True, cls=EngramGroup,
                       pretty_exceptions_show_locals=False)
 app.add_typer(dlq_app, name="dlq")
+memory_app = typer.Typer(help="Read and write user memory (preferences, notes) as an agent's tools do.",
+                         no_args_is_help=True, cls=EngramGroup, pretty_exceptions_show_locals=False)
+app.add_typer(memory_app, name="memory")
 console = Console()
 err = Console(stderr=True)
 
@@ -262,6 +265,153 @@ def recall(
     if response.degraded:
         error_line(err, f"recall degraded: {response.reason} (check the stack with `engram status`)")
         raise typer.Exit(1)
+
+
+@app.command()
+def context(
+    session: Annotated[Optional[str], typer.Option(help="Session id (the publisher's session_id).")] = None,
+    workspace: Annotated[Optional[str], typer.Option(help="Workspace key: its promoted memories (agent_memory).")] = None,
+    user: Annotated[Optional[str], typer.Option(help="User key: whose preferences, notes and last session.")] = None,
+    query: Annotated[Optional[str], typer.Option(help="The user's current message: the recall layer searches for it.")] = None,
+    identity: Annotated[Optional[str], typer.Option(help="The agent's identity text (the identity layer).")] = None,
+    skills: Annotated[Optional[str], typer.Option(help="The agent's skills text (the skills layer).")] = None,
+    timeout_ms: Annotated[int, typer.Option(help="The context answers (maybe degraded) within this time.")] = 2000,
+    json_output: Annotated[bool, typer.Option("--json", help="The ContextResponse as JSON.")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """The layered context an agent injects: identity, agent_memory, user_context, session_summary,
+    skills and recall, each within its ENGRAM_CONTEXT_BUDGET_* tokens.
+
+    Exits 1 when a layer's source failed (degraded: the other layers are printed)."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import ContextRequest, ContextResponse, MemoryScopes
+
+    if not (session or workspace or user or identity or skills):
+        raise CliError("give at least one of --user, --workspace or --session: whose context to build "
+                       "(see `engram context --help`)", code=2)
+    try:
+        request = ContextRequest(scopes=MemoryScopes(session=session, workspace=workspace, user=user), query=query,
+                                 identity=identity, skills=skills, timeout_ms=timeout_ms)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"scopes.session": "--session", "session": "--session", "timeout_ms": "--timeout-ms"}) from exc
+    settings = _settings(data_dir)
+
+    async def ask() -> ContextResponse:
+        async with nats_connection(settings) as nc:
+            reply = await nc.request(subjects.CONTEXT, request.model_dump_json().encode(), timeout=timeout_ms / 1000 + 2)
+        return ContextResponse.model_validate_json(reply.data)
+
+    response = asyncio.run(ask())
+    if response.status == "error":
+        raise CliError(f"the context builder failed: {response.reason} (check the stack with `engram status`)")
+    if json_output:
+        print_json(console, response.model_dump(mode="json"))
+    else:
+        for section in response.sections:
+            cut = ", cut to fit" if section.truncated else ""
+            plain(console, f"── {section.layer}: {section.tokens}/{section.budget} tokens{cut} ({section.source})",
+                  style="bold")
+            plain(console, section.text)
+        if not response.sections:
+            plain(console, "(no context: nothing stored for these scopes yet)")
+        plain(console, f"{len(response.sections)} layers, {response.tokens} tokens in {response.took_ms:.1f} ms",
+              style="dim")
+    if response.degraded:
+        why = (response.reason or "").removeprefix("degraded: ")
+        error_line(err, f"context degraded: {why} (check the stack with `engram status`)")
+        raise typer.Exit(1)
+
+
+def _memory_scopes(user: str | None, workspace: str | None, session: str | None):  # noqa: ANN202
+    from schemas.memory import MemoryScopes
+
+    if not (user or workspace or session):
+        raise CliError("give --user, --workspace or --session: whose memory (see `engram memory --help`)", code=2)
+    return MemoryScopes(user=user, workspace=workspace, session=session)
+
+
+def _ask_memory(data_dir: Path | None, subject: str, request):  # noqa: ANN001, ANN202
+    from schemas.memory import MemoryResponse
+
+    settings = _settings(data_dir)
+
+    async def ask() -> MemoryResponse:
+        async with nats_connection(settings) as nc:
+            reply = await nc.request(subject, request.model_dump_json().encode(), timeout=10)
+        return MemoryResponse.model_validate_json(reply.data)
+
+    response = asyncio.run(ask())
+    if response.status == "error":
+        raise CliError(f"the sessions service failed: {response.reason}")
+    return response
+
+
+MemoryUser = Annotated[Optional[str], typer.Option(help="User key (the memory is the user's when given).")]
+MemoryWorkspace = Annotated[Optional[str], typer.Option(help="Workspace key (when no --user).")]
+MemorySession = Annotated[Optional[str], typer.Option(help="Session id (when neither).")]
+
+
+@memory_app.command("prefs")
+def memory_prefs(user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                 history: Annotated[bool, typer.Option("--history", help="Also earlier and removed values.")] = False,
+                 json_output: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False,
+                 data_dir: DataDir = None) -> None:
+    """The stored preferences (the latest value of each key)."""
+    from schemas import subjects
+    from schemas.memory import GetUserPreferencesRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    response = _ask_memory(data_dir, subjects.MEMORY_PREFERENCE_GET,
+                           GetUserPreferencesRequest(scopes=scopes, include_history=history))
+    if json_output:
+        print_json(console, [p.model_dump(mode="json") for p in response.preferences])
+        return
+    table = Table(title=f"{len(response.preferences)} preferences")
+    for col in ("key", "value", "source", "set", "current"):
+        table.add_column(col)
+    for p in response.preferences:
+        table.add_row(Text(p.key), Text(p.value), p.source, p.set_at.isoformat(timespec="seconds"), "yes" if p.current else "no")
+    print_table(console, table)
+
+
+@memory_app.command("note")
+def memory_note(text: Annotated[str, typer.Argument(help="What to remember about the user.")],
+                user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                data_dir: DataDir = None) -> None:
+    """Save a note (as an agent's save_user_note tool does)."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import SaveUserNoteRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    try:
+        request = SaveUserNoteRequest(scopes=scopes, text=text)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"text": "TEXT"}) from exc
+    note = _ask_memory(data_dir, subjects.MEMORY_NOTE_SAVE, request).note
+    plain(console, f"saved note {note.uuid if note else '?'}")
+
+
+@memory_app.command("notes")
+def memory_notes(user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                 limit: Annotated[int, typer.Option(help="Notes at most, newest first.")] = 50,
+                 json_output: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False,
+                 data_dir: DataDir = None) -> None:
+    """The stored notes, newest first."""
+    from schemas import subjects
+    from schemas.memory import ListUserNotesRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    notes = _ask_memory(data_dir, subjects.MEMORY_NOTES_LIST, ListUserNotesRequest(scopes=scopes, limit=limit)).notes
+    if json_output:
+        print_json(console, [n.model_dump(mode="json") for n in notes])
+        return
+    for n in notes:
+        plain(console, f"{n.created_at.isoformat(timespec='seconds')} [{n.source}] {n.text}")
+    plain(console, f"{len(notes)} notes", style="dim")
 
 
 @app.command()

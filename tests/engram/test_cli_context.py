@@ -1,0 +1,99 @@
+"""`engram context` and `engram memory` (engram/cli.py) against the sessions service's request side
+on real NATS + FalkorDB: each layer printed with its tokens and budget, --json, degraded exits 1,
+no scope is a usage error; notes and preferences saved and listed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from engram.graph import GraphDrivers
+from engram.service import ServiceApp, make_broker
+from engram.settings import EngramSettings
+from engram.tokens import token_counter
+from schemas import subjects
+from services.sessions import requests
+from services.sessions.store import MemoryStore
+from tests.engram.test_cli_up import ENGRAM, _env
+
+
+def _cli(nats_url: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*ENGRAM, *args, "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                          env={**_env(), "ENGRAM_NATS_URL": nats_url, **(env or {})}, timeout=60)
+
+
+@contextlib.asynccontextmanager
+async def sessions_side(settings: EngramSettings) -> AsyncIterator[MemoryStore]:
+    graphs = GraphDrivers(settings)
+    store = MemoryStore(graphs)
+    broker = make_broker(settings, service="sessions")
+    requests.subscribe(broker, store, settings)
+    app = ServiceApp(name="sessions", broker=broker)
+    await app.start()
+    try:
+        yield store
+    finally:
+        await app.stop()
+        await graphs.close()
+
+
+async def test_engram_context_and_memory_commands(clean_nats: str, falkordb_server, tmp_path: Path) -> None:  # noqa: ANN001
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, group_prefix=prefix)
+    env = {"ENGRAM_GROUP_PREFIX": prefix}
+    async with sessions_side(settings):
+        run = lambda *args: asyncio.to_thread(_cli, clean_nats, tmp_path, *args, env=env)  # noqa: E731
+        saved = await run("memory", "note", "--user", "ayse", "Django projesi üzerinde çalışıyor")
+        assert saved.returncode == 0 and saved.stdout.startswith("saved note "), saved.stderr
+        notes = await run("memory", "notes", "--user", "ayse", "--json")
+        assert [n["text"] for n in json.loads(notes.stdout)] == ["Django projesi üzerinde çalışıyor"]
+        await settings_preference(clean_nats, "ayse")
+        prefs = await run("memory", "prefs", "--user", "ayse")
+        assert prefs.returncode == 0 and "language" in prefs.stdout and "Türkçe" in prefs.stdout
+
+        out = await run("context", "--user", "ayse", "--identity", "Sen bir asistansın. " * 200)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        identity = next(x for x in lines if x.startswith("── identity: "))
+        assert identity.startswith("── identity: ") and "/500 tokens, cut to fit (request)" in identity
+        used = int(identity.removeprefix("── identity: ").split("/")[0])
+        assert 0 < used <= 500
+        assert any(x.startswith("── user_context: ") and "/1500 tokens (group " in x for x in lines)
+        assert "- language: Türkçe" in out.stdout and "- Django projesi üzerinde çalışıyor" in out.stdout
+        assert lines[-1].startswith("2 layers, ")
+
+        as_json = json.loads((await run("context", "--user", "ayse", "--json")).stdout)
+        count = token_counter()
+        assert [s["layer"] for s in as_json["sections"]] == ["user_context"]
+        assert all(count(s["text"]) == s["tokens"] <= s["budget"] for s in as_json["sections"])
+
+        # a query with no recall service: the recall layer fails, the others are printed, exit 1
+        degraded = await run("context", "--user", "ayse", "--query", "kedi", "--timeout-ms", "500")
+        assert degraded.returncode == 1 and "── user_context: " in degraded.stdout
+        assert [x for x in degraded.stderr.splitlines() if x.startswith("error: ")] == [
+            "error: context degraded: recall: NoRespondersError (check the stack with `engram status`)"]
+
+    usage = await asyncio.to_thread(_cli, clean_nats, tmp_path, "context")
+    assert usage.returncode == 2 and "give at least one of --user" in usage.stderr
+    no_service = await asyncio.to_thread(_cli, clean_nats, tmp_path, "context", "--user", "u")
+    assert no_service.returncode == 1 and "no engram service answered" in no_service.stderr
+
+
+async def settings_preference(nats_url: str, user: str) -> None:
+    """Set a preference over NATS as an agent's set_user_preference tool does."""
+    import nats
+
+    from schemas.memory import MemoryResponse, MemoryScopes, SetUserPreferenceRequest
+
+    nc = await nats.connect(nats_url)
+    try:
+        request = SetUserPreferenceRequest(scopes=MemoryScopes(user=user), key="language", value="Türkçe")
+        reply = await nc.request(subjects.MEMORY_PREFERENCE_SET, request.model_dump_json().encode(), timeout=10)
+        assert MemoryResponse.model_validate_json(reply.data).status == "ok"
+    finally:
+        await nc.close()
