@@ -79,6 +79,7 @@ class Service(str, Enum):
     summary_gate = "summary-gate"
     recall = "recall"
     gateway = "gateway"
+    sessions = "sessions"
 
 
 SERVICE_MODULES = {
@@ -87,6 +88,7 @@ SERVICE_MODULES = {
     Service.summary_gate: "services.summary_gate.app",
     Service.recall: "services.recall.app",
     Service.gateway: "services.gateway.app",
+    Service.sessions: "services.sessions.app",
 }
 
 

@@ -248,6 +248,7 @@ def registered_metrics() -> tuple[frozenset[str], bool]:
     import services.summary_gate.app  # noqa: F401 - registers engram_summary_*
     import services.recall.app  # noqa: F401 - registers engram_recall_*
     import services.gateway.app  # noqa: F401 - registers engram_gateway_*
+    import services.sessions.app  # noqa: F401 - registers engram_sessions_*, engram_memory_*, engram_context_*
     from prometheus_client import REGISTRY
 
     faststream_exact = True

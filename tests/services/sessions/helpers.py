@@ -58,12 +58,14 @@ class CountingLLM(RulesExtractorClient):
         super().__init__()
         self.fail, self.garbage, self.gate = fail, garbage, gate
         self.by_prompt: dict[str, int] = {}
+        self.prompts: list[tuple[str, str]] = []  # (prompt name, the user message)
 
     async def generate_response(self, messages: list[Any], response_model: Any = None, max_tokens: int | None = None,
                                 model_size: ModelSize = ModelSize.medium, group_id: str | None = None,
                                 prompt_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         name = prompt_name or "?"
         self.by_prompt[name] = self.by_prompt.get(name, 0) + 1
+        self.prompts.append((name, messages[-1].content))
         if self.gate is not None:
             await self.gate.wait()
         if name in self.fail:
