@@ -47,6 +47,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("embedders.py", []),
     ("recall_quality.py", []),
     ("recall.py", []),
+    ("sessions.py", []),
 ]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -58,13 +58,14 @@ class SessionSettings(BaseSettings):
         50, ge=1, le=1000, description="Messages of a closing segment handed to the close stage (the last ones).",
     )
     transcript_tokens: int = Field(
-        6000, ge=100, le=100_000,
-        description="cl100k token cap of that transcript (the oldest messages are left out first).",
+        2000, ge=100, le=100_000,
+        description="cl100k token cap of that transcript (the oldest messages are left out first); each of the "
+        "two close-stage prompts holds it (seed 004: ~2,000 tokens in per call).",
     )
     summary_max_tokens: int = Field(500, ge=50, le=4000, description="Output cap of the hybrid session summary.")
     facts_max_tokens: int = Field(300, ge=50, le=4000, description="Output cap of the preferences/notes extraction.")
     previous_summaries: int = Field(
-        3, ge=0, le=20, description="Summaries of the same memory group's earlier segments chained into the prompt.",
+        2, ge=0, le=20, description="Summaries of the same memory group's earlier segments chained into the prompt.",
     )
 
 

@@ -87,7 +87,7 @@ class SegmentPolicy:
     token_limit: int = 30_000
     idle_close_s: float = 1800.0
     transcript_messages: int = 50
-    transcript_tokens: int = 6000
+    transcript_tokens: int = 2000
     max_line_chars: int = 8000
 
 

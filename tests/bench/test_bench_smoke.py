@@ -31,6 +31,7 @@ BENCHES = [
     ("restatement_threshold.py", False, "hashing: held-out pairs at threshold"),
     ("fact_changes.py", False, "fact-change invalidation, rules model"),
     ("temporal_grounding.py", True, "tuning split (conv-26): "),
+    ("sessions.py", True, "LLM cost per closed segment (offline rules model)"),
 ]
 
 

@@ -219,9 +219,10 @@ async def test_a_long_session_rotates_at_the_default_limit(clean_nats: str, tmp_
         # 19 turns of 1,600 tokens pass 30,000: u19 starts the second segment.
         assert [c.token_count for c in found] == [30_400, 8_000]
         assert [c.message_count for c in found] == [38, 10]
-        # Each transcript is the segment's 6,000-token tail: 7 of 38 messages, then 7 of 10 (u19..a23).
-        assert found[0].transcript[-1].message_id == "a18" and found[1].transcript[-1].message_id == "a23"
-        assert [len(c.transcript) for c in found] == [7, 7] and [c.transcript_dropped for c in found] == [31, 3]
+        # Each transcript is the segment's 2,000-token tail (ENGRAM_SESSION_TRANSCRIPT_TOKENS): 2 of 38
+        # messages, then 2 of 10.
+        assert [[line.message_id for line in c.transcript] for c in found] == [["u18", "a18"], ["u23", "a23"]]
+        assert [c.transcript_dropped for c in found] == [36, 8]
     finally:
         await nc.close()
         await service.stop()
