@@ -1,5 +1,7 @@
-"""services/sessions/store.py against a real FalkorDB: session claims and records, preference
-history (the latest value wins, earlier values stay queryable, remove), note dedupe."""
+"""services/sessions/store.py against a real FalkorDB (and a real Neo4j 5 where one is reachable:
+testcontainers or ENGRAM_TEST_NEO4J_URI, see tests/services/extractor/test_neo4j.py; skipped
+otherwise): session claims and records, preference history (the latest value wins, earlier
+values stay queryable, remove), note dedupe, groups kept apart."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from engram.graph import GraphDrivers, query_rows
 from engram.settings import EngramSettings
 from schemas.memory import SessionRecord
 from services.sessions.store import MemoryStore, normal_note, session_uuid
+from tests.services.extractor.test_neo4j import neo4j_target  # noqa: F401 - the Neo4j fixture
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -22,9 +25,15 @@ def new_group(prefix: str = "engram_user_st") -> str:
     return f"{prefix}{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-async def store(falkordb_server, tmp_path) -> AsyncIterator[MemoryStore]:  # noqa: ANN001
-    graphs = GraphDrivers(EngramSettings(graph_url=falkordb_server.url, data_dir=tmp_path))
+@pytest.fixture(params=["falkordb", "neo4j"])
+async def store(request, tmp_path) -> AsyncIterator[MemoryStore]:  # noqa: ANN001
+    if request.param == "neo4j":
+        target = request.getfixturevalue("neo4j_target")  # skips where no Neo4j can be reached
+        settings = EngramSettings(graph_backend="neo4j", neo4j_uri=target.uri, neo4j_user=target.user,
+                                  neo4j_password=target.password, neo4j_database=target.database, data_dir=tmp_path)
+    else:
+        settings = EngramSettings(graph_url=request.getfixturevalue("falkordb_server").url, data_dir=tmp_path)
+    graphs = GraphDrivers(settings)
     yield MemoryStore(graphs)
     await graphs.close()
 
@@ -42,7 +51,8 @@ async def test_readers_of_an_unknown_group_create_no_graph(store: MemoryStore) -
     assert await store.notes(group) == []
     assert await store.remove_preference(group, "language") is None
     assert await store.delete_note(group, "x") is False
-    assert not await store.graphs.exists(group, max_age_s=0)
+    if store.graphs.settings.graph_backend == "falkordb":  # Neo4j: one database, no graph per group
+        assert not await store.graphs.exists(group, max_age_s=0)
 
 
 async def test_last_sessions_newest_first_and_only_closed(store: MemoryStore) -> None:
@@ -74,7 +84,8 @@ async def test_claims_closed_busy_and_a_lease_that_ran_out(store: MemoryStore) -
     assert not await store.save_session(group, record(0, T0), token=first.token)
     assert await store.save_session(group, record(0, T0), token=late.token)
     assert (await store.claim_session(group, **args)).outcome == "closed"
-    rows = await query_rows(await store.graphs.driver(group), "MATCH (s:EngramSession) RETURN s.uuid AS u")
+    rows = await query_rows(await store.graphs.driver(group),
+                            "MATCH (s:EngramSession) WHERE s.group_id = $g RETURN s.uuid AS u", g=group)
     assert [r["u"] for r in rows] == [session_uuid(group, "s1-0-0")]
 
 
