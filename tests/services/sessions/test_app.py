@@ -233,3 +233,32 @@ async def test_a_bad_payload_is_dead_lettered(clean_nats, falkordb_server, tmp_p
         assert letters and letters[0].headers[subjects.HDR_DLQ_REASON] == "schema"
         assert "segment" in letters[0].headers[subjects.HDR_DLQ_DETAIL]
         assert await wait_for(h.drained)
+
+
+async def test_a_close_that_fails_to_store_is_retried_at_once_and_stores_facts_once(
+        clean_nats, falkordb_server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The graph refuses the record once: the claim is given back, the redelivery (after the
+    retry delay, not the 300 s lease) closes the segment, and the facts stored by the first try
+    are not stored twice."""
+    real = MemoryStore.save_session
+    failures = []
+
+    async def flaky(self, group, record, **kw):  # noqa: ANN001, ANN003, ANN202
+        if not failures:
+            failures.append(record.segment_id)
+            raise ConnectionError("graph down")
+        return await real(self, group, record, **kw)
+
+    monkeypatch.setattr(MemoryStore, "save_session", flaky)
+    llm = CountingLLM()
+    async with service(clean_nats, falkordb_server.url, tmp_path, llm) as h:
+        event = segment("retry", ENGLISH, user="hana")
+        await h.publish(event)
+        record = await h.closed(event, timeout=15)
+        assert failures == [event.segment_id] and record.summary_source == "llm"
+        group = h.group(event)
+        history = await h.store.preferences(group, include_history=True)
+        assert len(history) == len({p.key for p in history}) == 4  # each preference once, none replaced
+        notes = await h.store.notes(group)
+        assert len(notes) == len({n.text for n in notes}) == 2
+    assert llm.by_prompt == {"sessions.summary": 2, "sessions.facts": 2}  # the steps ran again
