@@ -277,7 +277,7 @@ def context(
     query: Annotated[Optional[str], typer.Option(help="The user's current message: the recall layer searches for it.")] = None,
     identity: Annotated[Optional[str], typer.Option(help="The agent's identity text (the identity layer).")] = None,
     skills: Annotated[Optional[str], typer.Option(help="The agent's skills text (the skills layer).")] = None,
-    timeout_ms: Annotated[int, typer.Option(help="The context answers (maybe degraded) within this time.")] = 2000,
+    timeout_ms: Annotated[int, typer.Option(help="The context answers (maybe degraded) within this time.")] = 5000,
     json_output: Annotated[bool, typer.Option("--json", help="The ContextResponse as JSON.")] = False,
     data_dir: DataDir = None,
 ) -> None:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import nats
 import pytest
+from prometheus_client import REGISTRY
 from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
@@ -210,11 +211,22 @@ async def test_a_failing_source_leaves_only_its_layer_out(stack: Stack) -> None:
     await graphs.close()
 
 
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
 async def test_context_round_trip_and_bad_requests(stack: Stack) -> None:
+    ok, bad_requests = sample("engram_context_requests_total", {"outcome": "ok"}), sample(
+        "engram_context_requests_total", {"outcome": "bad_request"})
+    identity_seen = sample("engram_context_layer_tokens_count", {"layer": "identity"})
+    timed = sample("engram_context_seconds_count")
     response = await ask(stack.nc, ContextRequest(identity="Ben asistanım.", skills="- arama"))
     assert response.status == "ok" and not response.degraded
     assert [s.layer for s in response.sections] == ["identity", "skills"]
     assert response.took_ms > 0
+    assert sample("engram_context_requests_total", {"outcome": "ok"}) == ok + 1
+    assert sample("engram_context_layer_tokens_count", {"layer": "identity"}) == identity_seen + 1
+    assert sample("engram_context_layer_tokens_sum", {"layer": "skills"}) >= response.sections[1].tokens
     bad = await ask(stack.nc, '{"budgets": {"recall": -1}, "query": "gizli içerik"}'.encode())
     assert bad.status == "error" and bad.reason.startswith("bad_request: budgets.recall")
     assert "gizli" not in bad.reason  # the request's content is never echoed
@@ -223,3 +235,5 @@ async def test_context_round_trip_and_bad_requests(stack: Stack) -> None:
     # no scope and no query: the stored layers and recall are left out, not an error
     empty = await ask(stack.nc, ContextRequest())
     assert empty.status == "ok" and empty.sections == [] and empty.prompt == "" and empty.tokens == 0
+    assert sample("engram_context_requests_total", {"outcome": "bad_request"}) == bad_requests + 2
+    assert sample("engram_context_seconds_count") == timed + 4
