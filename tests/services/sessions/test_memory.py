@@ -137,3 +137,24 @@ async def test_a_graph_that_is_down_is_a_backend_error(falkordb_server, tmp_path
         assert outcome == "error" and response.status == "error" and response.reason.startswith("backend_error: ")
     finally:
         await graphs.close()
+
+
+async def test_the_sessions_service_serves_memory_and_context(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """services/sessions/app.py's build() wires requests.subscribe: `engram serve sessions` answers."""
+    from schemas.memory import ContextRequest, ContextResponse
+    from services.sessions import app as sessions_app
+
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path,
+                              group_prefix=f"a{uuid.uuid4().hex[:8]}")
+    app = sessions_app.build(settings)
+    await app.start()
+    nc = await nats.connect(clean_nats)
+    try:
+        scopes = MemoryScopes(user="ayse")
+        await call(nc, subjects.MEMORY_PREFERENCE_SET, SetUserPreferenceRequest(scopes=scopes, key="dil", value="Türkçe"))
+        reply = await nc.request(subjects.CONTEXT, ContextRequest(scopes=scopes).model_dump_json().encode(), timeout=10)
+        context = ContextResponse.model_validate_json(reply.data)
+        assert [s.layer for s in context.sections] == ["user_context"] and "- dil: Türkçe" in context.prompt
+    finally:
+        await nc.close()
+        await app.stop()
