@@ -26,11 +26,12 @@ from tests.services.gateway.test_gateway import serve_gateway
 
 
 @contextlib.asynccontextmanager
-async def sessions_side(settings: EngramSettings) -> AsyncIterator[None]:
+async def sessions_side(settings: EngramSettings, with_recall: bool = True) -> AsyncIterator[None]:
     graphs = GraphDrivers(settings)
     broker = make_broker(settings, service="sessions")
     requests.subscribe(broker, MemoryStore(graphs), settings)
-    apps = [rc_app.build(settings), ServiceApp(name="sessions", broker=broker)]
+    apps = [rc_app.build(settings)] if with_recall else []
+    apps.append(ServiceApp(name="sessions", broker=broker))
     for app in apps:
         await app.start()
     try:
@@ -107,3 +108,12 @@ async def test_api_key_and_no_sessions_service(settings: EngramSettings) -> None
         r = await http.put("/memory/preferences/language", params={"user": "u"}, json={"value": "tr"},
                            headers={"Authorization": "Bearer k3y"})
         assert r.status_code == 503 and subjects.MEMORY_PREFERENCE_SET in r.json()["detail"]
+
+
+async def test_a_degraded_context_is_served_with_a_header(settings: EngramSettings) -> None:
+    async with sessions_side(settings, with_recall=False), serve_gateway(settings) as http:
+        r = await http.post("/context", json={"scopes": {"user": "u"}, "identity": "Asistan.", "query": "kedi",
+                                              "timeout_ms": 2000})
+        assert r.status_code == 200, r.text
+        assert r.json()["degraded"] and [s["layer"] for s in r.json()["sections"]] == ["identity"]
+        assert r.headers["X-Engram-Context-Degraded"] == "degraded: recall: NoRespondersError"
