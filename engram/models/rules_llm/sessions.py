@@ -58,7 +58,7 @@ PENDING_CUES = re.compile(
     re.I,
 )
 _EN_SELF = re.compile(
-    r"^\s*(?:(?:so|well|and|also|btw|actually),?\s+)?(?:I am|I'm|I’m|I work|I live|I have|I've been|I’ve been|"
+    r"^\s*(?:(?:so|well|and|also|btw|actually|wow|oh|yeah|yes|ok|okay|hey|haha|honestly|sure)[,!]?\s+)?(?:I am|I'm|I’m|I work|I live|I have|I've been|I’ve been|"
     r"I study|I use|my\s+\w+)\b",
     re.I,
 )
@@ -82,6 +82,13 @@ _TR_STOP = frozenset(
     "ve veya ama fakat ile için gibi kadar daha çok az bir bu şu o ben sen biz siz onlar bunu şunu onu bana sana "
     "bize size benim senin bizim de da ki mi mı mu mü ne neden nasıl evet hayır tamam lütfen teşekkürler merhaba "
     "şimdi sonra henüz var yok olarak olan oldu olur değil her hiç en çünkü eğer ise diye".split()
+)
+
+# chat filler that repeats without being a topic
+_FILLER = frozenset(
+    "wow yeah yes haha lol omg hey awesome cool nice great thanks thank sure gonna wanna really totally "
+    "amazing glad sounds sound love pretty super stuff things thing something anything everything "
+    "harika süper tamam evet teşekkür teşekkürler selam merhaba".split()
 )
 
 WORDS = {
@@ -164,16 +171,21 @@ def _is_self_statement(sentence: str, language: str) -> bool:
     return False
 
 
-def _third_person(sentence: str) -> str:
-    """An English self statement as a note about the user ("I am" -> "The user is")."""
-    out = re.sub(r"^\s*(?:(?:so|well|and|also|btw|actually),?\s+)", "", sentence, flags=re.I)
+def _third_person(sentence: str, subject: str = "") -> str:
+    """An English self statement as a note about the user: "I am" -> "The user is" (or the
+    user's name when the transcript gives one: "Caroline is")."""
+    who = subject or "the user"
+    out = re.sub(r"^\s*(?:(?:so|well|and|also|btw|actually|wow|oh|yeah|yes|ok|okay|hey|haha|honestly|sure)[,!]?\s+)",
+                 "", sentence, flags=re.I)
     for pattern, repl in (
-        (r"\bI am\b|\bI'm\b|\bI’m\b", "the user is"), (r"\bI've\b|\bI’ve\b", "the user has"),
-        (r"\bI have\b", "the user has"), (r"\bI was\b", "the user was"),
-        (r"\bI (work|live|study|use|like|love|want|need|prefer|think)\b", r"the user \1s"),
-        (r"\bmy\b", "the user's"), (r"\bme\b", "the user"), (r"\bI\b", "the user"),
+        (r"\bI am\b|\bI'm\b|\bI’m\b", f"{who} is"), (r"\bI've\b|\bI’ve\b", f"{who} has"),
+        (r"\bI'd\b|\bI’d\b", f"{who} would"), (r"\bI'll\b|\bI’ll\b", f"{who} will"),
+        (r"\bI have\b", f"{who} has"), (r"\bI was\b", f"{who} was"),
+        (r"\bI (work|live|study|use|like|love|want|need|prefer|think)\b", None),
+        (r"\bmy\b", f"{who}'s"), (r"\bme\b", who), (r"\bI\b", who),
     ):
-        out = re.sub(pattern, repl, out, flags=re.I)
+        # replacements are literal text (a name may hold a backslash); only the verb is copied
+        out = re.sub(pattern, lambda m, r=repl: r if r is not None else f"{who} {m.group(1)}s", out, flags=re.I)
     out = out.strip()
     return out[:1].upper() + out[1:] if out else out
 
@@ -194,13 +206,18 @@ def _topics(lines: list[dict[str, str]]) -> list[str]:
             if e.category not in ("speaker", "date") and e.name.casefold() not in speakers
             # a sentence-initial run ("Lütfen Türkçe") or a lower-case object ("short") is no topic
             and e.name.split()[0].casefold() not in _EN_STOP | _TR_STOP and not e.name.islower()
+            and not re.search(r"['’]", e.name)
         ]
     except Exception:  # the entity rules are best effort here: fall back to repeated words
         names = []
     if len(names) < 3:
+        # repeated content words, not already part of a topic, not a speaker, not chat filler
+        speakers = {w.casefold() for line in lines for w in line["name"].split()}
         counts = Counter(w for line in lines for s in _sentences(line["text"]) for w in set(_content_words(s)))
-        seen = {n.casefold() for n in names}
-        names += [w for w, c in counts.most_common() if c >= 2 and w not in seen][: MAX_TOPICS - len(names)]
+        seen = {w for n in names for w in _WORD.findall(n.casefold())}
+        names += [w for w, c in counts.most_common()
+                  if c >= 2 and len(w) >= 4 and w not in seen and w not in speakers and w not in _FILLER
+                  and not re.search(r"['’]", w)][: MAX_TOPICS - len(names)]
     return names[:MAX_TOPICS]
 
 
@@ -310,7 +327,9 @@ def user_facts(transcript: str | None) -> dict[str, Any]:
                     if found and found[0] and found[1]:
                         preferences.pop(found[0], None)
                         preferences[found[0]] = found[1]  # a later statement wins
-    notes = [_third_person(s) if language == "en" else s for s in _user_info(lines, language)]
+    user_names = [line["name"] for line in lines if line["role"] == "user" and line["name"]]
+    subject = user_names[0] if user_names and len(set(user_names)) == 1 else ""
+    notes = [_third_person(s, subject) if language == "en" else s for s in _user_info(lines, language)]
     return {
         "preferences": [{"key": k, "value": v} for k, v in list(preferences.items())[-MAX_FACTS:]],
         "notes": notes[:MAX_FACTS],

@@ -125,3 +125,18 @@ async def test_empty_transcript_makes_no_call() -> None:
     assert closed.record.summary == EMPTY_SUMMARY.format(reason="inactivity")
     assert (closed.record.summary_source, closed.summary.outcome, closed.facts.outcome) == ("empty", "skipped", "skipped")
     assert llm.by_prompt == {} and closed.llm_calls == 0
+
+
+async def test_notes_name_the_user_when_the_transcript_does_and_topics_skip_chat_filler() -> None:
+    transcript = [
+        line(1, "user", "Wow, I'm keen on counseling. I'd love to help. Wow, that's great!"),
+        line(2, "assistant", "Wow, painting sounds great! Painting is relaxing."),
+        line(3, "user", "Yeah, painting helps me. Wow."),
+    ]
+    named = [t.model_copy(update={"name": "Caroline" if t.role == "user" else "Mel"}) for t in transcript]
+    facts = await extract_user_facts(CountingLLM(), named, 300)
+    assert facts.facts.notes == ["Caroline is keen on counseling."]
+    summary = await summarize_session(CountingLLM(), named, [], 500, reason="idle")
+    topics = next(s for s in summary.text.split("\n") if s.startswith("- TOPICS: "))
+    assert "painting" in topics.lower() and "wow" not in topics.lower() and "caroline" not in topics.lower()
+    assert "Caroline said: “" in summary.text
