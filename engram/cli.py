@@ -378,6 +378,41 @@ def memory_prefs(user: MemoryUser = None, workspace: MemoryWorkspace = None, ses
     print_table(console, table)
 
 
+@memory_app.command("set")
+def memory_set(key: Annotated[str, typer.Argument(help="The preference's key, e.g. language.")],
+               value: Annotated[str, typer.Argument(help="Its value; the latest wins, earlier ones stay as history.")],
+               user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+               data_dir: DataDir = None) -> None:
+    """Set a preference (as an agent's set_user_preference tool does)."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import SetUserPreferenceRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    try:
+        request = SetUserPreferenceRequest(scopes=scopes, key=key, value=value)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"key": "KEY", "value": "VALUE"}) from exc
+    preference = _ask_memory(data_dir, subjects.MEMORY_PREFERENCE_SET, request).preference
+    plain(console, f"set {preference.key if preference else key}")
+
+
+@memory_app.command("unset")
+def memory_unset(key: Annotated[str, typer.Argument(help="The preference's key.")],
+                 user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                 data_dir: DataDir = None) -> None:
+    """Remove a preference's current value (it stays in the history); exits 1 when it has none."""
+    from schemas import subjects
+    from schemas.memory import RemoveUserPreferenceRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    response = _ask_memory(data_dir, subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=scopes, key=key))
+    if response.status == "not_found":
+        raise CliError(f"no current value for {key!r} (see `engram memory prefs --history`)")
+    plain(console, f"removed {key}")
+
+
 @memory_app.command("note")
 def memory_note(text: Annotated[str, typer.Argument(help="What to remember about the user.")],
                 user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,

@@ -55,6 +55,13 @@ async def test_engram_context_and_memory_commands(clean_nats: str, falkordb_serv
         await settings_preference(clean_nats, "ayse")
         prefs = await run("memory", "prefs", "--user", "ayse")
         assert prefs.returncode == 0 and "language" in prefs.stdout and "Türkçe" in prefs.stdout
+        assert (await run("memory", "set", "--user", "ayse", "Theme", "dark")).stdout.strip() == "set theme"
+        assert (await run("memory", "unset", "--user", "ayse", "theme")).stdout.strip() == "removed theme"
+        again = await run("memory", "unset", "--user", "ayse", "theme")
+        assert again.returncode == 1 and "no current value for 'theme'" in again.stderr
+        history = json.loads((await run("memory", "prefs", "--user", "ayse", "--history", "--json")).stdout)
+        assert [(p["key"], p["current"], p["ended_by"]) for p in history] == [
+            ("language", True, None), ("theme", False, "removed")]
 
         out = await run("context", "--user", "ayse", "--identity", "Sen bir asistansın. " * 200)
         assert out.returncode == 0, out.stderr
