@@ -22,7 +22,8 @@ The session always closes: a failed summary gives the fallback text, failed or i
 give none, an empty or tool-only transcript makes no LLM call (``EMPTY_SUMMARY``). Only a graph
 that cannot be written fails the message: retried with a growing delay, then dead-lettered
 (``processing_failed``). The lease is the consumer's ack wait: a live worker keeps its message
-in progress, so a claim older than that belongs to a dead one and is taken over.
+in progress and renews its claim every third of it, so a claim older than that belongs to a
+dead worker and is taken over.
 
 Metrics: ``engram_sessions_closed_total{reason}``, ``engram_sessions_close_steps_total{step,
 outcome}``, ``engram_sessions_close_seconds``, ``engram_sessions_close_messages_total{outcome}``;
@@ -164,6 +165,15 @@ class SessionCloser:
             await asyncio.sleep(15)
             await msg.in_progress()
 
+    async def _renew(self, group: str, segment_id: str, token: str) -> None:
+        """Keep the claim younger than the lease while this worker closes the segment."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.store.renew_claim(group, segment_id, token)
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; the close goes on
+                log.warning("could not renew a session claim (%s)", type(exc).__name__)
+
     def group_of(self, event: SessionSegmentClosed) -> str:
         group = memory_group_for(self.settings.group_prefix, user=event.scopes.user,
                                  workspace=event.scopes.workspace, session=event.session_id)
@@ -182,12 +192,15 @@ class SessionCloser:
             held = (now - claim.claimed_at).total_seconds() if claim.claimed_at else 0.0
             return Busy(max(0.5, min(self.busy_retry_s, self.lease_s - held)))
         started = time.perf_counter()
+        renewing = asyncio.create_task(self._renew(group, event.segment_id, claim.token))
         try:
             closed = await self._close_claimed(group, event, claim.token)
         except BaseException:
             with contextlib.suppress(Exception):  # let the retry claim it at once
                 await self.store.release_session(group, event.segment_id, claim.token)
             raise
+        finally:
+            renewing.cancel()
         CLOSE_SECONDS.observe(time.perf_counter() - started)
         STEPS.labels(step="summary", outcome=closed.summary.outcome).inc()
         STEPS.labels(step="facts", outcome=closed.facts.outcome).inc()

@@ -231,6 +231,19 @@ class MemoryStore:
         )
         return bool(rows)
 
+    async def renew_claim(self, group_id: str, segment_id: str, token: str, *, now: datetime | None = None) -> bool:
+        """Keep ``token``'s claim alive (a close outlasting the lease is not taken over while its
+        worker lives). False when the claim is no longer that token's."""
+        driver = await self._writer(group_id)
+        rows = await query_rows(
+            driver,
+            f"MATCH (s:{SESSION} {{uuid: $uuid}}) WHERE s.group_id = $group_id AND s.state = 'claimed' "
+            "AND s.claim_token = $token SET s.claimed_at_s = $now RETURN s.uuid AS uuid",
+            uuid=session_uuid(group_id, segment_id), group_id=group_id, token=token,
+            now=(now or utc_now()).timestamp(),
+        )
+        return bool(rows)
+
     async def release_session(self, group_id: str, segment_id: str, token: str) -> None:
         """Give a claim back (the close failed and will be retried): the next delivery need not
         wait for the lease to run out."""

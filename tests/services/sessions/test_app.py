@@ -262,3 +262,23 @@ async def test_a_close_that_fails_to_store_is_retried_at_once_and_stores_facts_o
         notes = await h.store.notes(group)
         assert len(notes) == len({n.text for n in notes}) == 2
     assert llm.by_prompt == {"sessions.summary": 2, "sessions.facts": 2}  # the steps ran again
+
+
+async def test_a_close_that_outlasts_the_lease_keeps_its_claim(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """A slow LLM holds a close for three leases: the worker renews its claim, so the other
+    replica keeps backing off instead of taking the segment over (one summary call)."""
+    gate = asyncio.Event()
+    llm = CountingLLM(gate=gate)
+    async with service(clean_nats, falkordb_server.url, tmp_path, llm, replicas=2, busy_retry_s=0.2) as h:
+        for app in h.apps:
+            app.sessions.lease_s = 0.6  # the durable's ack wait (300 s) in the service
+        event = segment("slow", ENGLISH, user="ivan")
+        await h.publish(event, msg_id="first")
+        await h.publish(event, msg_id="second")
+        assert await wait_for(lambda: _async(llm.by_prompt.get("sessions.summary") == 1))
+        await asyncio.sleep(1.8)
+        assert llm.by_prompt.get("sessions.summary") == 1, "the claim was taken over while its worker lived"
+        gate.set()
+        await h.closed(event)
+        assert await wait_for(h.drained)
+    assert llm.by_prompt == {"sessions.summary": 1, "sessions.facts": 1}

@@ -89,6 +89,17 @@ async def test_claims_closed_busy_and_a_lease_that_ran_out(store: MemoryStore) -
     assert [r["u"] for r in rows] == [session_uuid(group, "s1-0-0")]
 
 
+async def test_a_renewed_claim_is_not_taken_over(store: MemoryStore) -> None:
+    group = new_group()
+    args = dict(session_id="s1", segment=0, segment_id="s1-0-0", lease_s=60)
+    first = await store.claim_session(group, now=T0, **args)
+    assert await store.renew_claim(group, "s1-0-0", first.token, now=T0 + timedelta(seconds=50))
+    assert (await store.claim_session(group, now=T0 + timedelta(seconds=90), **args)).outcome == "busy"
+    late = await store.claim_session(group, now=T0 + timedelta(seconds=111), **args)
+    assert late.outcome == "claimed"  # not renewed again: its lease ran out
+    assert not await store.renew_claim(group, "s1-0-0", first.token)  # the old holder lost it
+
+
 async def test_concurrent_claims_give_exactly_one_claim(store: MemoryStore) -> None:
     group = new_group()
     claims = await asyncio.gather(*(
