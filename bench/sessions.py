@@ -57,7 +57,7 @@ from bench._smoke import Checks, locomo_path, parse, require_locomo  # noqa: E40
 from engram.ingest import locomo_sessions, locomo_text  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
 from engram.models.factory import LLMSettings, build_llm  # noqa: E402
-from engram.settings import EngramSettings  # noqa: E402
+from engram.settings import EngramSettings, SessionSettings  # noqa: E402
 from engram.tokens import token_counter  # noqa: E402
 from schemas import ChatMessage, ScopeKeys, subjects  # noqa: E402
 from schemas.memory import (  # noqa: E402
@@ -136,7 +136,8 @@ async def cost_of(shape: str, segments: list[SessionSegmentClosed], llm_factory,
     for segment in segments:
         llm = AccountingLLMClient(llm_factory(), stage="sessions")
         started = time.perf_counter()
-        closed = await close_segment(llm, segment, previous[:previous_n], summary_max_tokens=500, facts_max_tokens=300)
+        closed = await close_segment(llm, segment, previous[:previous_n], summary_max_tokens=SessionSettings().summary_max_tokens,
+                                     facts_max_tokens=SessionSettings().facts_max_tokens)
         cost.seconds.append(time.perf_counter() - started)
         cost.segment_tokens.append(segment.token_count)
         cost.calls.append(sum(llm.calls.values()))
@@ -298,12 +299,15 @@ async def main(args: argparse.Namespace) -> int:
         def factory():  # noqa: ANN202
             return build_llm(LLMSettings())
 
-        policy = SegmentPolicy(token_limit=args.token_limit)
+        defaults = SessionSettings()  # the service's defaults: transcript tail, chained summaries
+        policy = SegmentPolicy(token_limit=args.token_limit, transcript_messages=defaults.transcript_messages,
+                               transcript_tokens=defaults.transcript_tokens)
+        chained = defaults.previous_summaries
         costs = [
             await cost_of(f"one long session, rotated at {args.token_limit:,} tokens",
-                          segments_of(sessions, policy, close_each=False), factory, 3),
+                          segments_of(sessions, policy, close_each=False), factory, chained),
             await cost_of("per chat session (explicit closes, as engram ingest)",
-                          segments_of(sessions, policy, close_each=True), factory, 3),
+                          segments_of(sessions, policy, close_each=True), factory, chained),
         ]
         console.print(cost_table(costs, model))
         for c in costs:
