@@ -211,7 +211,9 @@ class SessionCloser:
         previous: list[str] = []
         if session.previous_summaries > 0 and any(t.role in ("user", "assistant") and t.text.strip()
                                                   for t in event.transcript):
-            previous = [r.summary for r in await self.store.last_sessions(group, session.previous_summaries)]
+            # the fixed fallback and empty texts say nothing about the user: left out
+            previous = [r.summary for r in await self.store.last_sessions(group, session.previous_summaries)
+                        if r.summary_source == "llm"]
         closed = await close_segment(self.llm, event, previous, summary_max_tokens=session.summary_max_tokens,
                                      facts_max_tokens=session.facts_max_tokens)
         # facts first, the record last: the record is what marks the segment closed

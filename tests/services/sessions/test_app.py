@@ -25,7 +25,7 @@ from schemas import subjects
 from schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY, SessionSegmentClosed
 from services.sessions import app as sessions_app
 from services.sessions.store import MemoryStore
-from tests.services.sessions.helpers import ENGLISH, TOOL_ONLY, TURKISH, CountingLLM, segment
+from tests.services.sessions.helpers import ENGLISH, T0, TOOL_ONLY, TURKISH, CountingLLM, segment
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 
@@ -196,6 +196,10 @@ async def _async(value: bool) -> bool:
 async def test_previous_summaries_are_chained_and_turkish_stays_turkish(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     llm = CountingLLM()
     async with service(clean_nats, falkordb_server.url, tmp_path, llm) as h:
+        # an earlier session of the same user with nothing to summarise: its text is no context
+        empty = segment("turkce-tools", TOOL_ONLY, user="ayse").model_copy(update={"closed_at": T0})
+        await h.publish(empty)
+        await h.closed(empty)
         first = segment("turkce", TURKISH, user="ayse")
         await h.publish(first)
         one = await h.closed(first)
@@ -207,7 +211,8 @@ async def test_previous_summaries_are_chained_and_turkish_stays_turkish(clean_na
         assert '<PREVIOUS_SUMMARIES>\n[]' in summary_prompts[0]
         assert json.dumps([one.summary], ensure_ascii=False) in summary_prompts[1]
         group = h.group(first)
-        assert [r.segment for r in await h.store.last_sessions(group, 5)] == [1, 0]
+        assert [(r.session_id, r.segment) for r in await h.store.last_sessions(group, 5)] == [
+            ("turkce", 1), ("turkce", 0), ("turkce-tools", 0)]
         notes = [n.text for n in await h.store.notes(group)]
         assert "Ben yazılım mühendisiyim ve Django projesi üzerinde çalışıyorum." in notes
         assert {(p.key, p.value) for p in await h.store.preferences(group)} >= {("language", "Türkçe")}
