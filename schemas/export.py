@@ -38,13 +38,22 @@ HERE = Path(__file__).parent
 JSON_DIR = HERE / "json"
 ASYNCAPI_FILE = HERE / "asyncapi.yaml"
 
-# channel id -> (address, message model or None for raw bytes, description, parameter names)
-CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
+# A channel's payload: a pydantic model, several (one subject carries more than one kind), an
+# inline JSON schema (name, schema) for a payload without a model, or None for raw bytes.
+Payload = type[BaseModel] | tuple[type[BaseModel], ...] | tuple[str, dict[str, Any]] | None
+
+# channel id -> (address, payload, description). Every subject constant of schemas/subjects.py
+# must be the address of one channel: asyncapi_document() refuses to export otherwise.
+CHANNELS: dict[str, tuple[str, Payload, str]] = {
     "inMessage": (subjects.IN_MESSAGE, ChatMessage, "Chat messages from agents (set Nats-Msg-Id = message_id)."),
     "inClose": (subjects.IN_CLOSE, SessionClosed, "A chat session ended: its open turn is flushed."),
     "inIdle": (subjects.IN_IDLE, SessionIdle, "Idle tick fired by a NATS message schedule (internal)."),
+    "schedIdle": (subjects.SCHED_IDLE, SessionIdle,
+                  "The turn-detector's idle schedule of a session (Nats-Schedule header; one pending per session): "
+                  "the server fires it into engram.in.idle.<session> (internal)."),
     "episode": (subjects.EPISODE, Episode, "Completed turns, one per enabled scope group."),
-    "delta": (subjects.DELTA, NodeDelta, "What one episode changed on one entity."),
+    "delta": (subjects.DELTA, (NodeDelta, SummaryTick),
+              "What one episode changed on one entity; also the summary-gate's fired SummaryTicks."),
     "summaryTick": (
         subjects.SCHED_SUMMARY,
         SummaryTick,
@@ -53,6 +62,12 @@ CHANNELS: dict[str, tuple[str, type[BaseModel] | None, str]] = {
     "summary": (subjects.SUMMARY, SummaryEvent, "Every summary-gate decision."),
     "summaryAudit": (subjects.SUMMARY_AUDIT, SummaryAudit, "Sample of skipped summaries with facts and kept summary."),
     "recall": (subjects.RECALL, RecallRequest, "Recall request; the reply is a RecallResponse."),
+    "ctlForgetSessions": (
+        subjects.CTL_FORGET_SESSIONS,
+        ("ForgetSessions", {"type": "array", "items": {"type": "string", "pattern": subjects.SESSION_ID_PATTERN}}),
+        "Core NATS (no stream), published by recall after a delete: session ids whose state was erased; "
+        "every turn-detector replica drops them from its cache.",
+    ),
     "graphEpisodes": (subjects.GRAPH_EPISODES, GraphEpisodesRequest, "A group's latest episodes (graph admin, served by recall)."),
     "graphEdgeGet": (subjects.GRAPH_EDGE_GET, GraphEdgeRequest, "One fact by uuid (graph admin)."),
     "graphEdgeDelete": (subjects.GRAPH_EDGE_DELETE, GraphEdgeRequest, "Delete one fact by uuid (graph admin)."),
@@ -115,27 +130,49 @@ def _params(address: str) -> dict[str, Any]:
     return {n: {"description": f"{n} token, matching {subjects.TOKEN_PATTERN}"} for n in names}
 
 
-def asyncapi_document() -> dict[str, Any]:
+def subject_constants() -> dict[str, str]:
+    """Every subject template schemas/subjects.py defines: its upper-case ``engram.*`` strings."""
+    return {name: value for name, value in vars(subjects).items()
+            if name.isupper() and isinstance(value, str) and value.startswith("engram.")}
+
+
+def missing_channels(channels: dict[str, tuple[str, Payload, str]] | None = None) -> dict[str, str]:
+    """Subject constants that no channel has as its address (name -> template)."""
+    addresses = {address for address, _, _ in (CHANNELS if channels is None else channels).values()}
+    return {name: value for name, value in subject_constants().items() if value not in addresses}
+
+
+def _channel_messages(payload: Payload) -> dict[str, dict[str, Any]]:
+    """Component messages (name -> definition) of one channel's payload."""
+    if payload is None:
+        return {"DeadLetter": {"name": "DeadLetter", "payload": {"type": "string", "format": "binary"}}}
+    if isinstance(payload, tuple) and payload and isinstance(payload[0], str):
+        name, schema = payload
+        return {name: {"name": name, "contentType": "application/json", "payload": schema}}
+    models = payload if isinstance(payload, tuple) else (payload,)
+    return {m.__name__: {"name": m.__name__, "contentType": "application/json",
+                         "payload": {"$ref": f"json/{m.__name__}.schema.json"}} for m in models}
+
+
+def asyncapi_document(channel_table: dict[str, tuple[str, Payload, str]] | None = None) -> dict[str, Any]:
+    table = CHANNELS if channel_table is None else channel_table
+    if missing := missing_channels(table):
+        raise ValueError(f"subjects without an AsyncAPI channel in schemas/export.py CHANNELS: {sorted(missing)}")
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
-    for cid, (address, model, description) in CHANNELS.items():
+    for cid, (address, payload, description) in table.items():
         chan: dict[str, Any] = {"address": address, "description": description}
         if params := _params(address):
             chan["parameters"] = params
-        if model is not None:
-            messages[model.__name__] = {
-                "name": model.__name__,
-                "contentType": "application/json",
-                "payload": {"$ref": f"json/{model.__name__}.schema.json"},
-            }
-            chan["messages"] = {model.__name__: {"$ref": f"#/components/messages/{model.__name__}"}}
-        else:
-            chan["messages"] = {"DeadLetter": {"$ref": "#/components/messages/DeadLetter"}}
-            messages["DeadLetter"] = {"name": "DeadLetter", "payload": {"type": "string", "format": "binary"}}
+        chan_messages = _channel_messages(payload)
+        messages.update(chan_messages)
+        chan["messages"] = {name: {"$ref": f"#/components/messages/{name}"} for name in chan_messages}
         channels[cid] = chan
         operations[f"publish_{cid}"] = {"action": "send", "channel": {"$ref": f"#/channels/{cid}"}}
     for cid, reply in REPLIES.items():  # request/reply subjects: the reply's message
+        if cid not in table:
+            continue
         messages[reply.__name__] = {
             "name": reply.__name__,
             "contentType": "application/json",
