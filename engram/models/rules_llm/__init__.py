@@ -15,6 +15,8 @@ One module per concern (each module's docstring says what it does and its limits
 * :mod:`.entities`: entity candidates, their categories and ``entity_type_id``;
 * :mod:`.relations` (verbs -> relations, negation and change cues) and :mod:`.facts`
   (clauses -> facts); :mod:`.extraction` runs entities then facts over a document;
+* :mod:`.coreference`: "it" -> the one thing named just before (same message or the previous
+  one, incl. the last of PREVIOUS MESSAGES), only when exactly one candidate fits;
 * :mod:`.dates`: dates and relative time expressions, ``valid_at``/``invalid_at``;
 * :mod:`.dedupe`: node and edge resolution, contradictions;
 * :mod:`.changes`: change phrases ("switched S to Y", "replaced X with Y", "Y instead of X",
@@ -27,7 +29,8 @@ Response models answered (see :data:`.prompts.HANDLERS`):
 
 * ``CombinedExtraction`` (``extract_nodes_and_edges.extract_message``): entities + facts from
   ``<CURRENT MESSAGES>`` in one pass. ``[CONTEXT EPISODE]`` sections and PREVIOUS MESSAGES are
-  never extracted from (previous messages only teach speaker names, to type them Person).
+  never extracted from: previous messages teach speaker names (to type them Person), and the
+  last one is where a referring "it" in the first current message may find its thing.
 * ``ExtractedEntities`` (``extract_nodes.extract_message`` / ``extract_text`` / ``extract_json``)
   and ``ExtractedEdges`` (``extract_edges.edge``; endpoints are only names from the prompt's
   ``<ENTITIES>`` list, ``valid_at``/``invalid_at`` by the timestamp rules against
@@ -42,7 +45,9 @@ Response models answered (see :data:`.prompts.HANDLERS`):
 
 Known limits (heuristics, not language understanding):
 
-* no coreference ("she", "it", "the city" are never resolved; only "I/me/my/we" -> speaker);
+* coreference is narrow (:mod:`.coreference`): "I/me/my/we" -> speaker, and a referring "it"
+  ("I bought it", "it stands for ...") -> the one thing named just before, when exactly one
+  fits and its clause names nothing else; "she", "they", "that", "the city" are never resolved;
 * capitalised-word detection misses lower-case names, takes capitalised common words
   mid-sentence ("the Best day"), and drops a name that only ever starts sentences ("Jordan
   went home."); nicknames are separate entities ("Mel" vs "Melanie");

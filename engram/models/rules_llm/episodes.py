@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from engram.models.rules_llm.coreference import last_previous_message
 from engram.models.rules_llm.dates import _parse_datetime
 from engram.models.rules_llm.text import is_safe_entity_name
 from engram.models.rules_llm.vocabulary import COMMON_WORDS, STOPWORDS
@@ -68,6 +69,8 @@ class _Doc:
     n_blocks: int = 0
     #: lower-cased words that occur capitalised after a lower-case word (not a sentence start)
     mid_caps: set[str] = field(default_factory=set)
+    #: the last episode of PREVIOUS MESSAGES, analysed: where "it" in the first message may point
+    previous: _Doc | None = None
 
 
 def _speaker_of(line: str) -> tuple[str | None, int, bool] | None:
@@ -192,4 +195,6 @@ def _analyse(content: str, previous: str | None = None, reference: datetime | No
     known -= {"user", "assistant"}
     lower_words = set(re.findall(r"(?<![\w'])[a-z][a-z'-]+", content))
     mid_caps = {w.lower() for s in sentences if not s.code for w in re.findall(r"(?<=[a-z0-9,] )[A-Z][\w'-]+", s.text)}
-    return _Doc(sentences, speakers, known, lower_words, block + 1, mid_caps)
+    last = last_previous_message(previous)
+    prior = _analyse(last, None, reference) if last is not None else None
+    return _Doc(sentences, speakers, known, lower_words, block + 1, mid_caps, prior)

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from engram.models.rules_llm.coreference import Reference, annotate
 from engram.models.rules_llm.episodes import _CLAUSE_SPLIT, _Sentence
 from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP, _SWITCH_RES, _VerbHit, _find_verbs
 from engram.models.rules_llm.text import MAX_FACTS, MAX_TARGETS_PER_CLAUSE, _mask
@@ -35,7 +36,8 @@ class _Mention:
     end: int
     category: str
     package_key: str | None = None
-    pronoun: bool = False
+    pronoun: bool = False  # a first-person pronoun standing for the speaker
+    refers: bool = False  # "it"/"this one" resolved to this entity (:mod:`.coreference`)
 
 
 @dataclass
@@ -215,7 +217,13 @@ class _FactBuilder:
         text = sent.text
         if sent.code or not _prose(text):
             return
-        fact_text = third_person(text, sent.speaker if speaker_key else None)
+        references = [Reference(m.start, m.end, m.key) for m in mentions if m.refers]
+        if references:
+            # the fact names what "it" is: "Audrey got it (tattoo) a while ago."
+            text_named = annotate(text, references, {r.key: self.entities[r.key].name for r in references})
+        else:
+            text_named = text
+        fact_text = third_person(text_named, sent.speaker if speaker_key else None)
         masked = _mask(text, [(m.start, m.end) for m in mentions if not m.pronoun])
         if not _has_content(masked):
             return  # "Wow, Melanie!", "Thanks, Caroline!": a name in a greeting is no fact
