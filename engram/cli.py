@@ -577,6 +577,15 @@ def ingest(
         progress.advance(task)  # type: ignore[arg-type]
 
     async def run() -> object:
+        from engram import tracing
+
+        tracing.provider_for(settings.otel_endpoint, "ingest")  # one trace per turn when ENGRAM_OTEL_ENDPOINT is set
+        try:
+            return await publish()
+        finally:
+            tracing.shutdown()  # export the publish spans before exiting
+
+    async def publish() -> object:
         async with nats_connection(settings, name="engram-ingest") as nc:
             with Progress(TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=False) as progress:

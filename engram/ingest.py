@@ -237,7 +237,18 @@ class IngestReport:
 
 
 async def publish_events(js, events: Iterable[Event], progress=None) -> IngestReport:  # noqa: ANN001
-    """Publish in order, awaiting each PubAck (so per-session order and durability hold)."""
+    """Publish in order, awaiting each PubAck (so per-session order and durability hold).
+    With tracing on (ENGRAM_OTEL_ENDPOINT), each turn's messages carry one trace (engram/tracing.py)."""
+    from engram.tracing import TurnSpans
+
+    turns = TurnSpans("ingest", "engram.ingest.turn")
+    try:
+        return await _publish_events(js, events, progress, turns)
+    finally:
+        turns.end()
+
+
+async def _publish_events(js, events: Iterable[Event], progress, turns) -> IngestReport:  # noqa: ANN001
     report = IngestReport()
     sessions: set[str] = set()
     epochs = await _epochs(js)
@@ -252,7 +263,8 @@ async def publish_events(js, events: Iterable[Event], progress=None) -> IngestRe
         ack = await js.publish(
             subject,
             event.model_dump_json().encode(),
-            headers={subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"},
+            headers=turns.headers_for(event.session_id, event.role if isinstance(event, ChatMessage) else None,
+                                      {subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"}),
         )
         if isinstance(event, ChatMessage):
             sessions.add(event.session_id)

@@ -25,6 +25,7 @@ from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
 from prometheus_client import REGISTRY, make_asgi_app
 
+from engram import tracing
 from engram.compat import stop_fetching
 from engram.settings import EngramSettings
 
@@ -497,31 +498,14 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
     )
 
 
-_TRACER_PROVIDERS: list[Any] = []
-
-
 async def flush_tracing() -> None:
     """Export buffered spans and stop exporters (called when a service stops)."""
-    while _TRACER_PROVIDERS:
-        _TRACER_PROVIDERS.pop().shutdown()
+    tracing.shutdown()
 
 
 def _tracer_provider(settings: EngramSettings, service: str) -> Any | None:
-    """OTLP/HTTP tracing when ENGRAM_OTEL_ENDPOINT is set; off (no provider) otherwise."""
-    if not settings.otel_endpoint:
-        return None
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    provider = TracerProvider(resource=Resource.create({"service.name": f"engram-{service}"}))
-    endpoint = settings.otel_endpoint.rstrip("/")
-    if not endpoint.endswith("/v1/traces"):
-        endpoint += "/v1/traces"
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    _TRACER_PROVIDERS.append(provider)
-    return provider
+    """OTLP/HTTP tracing when ENGRAM_OTEL_ENDPOINT is set; off (no provider) otherwise (engram/tracing.py)."""
+    return tracing.provider_for(settings.otel_endpoint, service)
 
 
 @dataclass
@@ -547,7 +531,7 @@ class ServiceApp:
         for hook in self.on_shutdown:
             await hook()
         await self.broker.stop()
-        await flush_tracing()
+        tracing.shutdown(self.name)  # this service's spans (others in the process keep tracing)
 
     def asgi(self) -> AsgiFastStream:
         @get(include_in_schema=False)

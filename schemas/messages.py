@@ -134,6 +134,9 @@ class Episode(_Model):
     source_description: str | None = None
     extraction: ExtractionOverride | None = None
     stats: EpisodeStats = Field(default_factory=EpisodeStats)
+    first_published_at: AwareDatetime | None = Field(
+        None, description="JetStream time of the turn's earliest stored message (ENGRAM_IN): where the "
+        "freshness histograms (engram_pipeline_freshness_seconds) start. None from publishers that predate it.")
 
 
 class FactRef(_Model):
@@ -161,6 +164,8 @@ class NodeDelta(_Model):
     new_facts: list[FactRef] = Field(default_factory=list)
     invalidated_facts: list[InvalidatedFact] = Field(default_factory=list)
     polarity_flip: bool = False
+    first_published_at: AwareDatetime | None = Field(
+        None, description="The episode's first_published_at (freshness of the summary decision).")
 
 
 SummaryReason = Literal[

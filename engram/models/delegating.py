@@ -21,6 +21,11 @@ class DelegatingLLMClient(LLMClient):
         self.tracer = inner.tracer
         self.token_tracker = inner.token_tracker
 
+    def set_tracer(self, tracer: Any) -> None:
+        """Also the wrapped client's: graphiti's own llm.generate span is made there."""
+        super().set_tracer(tracer)
+        self.inner.set_tracer(tracer)
+
     async def generate_response(  # type: ignore[override]
         self,
         messages: list[Any],

@@ -42,13 +42,13 @@ from faststream.nats import NatsBroker
 from graphiti_core.cross_encoder.client import CrossEncoderClient
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.llm_client.client import LLMClient
-from graphiti_core.tracer import NoOpTracer
 from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq
+from engram import dlq, tracing
 from engram.graph import GraphDrivers
+from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
 from engram.service import (
     CapacityPuller,
@@ -98,6 +98,9 @@ class Extractor:
         self.broker = broker
         self.extraction = ExtractionSettings()
         self.llm = llm or build_llm(LLMSettings())
+        # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/tracing.py)
+        self.tracer = tracing.graphiti_tracer("extractor")
+        self.llm.set_tracer(self.tracer)
         embedder_settings = embedder_settings or EmbedderSettings()
         self.embedder = build_embedder(embedder_settings)
         # An invalidation by a restatement of the invalidated fact is rejected (issue 10 item 6).
@@ -117,6 +120,8 @@ class Extractor:
         self.capacity = asyncio.Semaphore(settings.extractor_concurrency)
         self.puller: CapacityPuller | None = None  # set by build()
         self.stop_grace_s = 15.0  # in-flight episodes get this long at stop, then are nacked
+        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_EPISODES, [
+            Topology.extractor_durable(p) for p in range(settings.partitions)])
 
     async def start(self) -> None:
         self.graph.validate()
@@ -124,6 +129,7 @@ class Extractor:
         await self.broker.connect()
         self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
+        self.backlog.start(self.js)
 
     async def start_pulling(self) -> None:
         """After the broker started its (non-fetching) subscribers: start the capacity puller."""
@@ -131,6 +137,7 @@ class Extractor:
             await self.puller.start(self.broker.connection)
 
     async def stop(self) -> None:
+        await self.backlog.stop()
         if self.puller is not None:  # before the graph closes: in-flight episodes still use it
             await self.puller.stop(self.stop_grace_s)
         await self.graph.close()
@@ -139,7 +146,7 @@ class Extractor:
         """The graphiti clients for ``group_id`` with its driver's indices built (engram/graph.py)."""
         driver = await self.graph.driver(group_id)
         return GraphitiClients(
-            driver=driver, llm_client=self.llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=NoOpTracer()
+            driver=driver, llm_client=self.llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=self.tracer
         )
 
     async def handle(self, msg: Any) -> None:
@@ -186,6 +193,8 @@ class Extractor:
         for name, ms in result.timings.items():
             if name != "total_ms":
                 STAGE_SECONDS.labels(stage=name.removesuffix("_ms")).observe(ms / 1000)
+        if not result.already_present:
+            observe_freshness("graph", episode.first_published_at)
         if result.already_present:
             # Written before a crash or redelivery: its deltas may not all have been published.
             deltas = await deltas_for_existing_episode(clients, episode)

@@ -181,6 +181,7 @@ def build_node_deltas(episode: Episode, result: ExtractionLike) -> list[NodeDelt
                 new_facts=new_facts,
                 invalidated_facts=invalidated,
                 polarity_flip=polarity,
+                first_published_at=episode.first_published_at,
             )
         )
     return deltas

@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from engram.epochs import SessionEpochs
+from engram.tracing import TurnSpans
 from engram.service import jetstream
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
@@ -92,13 +93,21 @@ class Bus:
             epoch = await self.epochs.get(group_id) if self.epochs is not None else 0
         except Exception as exc:  # noqa: BLE001 - without the epoch a re-post after a delete could be dropped
             raise BusError(503, f"cannot read the session epoch ({_why(exc)}); retry") from exc
+        turns = TurnSpans("gateway", "engram.gateway.turn")  # one trace per turn (engram/tracing.py)
+        try:
+            return await self._publish_all(js, subject, epoch, messages, report, turns)
+        finally:
+            turns.end()
+
+    async def _publish_all(self, js: Any, subject: str, epoch: int, messages: list[ChatMessage],
+                           report: PublishReport, turns: TurnSpans) -> PublishReport:
         for i, message in enumerate(messages):
             try:
                 ack = await js.publish(
                     subject, message.model_dump_json().encode(), timeout=self.publish_timeout_s,
                     stream=subjects.STREAM_IN,
-                    headers={subjects.HDR_MSG_ID: dedupe_header(message, epoch),
-                             "content-type": "application/json"},
+                    headers=turns.headers_for(message.session_id, message.role, {
+                        subjects.HDR_MSG_ID: dedupe_header(message, epoch), "content-type": "application/json"}),
                 )
             except Exception as exc:  # noqa: BLE001 - whatever it was, the message is not known to be stored
                 MESSAGES.labels(outcome="failed").inc(len(messages) - i)

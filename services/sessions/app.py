@@ -48,7 +48,7 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq
+from engram import dlq, tracing
 from engram.graph import GraphDrivers
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import LLMSettings, build_llm
@@ -112,6 +112,7 @@ class SessionCloser:
         self.settings = settings
         self.broker = broker
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
+        self.llm.set_tracer(tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/tracing.py)
         self.graphs = GraphDrivers(settings)
         self.store = MemoryStore(self.graphs)
         self.clock = clock

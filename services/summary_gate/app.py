@@ -42,8 +42,9 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq
+from engram import dlq, tracing
 from engram.graph import GraphDrivers
+from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
 from engram.service import ServiceApp, jetstream, make_broker, retry_or_dead_letter, subscribe_partitions
@@ -103,6 +104,7 @@ class SummaryGate:
         self.settings = settings
         self.broker = broker
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
+        self.llm.set_tracer(tracing.graphiti_tracer("summary-gate"))  # LLM spans, no content (engram/tracing.py)
         self.embedder = embedder or build_embedder(EmbedderSettings())
         # the drift threshold is per embedder too (gate.DRIFT_THRESHOLDS, bench/summary_gate.py)
         self.gate = (gate or GateSettings()).for_embedder(embedder_kind(self.embedder))
@@ -114,6 +116,8 @@ class SummaryGate:
         self.clock = clock
         self.js: JetStreamContext | None = None
         self.max_deliveries = settings.turn.max_deliveries
+        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_DELTAS, [
+            Topology.summary_gate_durable(p) for p in range(settings.partitions)])
 
     async def start(self) -> None:
         self.graph.validate()
@@ -121,12 +125,14 @@ class SummaryGate:
         self.js = jetstream(self.broker)
         topology = Topology.from_settings(self.settings)
         await ensure_topology(self.js, topology)
+        self.backlog.start(self.js)
         if self.gate.staleness_sla_s >= topology.episode_max_age_s:
             # the sweep's schedule is a message in ENGRAM_DELTAS: it would age out before firing
             log.warning("ENGRAM_SUMMARY_STALENESS_SLA_S (%.0f s) is not below the delta stream's retention (%.0f s): "
                         "staleness sweeps would expire unfired", self.gate.staleness_sla_s, topology.episode_max_age_s)
 
     async def stop(self) -> None:
+        await self.backlog.stop()
         await self.graph.close()
 
     # --- handler -----------------------------------------------------------------------------
@@ -175,6 +181,7 @@ class SummaryGate:
             return "duplicate"
         if decision.action == "refresh":
             await self._refresh(driver, delta.group_id, node, decision, delta.episode_id, delta.episode_time, now)
+            observe_freshness("summary", delta.first_published_at)
         elif decision.action == "defer":
             assert decision.meta.pending is not None
             await self._schedule_tick(delta.group_id, node.uuid, decision.meta.pending.token,
@@ -190,6 +197,7 @@ class SummaryGate:
                 await self._schedule_tick(delta.group_id, node.uuid, decision.meta.stale.token,
                                           decision.meta.stale.sweep_at, "staleness")
             await self._skip(driver, delta.group_id, node, decision, delta.episode_id, now)
+            observe_freshness("summary", delta.first_published_at)
         return decision.action
 
     async def on_tick(self, tick: SummaryTick) -> str:

@@ -15,6 +15,7 @@ nack; after ``max_deliveries`` the event is dead-lettered with reason ``processi
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from datetime import datetime, timezone
@@ -24,8 +25,9 @@ from faststream.nats import NatsBroker
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from engram import dlq
+from engram import dlq, tracing
 from engram.epochs import SessionEpochs
+from engram.pipeline_metrics import BacklogMonitor
 from engram.service import ServiceApp, jetstream, make_broker, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.tokens import token_counter
@@ -58,6 +60,10 @@ def _partition_of(subject: str) -> int | None:
     return int(tokens[2]) if len(tokens) == 5 and tokens[2].isdigit() else None
 log = logging.getLogger("engram.turn_detector")
 
+# The JetStream time of the input message being handled (set per handler task): a turn keeps
+# its earliest one for the freshness histograms (Episode.first_published_at).
+_PUBLISHED_AT: contextvars.ContextVar[datetime | None] = contextvars.ContextVar("published_at", default=None)
+
 
 class TurnDetector:
     """Handles one input event at a time per partition; holds no state a replica cannot rebuild."""
@@ -78,6 +84,8 @@ class TurnDetector:
         self.eraser: InputEraser | None = None
         self.js: JetStreamContext | None = None
         self.clock = time.time  # replaced in tests
+        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_IN, [
+            Topology.turn_detector_durable(p) for p in range(settings.partitions)])
 
     async def start(self) -> None:
         """Connect, declare the topology and open the KV store before any subscriber starts."""
@@ -88,8 +96,10 @@ class TurnDetector:
         self.epochs = await SessionEpochs.open(self.js)
         self.eraser = InputEraser(self.js, self.turn.input_retention_s)
         self.eraser.start()
+        self.backlog.start(self.js)
 
     async def stop(self) -> None:
+        await self.backlog.stop()
         if self.eraser is not None:
             await self.eraser.stop()
 
@@ -104,6 +114,7 @@ class TurnDetector:
         started = time.perf_counter()
         raw = msg.raw_message
         meta = raw.metadata
+        _PUBLISHED_AT.set(meta.timestamp)
         try:
             outcome = await self._handle(raw.subject, raw.data, raw.headers, meta.sequence.stream, meta.sequence.consumer)
         except Exception as exc:  # noqa: BLE001 - every failure is retried, then dead-lettered
@@ -164,8 +175,11 @@ class TurnDetector:
             return False
         return True
 
-    def _transition(self, state: SessionState, event: Event, *, count: bool = True) -> Transition:
-        """Apply one event (pure pairing plus the message's scrub/filter), with metrics."""
+    def _transition(self, state: SessionState, event: Event, *, count: bool = True,
+                    published_at: datetime | None = None, trace_parent: str | None = None) -> Transition:
+        """Apply one event (pure pairing plus the message's scrub/filter), with metrics.
+        ``published_at``/``trace_parent``: the message's JetStream time and trace context
+        (default: those of the message being handled)."""
         now = self.clock()
         if isinstance(event, ChatMessage):
             prepared = prepare_part(event, self.noise)
@@ -178,6 +192,8 @@ class TurnDetector:
                 recent_ids_kept=self.turn.recent_ids_kept,
                 tokens=self.count_tokens(prepared.part.text),
                 segments=self.segments,
+                published_at=published_at or _PUBLISHED_AT.get(),
+                trace_parent=trace_parent or tracing.current_traceparent(),
             )
             if count and result.outcome in ("accepted", "late"):
                 for kind, n in prepared.secrets.items():
@@ -215,7 +231,8 @@ class TurnDetector:
                 break
             event = parse_event(stored.subject or "", stored.data or b"", max_bytes=self.turn.max_message_bytes)
             if not isinstance(event, Rejected):
-                result = self._transition(state, event, count=False)
+                result = self._transition(state, event, count=False, published_at=stored.time,
+                                          trace_parent=(stored.headers or {}).get("traceparent"))
                 state = result.state
                 state.last_seq = stored.seq
                 state.outbox = list(result.completed)
@@ -266,7 +283,7 @@ class TurnDetector:
         """Episodes of completed turns (Nats-Msg-Id = episode id), closed segments (Nats-Msg-Id =
         segment id) and the idle schedule."""
         publishes = [
-            self._publish_episode(ep)
+            self._publish_episode(ep, turn.trace_parent)
             for turn in turns
             for ep in episodes_for(turn, prefix=self.settings.group_prefix, max_chars=self.turn.max_turn_chars)
         ]
@@ -278,13 +295,14 @@ class TurnDetector:
             if isinstance(failure, BaseException):
                 raise failure
 
-    async def _publish_episode(self, ep: Episode) -> None:
-        await self.broker.publish(
-            ep.model_dump_json().encode(),
-            subjects.episode(ep.group_id),
-            headers={subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"},
-            stream=subjects.STREAM_EPISODES,
-        )
+    async def _publish_episode(self, ep: Episode, trace_parent: str | None = None) -> None:
+        with tracing.attached(trace_parent):  # the turn's trace, not the completing event's
+            await self.broker.publish(
+                ep.model_dump_json().encode(),
+                subjects.episode(ep.group_id),
+                headers={subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"},
+                stream=subjects.STREAM_EPISODES,
+            )
         metrics.EPISODES.labels(scope=ep.scope).inc()
 
     async def _publish_segment_closed(self, ended: SessionSegmentClosed) -> None:

@@ -63,6 +63,11 @@ class OpenTurn(BaseModel):
     parts: list[TurnPart] = Field(default_factory=list)
     scopes: ScopeKeys = Field(default_factory=ScopeKeys)
     source_description: str | None = None
+    first_published_at: AwareDatetime | None = Field(
+        None, description="Earliest JetStream time of the turn's messages (the freshness histograms' start).")
+    trace_parent: str | None = Field(
+        None, description="W3C traceparent of the turn's first message: its Episodes are published under it, "
+        "so one turn is one trace (engram/tracing.py).")
 
     @property
     def has_assistant_side(self) -> bool:
@@ -78,6 +83,8 @@ class CompletedTurn(BaseModel):
     scopes: ScopeKeys
     completed_by: Literal["next_user", "idle", "session_closed"]
     source_description: str | None = None
+    first_published_at: AwareDatetime | None = None
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,8 @@ def _complete(state: SessionState, how: Literal["next_user", "idle", "session_cl
         scopes=turn.scopes,
         completed_by=how,
         source_description=turn.source_description,
+        first_published_at=turn.first_published_at,
+        trace_parent=turn.trace_parent,
     )
 
 
@@ -263,9 +272,12 @@ def apply_message(
     recent_ids_kept: int = 64,
     tokens: int = 0,
     segments: SegmentPolicy = DEFAULT_SEGMENTS,
+    published_at: datetime | None = None,
+    trace_parent: str | None = None,
 ) -> Transition:
     """Apply one chat message (``part`` is its filtered, scrubbed form, ``tokens`` its cl100k
-    count) to the session."""
+    count) to the session. ``published_at``: the message's JetStream time; ``trace_parent``: the
+    trace context it was handled in (kept for the turn when it opens one)."""
     state = _clone(state)
     key = dedupe_key(message)
     if key in state.recent_ids:
@@ -292,8 +304,10 @@ def apply_message(
             ended = close_segment(state, "token_limit")
             if ended is not None:
                 closed.append(ended)
-        turn = OpenTurn(turn_id=turn_id_for(state, message.message_id))
+        turn = OpenTurn(turn_id=turn_id_for(state, message.message_id), trace_parent=trace_parent)
         state.open_turn = turn
+    if published_at is not None and (turn.first_published_at is None or published_at < turn.first_published_at):
+        turn.first_published_at = published_at
     _add_to_segment(state, message, part, tokens, segments)
     turn.parts.append(part)
     if message.scopes not in state.scopes_seen and len(state.scopes_seen) < MAX_SCOPES_SEEN:
@@ -461,6 +475,7 @@ def episodes_for(turn: CompletedTurn, *, prefix: str, max_chars: int) -> list[Ep
             completed_by=turn.completed_by,
             source_description=turn.source_description,
             stats=stats,
+            first_published_at=turn.first_published_at,
         )
         for scope, group_id in scope_groups(prefix, turn.session_id, turn.scopes)
     ]

@@ -1,0 +1,224 @@
+"""OpenTelemetry tracing: one turn is one trace, and spans never carry message content.
+
+Off unless ``ENGRAM_OTEL_ENDPOINT`` is set (OTLP/HTTP). Then each service (and ``engram ingest``,
+the gateway) has one TracerProvider named ``engram-<service>``:
+
+* publishers start a span per turn and put its W3C ``traceparent`` into the NATS headers of the
+  turn's messages (:func:`inject`);
+* FastStream's NATS telemetry middleware continues the trace on consume and injects it again on
+  every ``broker.publish`` made while handling the message (engram/service.py ``make_broker``);
+* the turn-detector keeps the trace context of a turn's first message in the session state and
+  publishes the turn's Episodes under it (:func:`attached`), so the extractor, the summary-gate
+  and (for a close) the sessions service continue the turn's trace even when another event
+  completed the turn;
+* graphiti gets a real tracer (:func:`graphiti_tracer`), so its own spans (``graphiti.llm.generate``,
+  search phases) appear, behind :class:`ContentSafeTracer`: graphiti puts exception text in span
+  status and events, and an LLM or validation error can quote the conversation;
+* engram's AccountingLLMClient adds one ``engram.llm.call`` span per LLM call with prompt name,
+  model and token counts (engram/models/accounting.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from graphiti_core.tracer import NoOpTracer, Tracer, TracerSpan
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_PROVIDERS: dict[str, Any] = {}
+
+
+def _exporter(endpoint: str) -> Any:
+    """The span exporter for ``endpoint`` (tests replace this function to collect spans in memory)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    endpoint = endpoint.rstrip("/")
+    if not endpoint.endswith("/v1/traces"):
+        endpoint += "/v1/traces"
+    return OTLPSpanExporter(endpoint=endpoint)
+
+
+def provider_for(otel_endpoint: str | None, service: str) -> Any | None:
+    """The TracerProvider of ``service`` (one per service name in a process), or None when
+    tracing is off (no endpoint)."""
+    if not otel_endpoint:
+        return None
+    if service in _PROVIDERS:
+        return _PROVIDERS[service]
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"engram-{service}"}))
+    provider.add_span_processor(BatchSpanProcessor(_exporter(otel_endpoint)))
+    _PROVIDERS[service] = provider
+    return provider
+
+
+def otel_tracer(service: str) -> Any | None:
+    """The OpenTelemetry tracer of ``service`` when its provider exists (see :func:`provider_for`)."""
+    provider = _PROVIDERS.get(service)
+    return provider.get_tracer(f"engram.{service}") if provider is not None else None
+
+
+def shutdown(service: str | None = None) -> None:
+    """Export buffered spans and stop the exporter of ``service`` (default: every one)."""
+    for name in [service] if service is not None else list(_PROVIDERS):
+        provider = _PROVIDERS.pop(name, None)
+        if provider is not None:
+            provider.shutdown()
+
+
+# --- propagation -----------------------------------------------------------------------------
+def inject(headers: dict[str, str]) -> dict[str, str]:
+    """Add the current trace context (``traceparent``) to NATS ``headers``; nothing when no span
+    is active. Returns ``headers``."""
+    _PROPAGATOR.inject(headers)
+    return headers
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current span, or None when none is recording."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextmanager
+def attached(traceparent: str | None) -> Generator[None, None, None]:
+    """Run the block with ``traceparent`` as the current trace context (a no-op for None)."""
+    if not traceparent:
+        yield
+        return
+    token = otel_context.attach(_PROPAGATOR.extract({"traceparent": traceparent}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+# --- graphiti ----------------------------------------------------------------------------------
+SAFE_STRING_ATTRIBUTES = frozenset({
+    "llm.provider", "model.size", "prompt.name", "llm.model", "llm.client", "engram.stage", "exception.type",
+})
+"""String-valued graphiti/engram span attributes known to hold no content. Any other string
+attribute is dropped (numbers and booleans are kept: counts, sizes, flags)."""
+
+
+class _ContentSafeSpan(TracerSpan):
+    def __init__(self, span: TracerSpan) -> None:
+        self._span = span
+
+    def add_attributes(self, attributes: dict[str, Any]) -> None:
+        self._span.add_attributes(safe_attributes(attributes))
+
+    def set_status(self, status: str, description: str | None = None) -> None:
+        self._span.set_status(status, None)  # graphiti passes str(exception) as the description
+
+    def record_exception(self, exception: Exception) -> None:
+        # the type only: the message and traceback may quote the prompt or the answer
+        self._span.add_attributes({"exception.type": type(exception).__name__})
+
+
+def safe_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """Numbers and booleans, and strings only under :data:`SAFE_STRING_ATTRIBUTES`."""
+    return {
+        k: v for k, v in attributes.items()
+        if v is not None and (isinstance(v, (bool, int, float)) or (isinstance(v, str) and k in SAFE_STRING_ATTRIBUTES))
+    }
+
+
+class ContentSafeTracer(Tracer):
+    """A graphiti Tracer that forwards to ``inner`` and strips whatever could carry content."""
+
+    def __init__(self, inner: Tracer, otel: Any | None = None) -> None:
+        self.inner = inner
+        self.otel = otel  # the OpenTelemetry tracer behind it (engram's own spans)
+
+    @contextmanager
+    def start_span(self, name: str) -> Generator[TracerSpan, None, None]:
+        with self.inner.start_span(name) as span:
+            yield _ContentSafeSpan(span)
+
+
+def graphiti_tracer(service: str) -> Tracer:
+    """A content-safe graphiti tracer on ``service``'s provider; NoOpTracer when tracing is off."""
+    tracer = otel_tracer(service)
+    if tracer is None:
+        return NoOpTracer()
+    from graphiti_core.tracer import create_tracer
+
+    return ContentSafeTracer(create_tracer(tracer, span_prefix="graphiti"), otel=tracer)
+
+
+@contextmanager
+def llm_span(tracer: Tracer, attributes: Mapping[str, Any]) -> Generator[Any, None, None]:
+    """An ``engram.llm.call`` span (current, so graphiti's llm.generate nests in it) on the
+    OpenTelemetry tracer behind a :class:`ContentSafeTracer`; yields None when tracing is off.
+    Only :func:`safe_attributes` of ``attributes`` are set."""
+    otel = getattr(tracer, "otel", None)
+    if otel is None:
+        yield None
+        return
+    with otel.start_as_current_span("engram.llm.call", kind=trace.SpanKind.CLIENT,
+                                    attributes=safe_attributes(attributes), record_exception=False,
+                                    set_status_on_exception=False) as span_:
+        yield span_
+
+
+def start_turn_span(service: str, name: str, attributes: Mapping[str, Any] | None = None) -> Any | None:
+    """A started (not current) span for a publisher's turn, or None when tracing is off. The caller
+    ends it; its :func:`traceparent_of` goes into the turn's message headers."""
+    tracer = otel_tracer(service)
+    if tracer is None:
+        return None
+    return tracer.start_span(name, kind=trace.SpanKind.PRODUCER, attributes=safe_attributes(attributes or {}))
+
+
+def traceparent_of(span_: Any | None) -> str | None:
+    if span_ is None:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span_))
+    return carrier.get("traceparent")
+
+
+class TurnSpans:
+    """A publisher's trace per turn: one span per (session, turn), following the turn-detector's
+    rule that a user message after an assistant or tool message starts a new turn. Each message's
+    headers get its turn's traceparent (:meth:`headers_for`); a session close joins the session's
+    last turn. Spans end at :meth:`end` (or when the session's next turn starts). A no-op when
+    tracing is off for ``service``. Only the session count and roles are recorded, no content."""
+
+    def __init__(self, service: str, name: str) -> None:
+        self.service = service
+        self.name = name
+        self._open: dict[str, tuple[Any, bool]] = {}  # session -> (span, has assistant side)
+
+    def headers_for(self, session_id: str, role: str | None, headers: dict[str, str]) -> dict[str, str]:
+        """``headers`` with the traceparent of the turn this event belongs to (role None: a close)."""
+        if otel_tracer(self.service) is None:
+            return headers
+        span_, answered = self._open.get(session_id, (None, False))
+        if span_ is None or (role == "user" and answered):
+            if span_ is not None:
+                span_.end()
+            span_, answered = start_turn_span(self.service, self.name), False
+        if role in ("assistant", "tool"):
+            answered = True
+        self._open[session_id] = (span_, answered)
+        parent = traceparent_of(span_)
+        if parent:
+            headers["traceparent"] = parent
+        return headers
+
+    def end(self) -> None:
+        for span_, _ in self._open.values():
+            if span_ is not None:
+                span_.end()
+        self._open.clear()

@@ -1,0 +1,155 @@
+"""One turn is one trace, end to end, and no span carries message content (issue 14 item 1).
+
+The real publisher (engram.ingest.publish_events, what ``engram ingest`` runs), turn-detector,
+extractor (rules LLM) and summary-gate run in-process against real NATS JetStream and FalkorDB;
+every service's TracerProvider exports to an in-memory exporter instead of OTLP/HTTP.
+The turn is closed by a SessionClosed published in a *different* trace (as a close from another
+process would be): the turn's episode must still continue the trace of the turn's messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from engram import tracing
+from engram.ingest import publish_events
+from engram.models.rules_llm import RulesExtractorClient
+from engram.settings import EngramSettings, TurnDetectorSettings
+from schemas import SessionClosed, subjects
+from services.extractor import app as ex_app
+from services.summary_gate import app as sg_app
+from services.turn_detector import app as td_app
+from tests.services.summary_gate.helpers import STAGES, new_session
+from tests.services.turn_detector.helpers import T0, msg, wait_for
+
+USER_TEXT = "Ada adopted a quokka named Zanzibar in Reykjavik."
+BOT_TEXT = "Zanzibar the quokka sounds delightful, Ada."
+SECRET_WORDS = ("quokka", "zanzibar", "reykjavik", "adopted", "delightful")
+OTHER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+@pytest.fixture
+def exporter(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    monkeypatch.setattr(tracing, "_exporter", lambda endpoint: memory)
+    tracing.shutdown()  # no provider left over from another test
+    yield memory
+    tracing.shutdown()
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return [str(value)]
+
+
+def _all_text(span: Any) -> list[str]:
+    """Every string a span exports: name, attributes, events, links, status, resource."""
+    out = [span.name, span.status.description or ""]
+    for attrs in [span.attributes or {}, span.resource.attributes,
+                  *[e.attributes or {} for e in span.events], *[link.attributes or {} for link in span.links]]:
+        for key, value in attrs.items():
+            out += [key, *_strings(value)]
+    out += [e.name for e in span.events]
+    return out
+
+
+async def test_one_turn_is_one_trace_with_llm_spans_and_no_content(
+    clean_nats: str, falkordb_server: Any, tmp_path: Path, exporter: InMemorySpanExporter,
+) -> None:
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2,
+                              turn=TurnDetectorSettings(max_deliveries=2), otel_endpoint="http://127.0.0.1:9")
+    session = new_session("trace")
+    services = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient()),
+                sg_app.build(settings, llm=RulesExtractorClient())]
+    for service in services:
+        await service.start()
+    nc = await nats.connect(clean_nats)
+    js = nc.jetstream()
+    try:
+        tracing.provider_for(settings.otel_endpoint, "ingest")
+        await publish_events(js, [msg(session, "u1", "user", USER_TEXT, 0), msg(session, "a1", "assistant", BOT_TEXT, 1)])
+        # the close comes from elsewhere, in its own trace
+        await js.publish(subjects.in_close(session), SessionClosed(session_id=session, closed_at=T0).model_dump_json().encode(),
+                         headers={subjects.HDR_MSG_ID: f"close-{session}", "traceparent": f"00-{OTHER_TRACE}-00f067aa0ba902b7-01"})
+
+        async def settled() -> bool:
+            for stream, prefix in STAGES:
+                mine = [c for c in await js.consumers_info(stream) if c.name.startswith(prefix)]
+                if not mine or any(c.num_pending or c.num_ack_pending for c in mine):
+                    return False
+            return any(s.resource.attributes.get("service.name") == "engram-summary-gate"
+                       for s in _flushed(exporter))
+
+        assert await wait_for(settled, 60, 0.2), "the turn did not reach the summary-gate"
+        spans = _flushed(exporter)
+    finally:
+        await nc.close()
+        for service in reversed(services):
+            await service.stop()
+
+    ingest = [s for s in spans if s.name == "engram.ingest.turn"]
+    assert len(ingest) == 1, [s.name for s in spans]
+    trace_id = ingest[0].context.trace_id
+    in_turn = [s for s in spans if s.context.trace_id == trace_id]
+    by_service: dict[str, list[Any]] = {}
+    for s in in_turn:
+        by_service.setdefault(s.resource.attributes["service.name"], []).append(s)
+    assert {"engram-ingest", "engram-turn-detector", "engram-extractor", "engram-summary-gate"} <= set(by_service), \
+        sorted(by_service)
+    # the extractor and the summary-gate handled the turn in the turn's trace, not the close's
+    assert not [s for s in spans if s.context.trace_id == int(OTHER_TRACE, 16)
+                and s.resource.attributes["service.name"] in ("engram-extractor", "engram-summary-gate")]
+
+    calls = [s for s in by_service["engram-extractor"] if s.name == "engram.llm.call"]
+    assert calls, [s.name for s in by_service["engram-extractor"]]
+    for call in calls:
+        assert call.attributes["prompt.name"] and call.attributes["engram.stage"] == "extractor"
+        assert call.attributes["llm.client"] == "RulesExtractorClient"
+        assert call.attributes["llm.tokens.input"] > 0 and call.attributes["llm.tokens.output"] > 0
+        assert call.parent is not None  # a child of the extractor's consume span
+    generate = [s for s in by_service["engram-extractor"] if s.name == "graphiti.llm.generate"]
+    assert generate, "graphiti's own LLM spans are missing (graphiti got no tracer)"
+    call_ids = {c.context.span_id for c in calls}
+    assert all(g.parent is not None and g.parent.span_id in call_ids for g in generate)
+    assert all(g.attributes.get("prompt.name") for g in generate)
+
+    for span in spans:
+        text = " ".join(_all_text(span)).casefold()
+        leaked = [w for w in SECRET_WORDS if w in text]
+        assert not leaked, f"span {span.name} ({span.resource.attributes['service.name']}) holds {leaked}"
+
+
+def _flushed(exporter: InMemorySpanExporter) -> list[Any]:
+    for provider in list(tracing._PROVIDERS.values()):
+        provider.force_flush()
+    return list(exporter.get_finished_spans())
+
+
+def test_graphiti_span_attributes_are_filtered() -> None:
+    """ContentSafeTracer drops string attributes it does not know, exception text and status text."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    from graphiti_core.tracer import create_tracer
+
+    tracer = tracing.ContentSafeTracer(create_tracer(provider.get_tracer("t")))
+    with tracer.start_span("llm.generate") as span:
+        span.add_attributes({"prompt.name": "extract_nodes", "max_tokens": 10, "query": "my quokka", "cache.hit": False})
+        span.set_status("error", "ValueError: could not parse 'my quokka'")
+        span.record_exception(ValueError("my quokka"))
+    (done,) = memory.get_finished_spans()
+    assert dict(done.attributes) == {"prompt.name": "extract_nodes", "max_tokens": 10, "cache.hit": False,
+                                     "exception.type": "ValueError"}
+    assert not done.events and not done.status.description
