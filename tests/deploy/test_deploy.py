@@ -695,6 +695,7 @@ def test_alert_rules_are_complete() -> None:
     assert lag and lag[0]["for"] == "10m", "consumer lag on ENGRAM_IN, for 10m"
     assert having(r"num_redelivered|engram_turn_detector_retries_total"), "no redelivery alert"
     assert having(r"histogram_quantile\(0\.95,[\s\S]*engram_turn_detector_handle_seconds_bucket"), "no p95 alert"
+    assert having(r'engram_pipeline_freshness_seconds_bucket\{stage="graph"\}'), "no freshness p95 alert"
 
 
 def test_promql_uses_only_registered_metrics() -> None:
@@ -765,6 +766,8 @@ def test_grafana_dashboard() -> None:
         "p99": r"histogram_quantile\(0\.99,[^;]*engram_turn_detector_handle_seconds_bucket",
         "pending per durable": r'by \(consumer_name\) \(jetstream_consumer_num_pending\{stream_name="ENGRAM_IN"\}',
         "redeliveries": r"jetstream_consumer_num_redelivered",
+        "freshness p95 by stage": r"histogram_quantile\(0\.95, sum by \(le, stage\)[^;]*engram_pipeline_freshness_seconds_bucket",
+        "backlog by stage": r"by \(stage\)[\s\S]*engram_stage_backlog_messages",
     }
     missing = [what for what, pattern in wanted.items() if not re.search(pattern, exprs)]
     assert not missing, f"dashboard lacks panels for: {missing}"
