@@ -153,3 +153,35 @@ def test_graphiti_span_attributes_are_filtered() -> None:
     assert dict(done.attributes) == {"prompt.name": "extract_nodes", "max_tokens": 10, "cache.hit": False,
                                      "exception.type": "ValueError"}
     assert not done.events and not done.status.description
+
+
+async def test_the_readme_publishing_example_sends_the_trace_context(clean_nats: str, tmp_path: Path) -> None:
+    """The README's Python example, run with an OpenTelemetry SDK configured (as an agent that
+    traces would be), puts its span's traceparent on the published message."""
+    import os
+    import subprocess
+    import sys
+
+    from engram.topology import Topology, ensure_topology
+    from tests.services.turn_detector.helpers import read_all
+    from tests.test_readme import ROOT, readme_blocks
+
+    block = next(b for b in readme_blocks() if b.heading == "Publishing from your agent" and b.language == "python")
+    nc = await nats.connect(clean_nats)
+    js = nc.jetstream()
+    try:
+        await ensure_topology(js, Topology.from_settings(EngramSettings(nats_url=clean_nats, data_dir=tmp_path)))
+        script = tmp_path / "publish.py"
+        script.write_text("from opentelemetry import trace\nfrom opentelemetry.sdk.trace import TracerProvider\n"
+                          "trace.set_tracer_provider(TracerProvider())\n" + block.text)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")},
+               "ENGRAM_NATS_URL": clean_nats, "PYTHONPATH": str(ROOT)}
+        run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        stored = await read_all(js, subjects.STREAM_IN)
+    finally:
+        await nc.close()
+    assert len(stored) == 2
+    parents = [m.headers.get("traceparent", "") for m in stored]
+    assert all(p.startswith("00-") and len(p) == 55 for p in parents), parents
+    assert parents[0].split("-")[1] != parents[1].split("-")[1]  # one trace per turn (two sessions here)
