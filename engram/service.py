@@ -489,7 +489,7 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
     if tracer_provider is not None:
         middlewares.insert(0, NatsTelemetryMiddleware(tracer_provider=tracer_provider, include_messages_counters=False))
     return NatsBroker(
-        settings.resolved_nats_url(),
+        settings.nats_servers(),
         middlewares=middlewares,
         name=f"engram-{service}",
         max_reconnect_attempts=-1,

@@ -92,7 +92,8 @@ class EngramSettings(BaseSettings):
         description="Where `engram up` keeps the embedded servers' data and its runtime file (URLs, pids).",
     )
     nats_url: str | None = Field(
-        None, description="nats:// URL of the NATS server; unset: the embedded one of a running `engram up`.",
+        None, description="nats:// URL of the NATS server (a cluster: comma-separated URLs of its nodes); unset: the "
+        "embedded one of a running `engram up`.",
     )
     nats_creds: Path | None = Field(None, description="NATS credentials file (JWT + NKey seed), e.g. a mounted Secret.")
     graph_backend: Literal["falkordb", "neo4j"] = Field("falkordb", description="The graph database graphiti writes to.")
@@ -111,6 +112,11 @@ class EngramSettings(BaseSettings):
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
     ack_wait_s: float = Field(30.0, gt=0, description="JetStream ack wait of engram's consumers: an unacked message is redelivered after it.")
+    stream_replicas: int = Field(
+        1, ge=1, le=5,
+        description="Replicas of every engram stream and KV bucket (their consumers follow the stream): 1 for one "
+        "nats-server (`engram up`), 3 on a 3-node NATS cluster. A change is applied to existing streams at start-up.",
+    )
     extractor_concurrency: int = Field(
         4, ge=1, le=256,
         description="Episodes one extractor replica works on at once (LLM-bound: bounds its in-flight LLM calls). "
@@ -145,6 +151,11 @@ class EngramSettings(BaseSettings):
                 f"(looked for {self.runtime_file})"
             )
         return url
+
+    def nats_servers(self) -> list[str]:
+        """resolved_nats_url() split at commas: a client given every node of a cluster can connect
+        (and reconnect) while any one of them is down."""
+        return [u.strip() for u in self.resolved_nats_url().split(",") if u.strip()]
 
     def nats_options(self) -> dict:
         """Connection options every engram NATS client uses (nats-py / FastStream keywords)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -57,7 +58,7 @@ def _kv_stream_config(cfg: KeyValueConfig) -> StreamConfig:
         duplicate_window=120.0,
         max_age=cfg.ttl,
         max_msgs_per_subject=cfg.history,
-        num_replicas=1,
+        num_replicas=cfg.replicas,
         storage=cfg.storage,
     )
 
@@ -72,6 +73,9 @@ class Topology:
     dlq_max_age_s: float = 30 * DAY
     summary_max_age_s: float = 7 * DAY
     session_state_ttl_s: float = 30 * DAY
+    # Replicas of every stream and KV bucket (ENGRAM_STREAM_REPLICAS). Consumers are created
+    # without num_replicas, so they inherit the stream's and follow it when it is scaled.
+    replicas: int = 1
 
     @classmethod
     def from_settings(cls, settings: EngramSettings) -> "Topology":
@@ -79,6 +83,7 @@ class Topology:
             partitions=settings.partitions,
             duplicate_window_s=settings.duplicate_window_s,
             ack_wait_s=settings.ack_wait_s,
+            replicas=settings.stream_replicas,
         )
 
     # --- streams ---------------------------------------------------------------------------
@@ -95,6 +100,7 @@ class Topology:
             storage=StorageType.FILE,
             max_age=self.input_max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
             allow_msg_schedules=True,
         )
 
@@ -116,6 +122,7 @@ class Topology:
             storage=StorageType.FILE,
             max_age=self.episode_max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
         )
 
     def delta_stream(self) -> StreamConfig:
@@ -129,6 +136,7 @@ class Topology:
             storage=StorageType.FILE,
             max_age=self.episode_max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
             allow_msg_schedules=True,
         )
 
@@ -141,6 +149,7 @@ class Topology:
             storage=StorageType.FILE,
             max_age=self.summary_max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
         )
 
     def sessions_stream(self) -> StreamConfig:
@@ -152,6 +161,7 @@ class Topology:
             storage=StorageType.FILE,
             max_age=self.episode_max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
         )
 
     def dlq_stream(self) -> StreamConfig:
@@ -163,6 +173,7 @@ class Topology:
             storage=StorageType.FILE,
             max_age=self.dlq_max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
         )
 
     def streams(self) -> list[StreamConfig]:
@@ -263,6 +274,7 @@ class Topology:
                 history=SESSION_STATE_HISTORY,
                 ttl=self.session_state_ttl_s,
                 storage=StorageType.FILE,
+                replicas=self.replicas,
             ),
             KeyValueConfig(
                 bucket=subjects.KV_SESSION_EPOCHS,
@@ -270,30 +282,41 @@ class Topology:
                 history=1,
                 ttl=max(DAY, 4 * self.duplicate_window_s),
                 storage=StorageType.FILE,
+                replicas=self.replicas,
             ),
         ]
 
 
 async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
-    """Create or update every stream, consumer and KV bucket (safe to call concurrently)."""
+    """Create or update every stream, consumer and KV bucket (safe to call concurrently).
+
+    A changed replica count (ENGRAM_STREAM_REPLICAS) is applied to existing streams and KV
+    buckets with STREAM.UPDATE: NATS (2.10+, clustered) scales a stream in place, moving its data
+    to the new peer set, and consumers that inherit the stream's replicas follow it."""
     for cfg in topology.streams():
         try:
-            await js.add_stream(cfg)
+            await _stream_call(js.add_stream, cfg)
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != 10058:  # stream name already in use with a different configuration
                 raise
-            await js.update_stream(cfg)
+            await _stream_call(js.update_stream, cfg)
     for cfg in topology.kv_buckets():
         try:
             await js.key_value(cfg.bucket)
         except nats.js.errors.BucketNotFoundError:
             try:
-                await js.add_stream(_kv_stream_config(cfg))
+                await _stream_call(js.add_stream, _kv_stream_config(cfg))
             except nats.js.errors.BadRequestError as exc:
                 if exc.err_code != 10058:  # created concurrently by another service
                     raise
             continue
         info = await js.stream_info(f"KV_{cfg.bucket}")
+        if info.config.num_replicas != cfg.replicas:
+            # Only the replica count is changed: the rest of an existing bucket's config stays
+            # as it is (deny_delete of an old bucket cannot be lifted, see below).
+            log.info("KV bucket %s: replicas %s -> %s", cfg.bucket, info.config.num_replicas, cfg.replicas)
+            info.config.num_replicas = cfg.replicas
+            await _stream_call(js.update_stream, info.config)
         if info.config.deny_delete:
             # A bucket made before engram erased checkpoints: NATS cannot lift deny_delete on an
             # existing stream. It works, but superseded values are not erased from disk.
@@ -303,3 +326,22 @@ async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
         # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
         # ack_wait or max_ack_pending takes effect on restart instead of being ignored.
         await js.add_consumer(stream, ccfg)
+
+
+# Replica counts the server cannot place: "replicas > 1 not supported in non-clustered mode",
+# "insufficient resources", "no suitable peers for placement".
+_REPLICA_ERRORS = {10074, 10023, 10005}
+
+
+async def _stream_call(call: Any, cfg: StreamConfig) -> Any:
+    """STREAM.CREATE/UPDATE, with the cause spelled out when the replica count does not fit the
+    server: a single nats-server takes only 1, a cluster at most its (JetStream) node count."""
+    try:
+        return await call(cfg)
+    except nats.js.errors.APIError as exc:
+        if exc.err_code in _REPLICA_ERRORS and (cfg.num_replicas or 1) > 1:
+            raise RuntimeError(
+                f"stream {cfg.name}: NATS cannot place {cfg.num_replicas} replicas ({exc.description}); "
+                "ENGRAM_STREAM_REPLICAS must be 1 for a single nats-server and at most the cluster's node count"
+            ) from exc
+        raise
