@@ -185,3 +185,18 @@ async def test_the_readme_publishing_example_sends_the_trace_context(clean_nats:
     parents = [m.headers.get("traceparent", "") for m in stored]
     assert all(p.startswith("00-") and len(p) == 55 for p in parents), parents
     assert parents[0].split("-")[1] != parents[1].split("-")[1]  # one trace per turn (two sessions here)
+
+
+def test_turn_spans_follow_the_turn_detectors_turn_boundaries(exporter: InMemorySpanExporter) -> None:
+    """Publisher side (gateway, engram ingest): a user message after an assistant message starts a
+    new trace; the assistant reply and a close stay in their turn's trace; sessions do not mix."""
+    tracing.provider_for("http://127.0.0.1:9", "gateway")
+    turns = tracing.TurnSpans("gateway", "engram.gateway.turn")
+    trace_of = lambda session, role: turns.headers_for(session, role, {})["traceparent"].split("-")[1]  # noqa: E731
+    u1, a1, s2 = trace_of("s", "user"), trace_of("s", "assistant"), trace_of("other", "user")
+    u2, t2, close = trace_of("s", "user"), trace_of("s", "tool"), trace_of("s", None)
+    assert u1 == a1 and u2 == t2 == close and len({u1, u2, s2}) == 3
+    turns.end()
+    tracing._PROVIDERS["gateway"].force_flush()
+    assert len([s for s in exporter.get_finished_spans() if s.name == "engram.gateway.turn"]) == 3
+    assert tracing.TurnSpans("recall", "x").headers_for("s", "user", {}) == {}  # tracing off for that service
