@@ -200,3 +200,36 @@ def test_turn_spans_follow_the_turn_detectors_turn_boundaries(exporter: InMemory
     tracing._PROVIDERS["gateway"].force_flush()
     assert len([s for s in exporter.get_finished_spans() if s.name == "engram.gateway.turn"]) == 3
     assert tracing.TurnSpans("recall", "x").headers_for("s", "user", {}) == {}  # tracing off for that service
+
+
+async def test_recall_spans_hold_no_query_text(
+    clean_nats: str, falkordb_server: Any, tmp_path: Path, exporter: InMemorySpanExporter,
+) -> None:
+    from schemas import RecallRequest, RecallResponse, RecallScopes
+    from services.recall import app as rc_app
+    from tests.services.recall.test_service import ingest
+
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2,
+                              otel_endpoint="http://127.0.0.1:9")
+    session = new_session("rtrace")
+    apps = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient()), rc_app.build(settings)]
+    for app in apps:
+        await app.start()
+    nc = await nats.connect(clean_nats)
+    try:
+        await ingest(nc, session, [("user", USER_TEXT, "Ada"), ("assistant", BOT_TEXT, None)])
+        request = RecallRequest(query="Where does the quokka Zanzibar live?", scopes=RecallScopes(session=session),
+                                timeout_ms=5000)
+        reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(), timeout=10)
+        assert RecallResponse.model_validate_json(reply.data).items
+        spans = _flushed(exporter)
+    finally:
+        await nc.close()
+        for app in reversed(apps):
+            await app.stop()
+    # recall's own hybrid search answers here; graphiti's search (and its spans) is its fallback
+    recall = [s for s in spans if s.resource.attributes["service.name"] == "engram-recall"]
+    assert any(s.name == "engram.recall process" for s in recall), sorted({s.name for s in recall})
+    for span in spans:
+        text = " ".join(_all_text(span)).casefold()
+        assert not [w for w in (*SECRET_WORDS, "live?") if w in text], span.name
