@@ -146,6 +146,26 @@ def serve(service: Service, data_dir: DataDir = None) -> None:
 
 
 @app.command()
+def topology(data_dir: DataDir = None) -> None:
+    """Create or update engram's streams, consumers and KV buckets, then exit (run as the NATS admin
+    user where services have least-privilege users: a compose or Kubernetes job)."""
+    import dataclasses
+
+    from engram.topology import Topology, ensure_topology
+
+    settings = _settings(data_dir)
+
+    async def declare() -> int:
+        async with nats_connection(settings, name="engram-topology") as nc:
+            topo = dataclasses.replace(Topology.from_settings(settings), manage=True)
+            await ensure_topology(nc.jetstream(), topo)
+            return len(topo.streams())
+
+    streams = asyncio.run(declare())
+    plain(console, f"topology ok: {streams} streams, their consumers and KV buckets")
+
+
+@app.command()
 def status(json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
            data_dir: DataDir = None) -> None:
     """Health of each part, stream and consumer backlog, counts of messages, turns, episodes."""

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import nats
 import nats.js.errors
 
-from engram.embedded import http_ok
+from engram.embedded import http_ok, redacted_url
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings
 from engram.nats_client import quick_connect_options, server_version
@@ -122,7 +122,7 @@ async def _graph(settings: EngramSettings, graph: GraphDrivers) -> tuple[Status,
         return "ok", f"neo4j {settings.neo4j_uri} database {settings.neo4j_database}"
     client = await graph._client()  # noqa: SLF001 - the shared FalkorDB client
     names = await client.list_graphs()
-    return "ok", f"falkordb {settings.resolved_graph_url()} ({len(names)} graphs)"
+    return "ok", f"falkordb {redacted_url(settings.resolved_graph_url() or '')} ({len(names)} graphs)"
 
 
 async def _health(url: str) -> tuple[Status, str]:

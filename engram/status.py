@@ -13,7 +13,7 @@ import nats
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from engram.embedded import http_ok, redis_ping
+from engram.embedded import http_ok, redacted_url, redis_ping
 from engram.nats_client import quick_connect_options, server_version
 from engram.settings import EngramSettings
 from schemas import subjects
@@ -83,7 +83,7 @@ def summary_caption(summary: dict[str, Any], model: str | None = None) -> str | 
 
 def _graph_ping(url: str) -> tuple[bool, str]:
     parsed = urllib.parse.urlparse(url)
-    return redis_ping(parsed.hostname or "127.0.0.1", parsed.port or 6379)
+    return redis_ping(parsed.hostname or "127.0.0.1", parsed.port or 6379, parsed.password)
 
 
 async def count_filtered(js, stream: str, filter_subject: str) -> int:  # noqa: ANN001
@@ -210,7 +210,7 @@ async def collect_status(settings: EngramSettings) -> dict[str, Any]:
     graph_url = settings.resolved_graph_url()
     if graph_url:
         ok, detail = await asyncio.to_thread(_graph_ping, graph_url)
-        status["parts"]["falkordb"] = {"ok": ok, "url": graph_url, "detail": detail}
+        status["parts"]["falkordb"] = {"ok": ok, "url": redacted_url(graph_url), "detail": detail}
     for name, svc in (runtime.get("services") or {}).items():
         ok = await asyncio.to_thread(http_ok, f"{svc['url']}/healthz")
         status["services"][name] = {"ok": ok, "url": svc["url"], "metrics": f"{svc['url']}/metrics",

@@ -11,6 +11,7 @@ naming the running supervisor's pid, and touches nothing of the first stack.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import nats
 
+from engram import auth
 from engram.datadir_lock import DataDirLock
 from engram.embedded import ManagedProcess, free_port, http_ok, spawn, start_falkordb, start_nats
 from engram.settings import EngramSettings
@@ -56,20 +58,36 @@ class Supervisor:
         self.services: list[ServiceProcess] = []
         self.nats_url = settings.nats_url
         self.graph_url = settings.graph_url
+        # Set when the embedded servers run with passwords (ENGRAM_EMBEDDED_AUTH, engram/auth.py).
+        self.nats_passwords: dict[str, str] | None = None
+        self.graph_password: str | None = None
         self._stopping = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        embedded_auth = self.settings.embedded_auth
         if not self.nats_url:
-            self.nats = start_nats(self.data_dir, port=self.settings.nats_port or None)
+            config = None
+            if embedded_auth:  # one user per service, each allowed only its own subjects
+                self.nats_passwords = auth.embedded_passwords(self.data_dir)
+                config = auth.write_embedded_conf(self.data_dir, self.settings)
+            self.nats = start_nats(self.data_dir, port=self.settings.nats_port or None, config=config)
             self.nats_url = self.nats.url
         if not self.graph_url and self.settings.graph_backend == "falkordb":
-            self.falkordb = start_falkordb(self.data_dir, port=self.settings.graph_port or None)
+            if embedded_auth:
+                self.graph_password = auth.embedded_passwords(self.data_dir)["falkordb"]
+            self.falkordb = start_falkordb(self.data_dir, port=self.settings.graph_port or None,
+                                           password=self.graph_password)
             self.graph_url = self.falkordb.url
-        nc = await nats.connect(self.nats_url, name="engram-up", **self.settings.nats_options())
+        options = self.settings.nats_options()
+        if self.nats_passwords:
+            options = {"user": auth.ADMIN_USER, "password": self.nats_passwords["admin"]}
+        nc = await nats.connect(self.nats_url, name="engram-up", **options)
         try:
-            await ensure_topology(nc.jetstream(), Topology.from_settings(self.settings))
+            # as admin: the services' users may not create streams (ENGRAM_NATS_TOPOLOGY_ON_START=false)
+            topology = dataclasses.replace(Topology.from_settings(self.settings), manage=True)
+            await ensure_topology(nc.jetstream(), topology)
         finally:
             await nc.close()
         for i, name in enumerate(self.service_names):
@@ -91,6 +109,13 @@ class Supervisor:
         )
         if self.graph_url:
             env["ENGRAM_GRAPH_URL"] = self.graph_url
+        if self.graph_password and self.falkordb:
+            env["ENGRAM_GRAPH_URL"] = self.graph_url.replace("://", f"://:{self.graph_password}@", 1)
+        if self.nats_passwords:
+            # the service's own user: it publishes and subscribes only what engram/auth.py allows
+            env.pop("ENGRAM_NATS_CREDS", None)
+            env.update(ENGRAM_NATS_USER=auth.user_name(svc.name), ENGRAM_NATS_PASSWORD=self.nats_passwords[svc.name],
+                       ENGRAM_NATS_TOPOLOGY_ON_START="false")
         return env
 
     def _spawn(self, svc: ServiceProcess) -> None:
@@ -156,6 +181,10 @@ class Supervisor:
             "nats_url": self.nats_url,
             "nats_monitoring_url": self.nats.extra.get("monitoring_url") if self.nats else None,
             "graph_url": self.graph_url,
+            # passwords stay in the 0600 file; clients of this stack read them there (settings.py)
+            "auth_file": str(auth.passwords_file(self.data_dir)) if self.nats_passwords or self.graph_password else None,
+            "nats_auth": bool(self.nats_passwords),
+            "graph_auth": bool(self.graph_password),
             "embedded": {
                 "nats": self.nats.pid if self.nats else None,
                 "falkordb": self.falkordb.pid if self.falkordb else None,

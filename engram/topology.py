@@ -73,6 +73,9 @@ class Topology:
     dlq_max_age_s: float = 30 * DAY
     summary_max_age_s: float = 7 * DAY
     session_state_ttl_s: float = 30 * DAY
+    # False under a least-privilege NATS user (ENGRAM_NATS_TOPOLOGY_ON_START=false, engram/auth.py):
+    # such a service may not create streams, so ensure_topology leaves that to the admin.
+    manage: bool = True
     # Replicas of every stream and KV bucket (ENGRAM_STREAM_REPLICAS). Consumers are created
     # without num_replicas, so they inherit the stream's and follow it when it is scaled.
     replicas: int = 1
@@ -83,6 +86,7 @@ class Topology:
             partitions=settings.partitions,
             duplicate_window_s=settings.duplicate_window_s,
             ack_wait_s=settings.ack_wait_s,
+            manage=settings.nats_topology_on_start,
             replicas=settings.stream_replicas,
         )
 
@@ -293,6 +297,8 @@ async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
     A changed replica count (ENGRAM_STREAM_REPLICAS) is applied to existing streams and KV
     buckets with STREAM.UPDATE: NATS (2.10+, clustered) scales a stream in place, moving its data
     to the new peer set, and consumers that inherit the stream's replicas follow it."""
+    if not topology.manage:  # the admin (engram up, `engram topology`) declares it
+        return
     for cfg in topology.streams():
         try:
             await _stream_call(js.add_stream, cfg)

@@ -194,6 +194,9 @@ def test_publish_example_against_a_running_stack(stack: Path, tmp_path: Path) ->
     block = next(b for b in readme_blocks() if b.heading == "Publishing from your agent" and b.language == "python")
     status = run_engram(["status", "--json", "--data-dir", str(stack)])
     url = json.loads(status.stdout)["parts"]["nats"]["url"]  # where the README says the URL is
+    # ... and the publisher user's password (engram up's NATS has one user per service, engram/auth.py)
+    publisher = json.loads((stack / "auth" / "passwords.json").read_text())["publisher"]
+    url = url.replace("nats://", f"nats://engram-publisher:{publisher}@", 1)
     script = tmp_path / "publish.py"
     script.write_text(block.text)
     env = {**_env(), "ENGRAM_NATS_URL": url, "PYTHONPATH": str(ROOT)}

@@ -29,7 +29,7 @@ from engram.settings import EngramSettings
 from services.gateway.bus import Bus
 from services.gateway.models import GROUP_ID_HELP
 from services.gateway.routes import graphiti_router, health_router
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import GatewaySettings, refuse_open_exposure
 
 VERSION = "0.1.0"
 
@@ -110,6 +110,7 @@ class GatewayService(ServiceApp):
 def build(settings: EngramSettings | None = None, gateway: GatewaySettings | None = None) -> GatewayService:
     settings = settings or EngramSettings()
     gateway = gateway or GatewaySettings()
+    refuse_open_exposure(settings.http_host, gateway)  # no key on a reachable address: refuse to start
     broker = make_broker(settings, service="gateway")
     bus = Bus(settings, broker, publish_timeout_s=gateway.publish_timeout_s)
     rest = create_rest_app(bus, settings, gateway)

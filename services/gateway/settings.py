@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -28,7 +30,31 @@ class GatewaySettings(BaseSettings):
         "send no session close. A reply posted later than this becomes a turn of its own.",
     )
 
+    allow_no_auth: bool = Field(
+        False, description="Let the gateway serve without ENGRAM_GATEWAY_API_KEY on a non-loopback ENGRAM_HTTP_HOST "
+        "(anyone who reaches the port can read and delete memories). Without it, such a gateway refuses to start.",
+    )
+
     @field_validator("api_key")
     @classmethod
     def _empty_is_unset(cls, value: SecretStr | None) -> SecretStr | None:
         return value if value is not None and value.get_secret_value() else None
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address to bind, or a name) only listens on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def refuse_open_exposure(http_host: str, gateway: GatewaySettings) -> None:
+    """Raise when the gateway would serve without an API key on an address others can reach."""
+    if gateway.api_key is None and not gateway.allow_no_auth and not is_loopback(http_host):
+        raise RuntimeError(
+            f"the gateway would serve without an API key on {http_host}: set ENGRAM_GATEWAY_API_KEY, bind "
+            "ENGRAM_HTTP_HOST=127.0.0.1, or set ENGRAM_GATEWAY_ALLOW_NO_AUTH=true to serve it open on purpose"
+        )

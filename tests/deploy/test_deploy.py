@@ -121,7 +121,8 @@ def uses_engram_image(svc: dict[str, Any]) -> bool:
 
 
 def engram_services() -> dict[str, dict[str, Any]]:
-    return {name: svc for name, svc in services().items() if uses_engram_image(svc)}
+    """Long-running engram services (not the one-shot `engram topology` job)."""
+    return {name: svc for name, svc in services().items() if uses_engram_image(svc) and command_of(svc) != ["topology"]}
 
 
 def command_of(svc: dict[str, Any]) -> list[str]:
@@ -158,6 +159,9 @@ def known_settings() -> set[str]:
 
     names = {f"ENGRAM_{n.upper()}" for n in EngramSettings.model_fields if n != "turn"}
     names |= {f"ENGRAM_TURN_{n.upper()}" for n in TurnDetectorSettings.model_fields}
+    from services.gateway.settings import GatewaySettings
+
+    names |= {f"ENGRAM_GATEWAY_{n.upper()}" for n in GatewaySettings.model_fields}
     return names
 
 
@@ -182,7 +186,8 @@ def check_settings(env: dict[str, str], where: str, monkeypatch: pytest.MonkeyPa
 @cache
 def k8s_docs() -> list[tuple[Path, dict[str, Any]]]:
     docs = []
-    for path in sorted(K8S.rglob("*.y*ml")):
+    # deploy/k8s itself; nats/ is a kustomization of its own (tests/deploy/test_k8s_schemas.py)
+    for path in sorted(K8S.glob("*.y*ml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 docs.append((path, doc))
@@ -421,7 +426,7 @@ def test_compose_engram_services_run_known_services(monkeypatch: pytest.MonkeyPa
         host = settings.nats_url.split("://", 1)[1].split(":")[0].split("@")[-1]
         assert host in services(), f"{name}: ENGRAM_NATS_URL points at {host}, not a compose service"
         if settings.graph_url:
-            ghost = settings.graph_url.split("://", 1)[1].split(":")[0].split("@")[-1]
+            ghost = settings.graph_url.split("://", 1)[1].split("@")[-1].split(":")[0]  # after a :password@
             assert ghost in services(), f"{name}: ENGRAM_GRAPH_URL points at {ghost}, not a compose service"
         assert settings.http_port in container_ports(svc), f"{name}: ENGRAM_HTTP_PORT {settings.http_port} is not published"
         assert "nats" in (svc.get("depends_on") or {}), f"{name} must wait for nats"

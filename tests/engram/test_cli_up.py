@@ -189,7 +189,9 @@ def test_dlq_list_and_replay(tmp_path: Path) -> None:
         import nats
 
         async def send_bad() -> None:
-            nc = await nats.connect(up.runtime["nats_url"])
+            from engram.settings import EngramSettings  # the stack's admin user (engram up has NATS auth on)
+
+            nc = await nats.connect(up.runtime["nats_url"], **EngramSettings(data_dir=data).nats_options())
             await nc.jetstream().publish("engram.in.message.s1", b"{oops", headers={"Nats-Msg-Id": "bad-1"})
             await nc.close()
 

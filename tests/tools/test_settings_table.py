@@ -47,8 +47,13 @@ def test_every_setting_has_a_description() -> None:
 def test_docs_name_only_variables_that_exist() -> None:
     known = {row.env for row in settings_rows()}
     streams = {subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ, subjects.STREAM_DELTAS,
-               subjects.STREAM_SUMMARY}
+               subjects.STREAM_SUMMARY, subjects.STREAM_SESSIONS}
     outside = {"ENGRAM_LOCOMO"}  # the benches' and tests' LoCoMo file, not a setting
+    # docker compose's own variables (.env): the address ports are published on, and the NATS
+    # users' passwords the nats container and the services read (engram/auth.py)
+    from engram.auth import compose_secrets
+
+    outside |= {"ENGRAM_BIND", *compose_secrets()}
     files = [ROOT / "README.md", ROOT / "docker-compose.yml", *(ROOT / "docs").glob("*.md"),
              *(p for p in (ROOT / "deploy").rglob("*") if p.is_file() and p.suffix in {".md", ".yaml", ".yml", "",
                                                                                           ".json"})]
