@@ -7,6 +7,11 @@ What differs besides transport: engram runs graphiti's combined single-pass extr
 inline summaries; add_episode runs separate node/edge extraction and inline summaries — the
 loop is what a user would write with graphiti alone. Target (issue 3): engram >= 0.85x.
 
+``--tracing`` adds a third variant: engram with ENGRAM_OTEL_ENDPOINT pointed at a local OTLP/HTTP
+receiver (a thread in this process that reads and discards the export requests), i.e. every
+span of the ingest, turn-detector and extractor built and exported. Target (issue 14): tracing
+costs at most 10% of engram's turns/s.
+
     python bench/pipeline_overhead.py [--sample conv-26] [--sessions 3] [--rounds 3]
     python bench/pipeline_overhead.py --smoke   # CI: 1 session, 1 round; checks the table, not the speed
 """
@@ -20,7 +25,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,6 +43,7 @@ from rich.table import Table  # noqa: E402
 
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, load  # noqa: E402
+from engram import tracing  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
@@ -48,10 +56,12 @@ from services.turn_detector import app as td_app  # noqa: E402
 
 
 async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sessions: int, turns: int, rnd: int,
-                     timeout: float) -> tuple[float, int]:
-    """Turns/s, and the dead letters of the round (episodes the extractor gave up on)."""
+                     timeout: float, otel_endpoint: str | None = None) -> tuple[float, int]:
+    """Turns/s, and the dead letters of the round (episodes the extractor gave up on).
+    ``otel_endpoint``: tracing on, exporting there (the ingest publisher too)."""
     settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp, group_prefix=f"r{rnd}",
-                              turn=TurnDetectorSettings(idle_timeout_s=3600))
+                              turn=TurnDetectorSettings(idle_timeout_s=3600), otel_endpoint=otel_endpoint)
+    tracing.provider_for(otel_endpoint, "ingest")
     detector, extractor = td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient())
     await detector.start()
     await extractor.start()
@@ -80,7 +90,26 @@ async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sess
     await nc.close()
     await extractor.stop()
     await detector.stop()
+    tracing.shutdown()
     return turns / elapsed, dead
+
+
+class _DiscardingReceiver(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that accepts and drops every export (counts requests and bytes)."""
+
+    requests = 0
+    received = 0
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        _DiscardingReceiver.requests += 1
+        _DiscardingReceiver.received += len(body)
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:  # noqa: ANN002
+        pass
 
 
 async def dead_letters(js) -> int:  # noqa: ANN001
@@ -111,6 +140,12 @@ async def main(args: argparse.Namespace) -> int:
     _, episodes = load(args.sample, args.sessions)
     dead: list[int] = []
     results: dict[str, list[float]] = {"graphiti add_episode loop": [], "engram (NATS, 2 services)": []}
+    traced = "engram + tracing (OTLP/HTTP)"
+    receiver = None
+    if args.tracing:
+        results[traced] = []
+        receiver = HTTPServer(("127.0.0.1", 0), _DiscardingReceiver)
+        threading.Thread(target=receiver.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory() as tmp:
         nats_server, falkordb = start_nats(Path(tmp)), start_falkordb(Path(tmp))
         try:
@@ -120,6 +155,12 @@ async def main(args: argparse.Namespace) -> int:
                                               len(episodes), rnd, args.timeout)
                 results["engram (NATS, 2 services)"].append(rate)
                 dead.append(lost)
+                if receiver is not None:
+                    rate, lost = await run_engram(nats_server.url, falkordb.url, Path(tmp), args.sample, args.sessions,
+                                                  len(episodes), 1000 + rnd, args.timeout,
+                                                  otel_endpoint=f"http://127.0.0.1:{receiver.server_port}")
+                    results[traced].append(rate)
+                    dead.append(lost)
                 print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f} turns/s" for k, v in results.items()),
                       file=sys.stderr)
         finally:
@@ -137,6 +178,11 @@ async def main(args: argparse.Namespace) -> int:
     ratio = med["engram (NATS, 2 services)"] / base
     print(f"engram / graphiti loop = {ratio:.2f}x (target >= 0.85x): {'MET' if ratio >= 0.85 else 'NOT MET'}")
     print(f"engram dead letters per round: {dead}")
+    if receiver is not None:
+        receiver.shutdown()
+        cost = 1 - med[traced] / med["engram (NATS, 2 services)"]
+        print(f"tracing costs {cost:.1%} of engram's turns/s (target <= 10%): {'MET' if cost <= 0.10 else 'NOT MET'}; "
+              f"{_DiscardingReceiver.requests} OTLP export requests, {_DiscardingReceiver.received / 1e6:.1f} MB")
     if not args.smoke:
         return 0
     check = Checks()
@@ -155,5 +201,6 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on one engram round after this many seconds")
+    parser.add_argument("--tracing", action="store_true", help="also run engram with tracing on (OTLP/HTTP to a local receiver)")
     args = parse(parser, {"sessions": 1, "rounds": 1, "timeout": 120.0})
     sys.exit(asyncio.run(main(args)))
