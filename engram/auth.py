@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,13 @@ def _write_private(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def new_password() -> str:
+    """32 random letters and digits (~190 bits), starting with a letter: nats-server parses an
+    environment variable's value as a config value, so "-x.." or "12.." would be read as a number."""
+    alphabet = string.ascii_letters + string.digits
+    return secrets.choice(string.ascii_letters) + "".join(secrets.choice(alphabet) for _ in range(31))
+
+
 def passwords_file(data_dir: Path) -> Path:
     return data_dir / "auth" / CREDENTIALS_FILE
 
@@ -279,7 +287,7 @@ def embedded_passwords(data_dir: Path) -> dict[str, str]:
         known = {}
     wanted = (*USERS, "admin", "falkordb")
     if not all(isinstance(known.get(k), str) and known[k] for k in wanted):
-        known = {k: known.get(k) or secrets.token_urlsafe(24) for k in wanted}
+        known = {k: known.get(k) or new_password() for k in wanted}
         _write_private(path, json.dumps(known, indent=2))
     return {k: known[k] for k in wanted}
 
@@ -305,7 +313,7 @@ def write_env_file(path: Path) -> list[str]:
     lines = path.read_text().splitlines() if path.exists() else []
     present = {line.split("=", 1)[0].strip() for line in lines if "=" in line and not line.lstrip().startswith("#")}
     added = [name for name in compose_secrets() if name not in present]
-    lines += [f"{name}={secrets.token_urlsafe(24)}" for name in added]
+    lines += [f"{name}={new_password()}" for name in added]
     _write_private(path, "\n".join(lines) + "\n")
     return added
 
