@@ -1,6 +1,7 @@
 """`engram up` with ENGRAM_OTEL_ENDPOINT pointed at a local OTLP/HTTP receiver, and one turn
 ingested with `engram ingest`: the receiver sees one trace with spans from every stage and the
-LLM calls, and no span holds the turn's words (issue 14, "Done when").
+LLM calls, and no span holds the turn's words; the services' /metrics show the freshness
+histogram and the backlog gauges (issue 14, "Done when").
 
 The receiver is a tiny HTTP server in the test that keeps every export request; requests are
 decoded with opentelemetry-proto (a dependency of the OTLP exporter engram uses)."""
@@ -61,6 +62,14 @@ def _spans(bodies: list[bytes]) -> list[dict[str, Any]]:
     return out
 
 
+def _metrics(url: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:  # noqa: S310 - loopback
+        lines = response.read().decode().splitlines()
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+
 def test_engram_up_exports_one_trace_per_turn_to_an_otlp_receiver(tmp_path: Path) -> None:
     server = HTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -90,6 +99,13 @@ def test_engram_up_exports_one_trace_per_turn_to_an_otlp_receiver(tmp_path: Path
         deadline = time.monotonic() + 90  # spans leave each service in batches (every ~5 s)
         while not wanted <= stages_seen() and time.monotonic() < deadline:
             time.sleep(0.5)
+        # freshness and backlog, from the services' own /metrics (under engram up's NATS users)
+        urls = {name: svc["url"] for name, svc in up.runtime["services"].items()}
+        extractor = _metrics(urls["extractor"])
+        assert extractor.get('engram_pipeline_freshness_seconds_count{stage="graph"}', 0) >= 1, extractor
+        assert extractor.get('engram_stage_backlog_messages{partition="0",stage="extractor"}') == 0, extractor
+        assert _metrics(urls["summary-gate"]).get('engram_pipeline_freshness_seconds_count{stage="summary"}', 0) >= 1
+        assert 'engram_stage_backlog_messages{partition="0",stage="turn_detector"}' in _metrics(urls["turn-detector"])
     finally:
         assert up.stop() == 0, up.log_tail()  # services flush their last spans on the way out
         server.shutdown()
