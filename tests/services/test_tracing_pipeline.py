@@ -233,3 +233,30 @@ async def test_recall_spans_hold_no_query_text(
     for span in spans:
         text = " ".join(_all_text(span)).casefold()
         assert not [w for w in (*SECRET_WORDS, "live?") if w in text], span.name
+
+
+async def test_the_gateway_publishes_a_turns_messages_in_one_trace(
+    clean_nats: str, tmp_path: Path, exporter: InMemorySpanExporter,
+) -> None:
+    """POST /messages with two turns: each turn's messages carry their turn's traceparent (from an
+    ``engram.gateway.turn`` span), the two turns are two traces."""
+    import uuid
+
+    from tests.services.gateway.test_gateway import serve_gateway, turn
+    from tests.services.turn_detector.helpers import read_all
+
+    settings = EngramSettings(nats_url=clean_nats, data_dir=tmp_path, partitions=1, otel_endpoint="http://127.0.0.1:9")
+    group = f"gwtrace-{uuid.uuid4().hex[:8]}"
+    async with serve_gateway(settings) as http:
+        r = await http.post("/messages", json={"group_id": group, "messages": turn() + turn("Second question?", "Yes.")})
+        assert r.status_code == 202, r.text
+    nc = await nats.connect(clean_nats)
+    try:
+        stored = await read_all(nc.jetstream(), subjects.STREAM_IN, "engram.in.*.message.*")
+    finally:
+        await nc.close()
+    traces = [m.headers.get("traceparent", "--").split("-")[1] for m in stored]
+    assert len(traces) == 4 and traces[0] == traces[1] != traces[2] == traces[3], traces
+    assert all(traces)
+    spans = [s for s in exporter.get_finished_spans() if s.name == "engram.gateway.turn"]
+    assert {format(s.context.trace_id, "032x") for s in spans} == set(traces)
