@@ -50,6 +50,7 @@ from pydantic import ValidationError
 
 from engram import dlq, tracing
 from engram.graph import GraphDrivers
+from engram.pipeline_metrics import BacklogMonitor
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import LLMSettings, build_llm
 from engram.service import ServiceApp, jetstream, make_broker, retry_or_dead_letter, subscribe_partitions
@@ -120,14 +121,18 @@ class SessionCloser:
         self.busy_retry_s = busy_retry_s
         self.js: JetStreamContext | None = None
         self.max_deliveries = settings.turn.max_deliveries
+        # closed segments waiting (one durable: partition "0"), engram/pipeline_metrics.py
+        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_SESSIONS, [Topology.SESSIONS_DURABLE])
 
     async def start(self) -> None:
         self.graphs.validate()
         await self.broker.connect()
         self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
+        self.backlog.start(self.js)
 
     async def stop(self) -> None:
+        await self.backlog.stop()
         await self.graphs.close()
 
     # --- handler -----------------------------------------------------------------------------

@@ -106,6 +106,7 @@ def test_engram_up_exports_one_trace_per_turn_to_an_otlp_receiver(tmp_path: Path
         assert extractor.get('engram_stage_backlog_messages{partition="0",stage="extractor"}') == 0, extractor
         assert _metrics(urls["summary-gate"]).get('engram_pipeline_freshness_seconds_count{stage="summary"}', 0) >= 1
         assert 'engram_stage_backlog_messages{partition="0",stage="turn_detector"}' in _metrics(urls["turn-detector"])
+        assert 'engram_stage_backlog_messages{partition="0",stage="sessions"}' in _metrics(urls["sessions"])
     finally:
         assert up.stop() == 0, up.log_tail()  # services flush their last spans on the way out
         server.shutdown()
