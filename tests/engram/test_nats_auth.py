@@ -324,3 +324,31 @@ async def test_the_compose_config_takes_passwords_from_the_environment(
             await Client().connect(proc.url, auth.user_name("extractor"), values["ENGRAM_NATS_PASSWORD_RECALL"])
     finally:
         proc.stop()
+
+
+def test_the_k8s_nats_cluster_config_includes_the_users(tmp_path: Path) -> None:
+    """deploy/k8s/nats: nats.conf (nats.yaml) + the generated auth.conf (auth.yaml), as the pod sees
+    them side by side in /etc/nats, parse with `nats-server -t`, passwords from the nats-users Secret."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from engram.embedded import nats_server_binary
+
+    docs = [d for f in ("nats.yaml", "auth.yaml")
+            for d in yaml.safe_load_all((auth.K8S_AUTH.parent / f).read_text()) if d]
+    config_maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "nats-users")
+    (tmp_path / "nats.conf").write_text(config_maps["nats-config"]["nats.conf"])
+    (tmp_path / "auth.conf").write_text(config_maps["nats-auth"]["auth.conf"])
+    env = {**os.environ, "POD_NAME": "nats-0", **{k: auth.new_password() for k in secret["stringData"]}}
+    out = subprocess.run([nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert set(secret["stringData"]) == {auth.env_var(n) for n in ("admin", *auth.USERS)}
+    # without the passwords the server refuses the config
+    missing = {k: v for k, v in env.items() if k != auth.env_var("extractor")}
+    out = subprocess.run([nats_server_binary(), "-t", "-c", str(tmp_path / "nats.conf")], env=missing,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
