@@ -358,12 +358,14 @@ def main(argv: list[str] | None = None) -> int:
                                      "for docker compose.")
     parser.add_argument("--check", action="store_true", help="exit 1 if deploy/nats/auth.conf is stale")
     parser.add_argument("--env-file", type=Path, help="add missing random passwords to this compose .env file (0600)")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="ENGRAM_PARTITIONS of the deployment (the users may pull only these partitions' durables)")
     args = parser.parse_args(argv)
     if args.env_file:
         added = write_env_file(args.env_file)
         print(f"{args.env_file}: added {', '.join(added) if added else 'nothing (all set)'}")
         return 0
-    settings = EngramSettings(partitions=4)  # deploy/k8s/configmap.yaml and docker-compose.yml use 4
+    settings = EngramSettings(partitions=args.partitions)  # deploy/k8s/configmap.yaml and compose use 4
     files = {COMPOSE_CONF: compose_conf(settings), K8S_AUTH: k8s_auth_yaml(settings)}
     if args.check:
         stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]

@@ -38,3 +38,18 @@ def test_every_alert_is_listed() -> None:
     alerts = [rule["alert"] for group in rules["groups"] for rule in group["rules"] if "alert" in rule]
     listed = [cell.strip("`") for cell in table_first_cells("## Alerts")]
     assert listed == alerts
+
+
+def test_every_stream_and_kv_bucket_is_described() -> None:
+    """The streams section lists what engram/topology.py declares, in its order, and the compose
+    table names the NATS image docker-compose.yml runs."""
+    from engram.settings import EngramSettings
+    from engram.topology import Topology
+
+    topology = Topology.from_settings(EngramSettings())
+    assert [c.strip("`") for c in table_first_cells("## Streams and KV buckets")] == [s.name for s in topology.streams()]
+    section = README.split("## Streams and KV buckets", 1)[1].split("\n## ", 1)[0]
+    buckets = [line.split("|")[1].strip().strip("`") for line in section.splitlines() if line.startswith("| `engram_")]
+    assert buckets == [kv.bucket for kv in topology.kv_buckets()]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert f"nats (`{compose['services']['nats']['image']}`" in README
