@@ -111,18 +111,22 @@ attribute is dropped (numbers and booleans are kept: counts, sizes, flags)."""
 
 
 class _ContentSafeSpan(TracerSpan):
-    def __init__(self, span: TracerSpan) -> None:
+    def __init__(self, span: Any) -> None:
         self._span = span
 
     def add_attributes(self, attributes: dict[str, Any]) -> None:
-        self._span.add_attributes(safe_attributes(attributes))
+        self._span.set_attributes(safe_attributes(attributes))
 
     def set_status(self, status: str, description: str | None = None) -> None:
-        self._span.set_status(status, None)  # graphiti passes str(exception) as the description
+        # graphiti passes str(exception) as the description: the status alone
+        if status == "error":
+            self._span.set_status(trace.StatusCode.ERROR)
+        elif status == "ok":
+            self._span.set_status(trace.StatusCode.OK)
 
     def record_exception(self, exception: Exception) -> None:
         # the type only: the message and traceback may quote the prompt or the answer
-        self._span.add_attributes({"exception.type": type(exception).__name__})
+        self._span.set_attribute("exception.type", type(exception).__name__)
 
 
 def safe_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,16 +138,28 @@ def safe_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class ContentSafeTracer(Tracer):
-    """A graphiti Tracer that forwards to ``inner`` and strips whatever could carry content."""
+    """A graphiti Tracer on an OpenTelemetry tracer that strips whatever could carry content.
 
-    def __init__(self, inner: Tracer, otel: Any | None = None) -> None:
-        self.inner = inner
-        self.otel = otel  # the OpenTelemetry tracer behind it (engram's own spans)
+    Not graphiti's own OpenTelemetryTracer: besides passing exception text on, its ``start_span``
+    catches an exception raised *inside* the span and yields again, which turns every exception of
+    the traced code into ``RuntimeError: generator didn't stop after throw()`` (graphiti-core
+    0.31.1), and the extractor's retry and dead-letter decisions depend on exception types."""
+
+    def __init__(self, otel: Any, span_prefix: str = "graphiti") -> None:
+        self.otel = otel  # also used for engram's own spans (llm_span)
+        self.span_prefix = span_prefix
 
     @contextmanager
     def start_span(self, name: str) -> Generator[TracerSpan, None, None]:
-        with self.inner.start_span(name) as span:
-            yield _ContentSafeSpan(span)
+        with self.otel.start_as_current_span(f"{self.span_prefix}.{name}", record_exception=False,
+                                             set_status_on_exception=False) as span_:
+            safe = _ContentSafeSpan(span_)
+            try:
+                yield safe
+            except BaseException as exc:
+                safe.record_exception(exc)  # type: ignore[arg-type]
+                safe.set_status("error")
+                raise
 
 
 def graphiti_tracer(service: str) -> Tracer:
@@ -151,9 +167,7 @@ def graphiti_tracer(service: str) -> Tracer:
     tracer = otel_tracer(service)
     if tracer is None:
         return NoOpTracer()
-    from graphiti_core.tracer import create_tracer
-
-    return ContentSafeTracer(create_tracer(tracer, span_prefix="graphiti"), otel=tracer)
+    return ContentSafeTracer(tracer)
 
 
 @contextmanager

@@ -142,9 +142,7 @@ def test_graphiti_span_attributes_are_filtered() -> None:
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    from graphiti_core.tracer import create_tracer
-
-    tracer = tracing.ContentSafeTracer(create_tracer(provider.get_tracer("t")))
+    tracer = tracing.ContentSafeTracer(provider.get_tracer("t"))
     with tracer.start_span("llm.generate") as span:
         span.add_attributes({"prompt.name": "extract_nodes", "max_tokens": 10, "query": "my quokka", "cache.hit": False})
         span.set_status("error", "ValueError: could not parse 'my quokka'")
@@ -260,3 +258,44 @@ async def test_the_gateway_publishes_a_turns_messages_in_one_trace(
     assert all(traces)
     spans = [s for s in exporter.get_finished_spans() if s.name == "engram.gateway.turn"]
     assert {format(s.context.trace_id, "032x") for s in spans} == set(traces)
+
+
+async def test_llm_call_span_has_prompt_model_and_tokens_and_no_error_text() -> None:
+    """engram.llm.call: stage, prompt, the configured model for the call's size, token counts; a
+    failing call records only the exception type (its message may quote the conversation)."""
+    from graphiti_core.llm_client.client import LLMClient
+    from graphiti_core.llm_client.config import LLMConfig, ModelSize
+    from graphiti_core.prompts.models import Message
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from engram.models.accounting import AccountingLLMClient
+
+    class Scripted(LLMClient):
+        async def _generate_response(self, messages, response_model=None, max_tokens=None,  # noqa: ANN001, ANN202
+                                     model_size=ModelSize.medium, **kw):
+            if "boom" in messages[-1].content:
+                raise ValueError("could not parse: my quokka")
+            return {"answer": "fine thanks"}
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    otel = provider.get_tracer("t")
+    llm = AccountingLLMClient(Scripted(LLMConfig(model="big-model", small_model="small-model"), cache=False), stage="unit")
+    llm.set_tracer(tracing.ContentSafeTracer(otel))
+    await llm.generate_response([Message(role="system", content="s"), Message(role="user", content="how are you " * 20)],
+                                model_size=ModelSize.small, prompt_name="demo.ask")
+    with pytest.raises(ValueError):
+        await llm.generate_response([Message(role="system", content="s"), Message(role="user", content="boom")],
+                                    prompt_name="demo.fail")
+    calls = {s.attributes["prompt.name"]: s for s in memory.get_finished_spans() if s.name == "engram.llm.call"}
+    ok, failed = calls["demo.ask"], calls["demo.fail"]
+    assert ok.attributes["llm.model"] == "small-model" and ok.attributes["engram.stage"] == "unit"
+    assert ok.attributes["llm.tokens.input"] >= 60 and ok.attributes["llm.tokens.output"] > 0
+    assert failed.attributes["llm.model"] == "big-model" and failed.attributes["exception.type"] == "ValueError"
+    assert not failed.status.description and not failed.events
+    generate = [s for s in memory.get_finished_spans() if s.name == "graphiti.llm.generate"]
+    assert len(generate) == 2 and all(g.parent.span_id in {ok.context.span_id, failed.context.span_id} for g in generate)
+    for span in memory.get_finished_spans():
+        assert "quokka" not in " ".join(_all_text(span)), span.name
