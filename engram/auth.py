@@ -293,6 +293,8 @@ CREDENTIALS_FILE = "passwords.json"
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent.name == "auth":  # <data dir>/auth: only the owner may list or enter it
+        path.parent.chmod(0o700)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.touch(mode=0o600)
     tmp.chmod(0o600)

@@ -48,6 +48,7 @@ def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Man
     config = auth.write_embedded_conf(data, EngramSettings())
     assert config.stat().st_mode & 0o777 == 0o600
     assert auth.passwords_file(data).stat().st_mode & 0o777 == 0o600
+    assert (data / "auth").stat().st_mode & 0o777 == 0o700
     proc = start_nats(data, config=config)
     yield proc, auth.embedded_passwords(data)
     proc.stop()
