@@ -4,7 +4,7 @@ Off unless ``ENGRAM_OTEL_ENDPOINT`` is set (OTLP/HTTP). Then each service (and `
 the gateway) has one TracerProvider named ``engram-<service>``:
 
 * publishers start a span per turn and put its W3C ``traceparent`` into the NATS headers of the
-  turn's messages (:func:`inject`);
+  turn's messages (:class:`TurnSpans`: ``engram ingest``, the gateway);
 * FastStream's NATS telemetry middleware continues the trace on consume and injects it again on
   every ``broker.publish`` made while handling the message (engram/service.py ``make_broker``);
 * the turn-detector keeps the trace context of a turn's first message in the session state and
@@ -12,7 +12,7 @@ the gateway) has one TracerProvider named ``engram-<service>``:
   and (for a close) the sessions service continue the turn's trace even when another event
   completed the turn;
 * graphiti gets a real tracer (:func:`graphiti_tracer`), so its own spans (``graphiti.llm.generate``,
-  search phases) appear, behind :class:`ContentSafeTracer`: graphiti puts exception text in span
+  search phases) appear, through :class:`ContentSafeTracer`: graphiti puts exception text in span
   status and events, and an LLM or validation error can quote the conversation;
 * engram's AccountingLLMClient adds one ``engram.llm.call`` span per LLM call with prompt name,
   model and token counts (engram/models/accounting.py).
@@ -75,13 +75,6 @@ def shutdown(service: str | None = None) -> None:
 
 
 # --- propagation -----------------------------------------------------------------------------
-def inject(headers: dict[str, str]) -> dict[str, str]:
-    """Add the current trace context (``traceparent``) to NATS ``headers``; nothing when no span
-    is active. Returns ``headers``."""
-    _PROPAGATOR.inject(headers)
-    return headers
-
-
 def current_traceparent() -> str | None:
     """The W3C traceparent of the current span, or None when none is recording."""
     carrier: dict[str, str] = {}
