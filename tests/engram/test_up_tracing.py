@@ -95,7 +95,7 @@ def test_engram_up_exports_one_trace_per_turn_to_an_otlp_receiver(tmp_path: Path
             turn = [s["trace"] for s in spans if s["name"] == "engram.ingest.turn"]
             return {s["service"] for s in spans if turn and s["trace"] == turn[0]}
 
-        wanted = {"engram-ingest", "engram-turn-detector", "engram-extractor", "engram-summary-gate"}
+        wanted = {"engram-ingest", "engram-turn-detector", "engram-extractor", "engram-summary-gate", "engram-sessions"}
         deadline = time.monotonic() + 90  # spans leave each service in batches (every ~5 s)
         while not wanted <= stages_seen() and time.monotonic() < deadline:
             time.sleep(0.5)
