@@ -167,3 +167,28 @@ def test_an_explicit_group_survives_scope_merging() -> None:
     merged = _merge_scopes(ScopeKeys(), ScopeKeys(group="cc_session_abc"))
     assert merged.group == "cc_session_abc"
     assert _merge_scopes(merged, ScopeKeys(user="u")).group == "cc_session_abc"
+
+
+@settings(max_examples=100)
+@given(
+    st.lists(st.sampled_from(["user", "assistant", "tool"]), min_size=2, max_size=12),
+    st.sampled_from([ScopeKeys(), ScopeKeys(workspace="/repo/x", user="ada@example.com"), ScopeKeys(group="cc_session_abc")]),
+    st.integers(min_value=20, max_value=2000),
+)
+def test_episodes_built_without_validation_are_valid_episodes(roles: list[str], scopes: ScopeKeys, max_chars: int) -> None:
+    """episodes_for constructs Episodes without re-validating (profiled cost): whatever it builds
+    must be exactly what validation accepts and yields, also after a JSON round trip."""
+    from schemas import Episode
+
+    _, done = feed([(f"m{i}", r) for i, r in enumerate(roles)])
+    state, _ = feed([(f"m{i}", r) for i, r in enumerate(roles)])
+    done += apply_close(state, now=99).completed
+    for turn in done:
+        turn = turn.model_copy(update={
+            "scopes": scopes,
+            "parts": tuple(p.model_copy(update={"secrets_scrubbed": 1, "reductions": ["long_line"], "late": True})
+                           for p in turn.parts)})
+        for ep in episodes_for(turn, prefix="engram", max_chars=max_chars):
+            assert Episode.model_validate(ep.model_dump()) == ep
+            assert Episode.model_validate_json(ep.model_dump_json()) == ep
+            assert ep.stats.secrets_scrubbed == len(turn.parts) and ep.stats.late_messages == len(turn.parts)
