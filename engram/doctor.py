@@ -211,8 +211,10 @@ async def _smoke(nc: nats.NATS, settings: EngramSettings) -> tuple[Status, str]:
                 return "fail", "the episode never reached the graph (turn-detector or extractor not running?)"
             await asyncio.sleep(0.5)
         steps.append(f"{len(episodes)} episode in graph")
-        reply = await nc.request(subjects.RECALL, RecallRequest(query="Which host runs Nginx17?", group_ids=[group])
-                                 .model_dump_json().encode(), timeout=5)
+        # A group's first recall builds its turn index (cold): recall's 500 ms default is for an
+        # agent's warm path; the doctor waits longer rather than report a busy machine as a fault.
+        reply = await nc.request(subjects.RECALL, RecallRequest(query="Which host runs Nginx17?", group_ids=[group],
+                                                                timeout_ms=4000).model_dump_json().encode(), timeout=10)
         recall = RecallResponse.model_validate_json(reply.data)
         steps.append(f"recall {len(recall.items)} facts")
         status: Status = "ok" if recall.items else "warn"

@@ -366,13 +366,18 @@ ADVERSARIAL = {
 }
 
 
+# Catastrophic backtracking on 1 MB takes minutes to hours; a linear pass takes ~1 s on an idle
+# core. The bound is generous because CI machines are shared (a 5 s bound failed at load 10):
+# the test guards against the blow-up, not the speed (that is a benchmark's job).
+LINEAR_BOUND_S = 30.0
+
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 @pytest.mark.parametrize("role", ["user", "tool"])
 def test_one_megabyte_adversarial_input_is_linear(name: str, role: str) -> None:
     text = ADVERSARIAL[name]
     started = time.perf_counter()
     result = filter_noise(text, role=role)
-    assert time.perf_counter() - started < 5.0
+    assert time.perf_counter() - started < LINEAR_BOUND_S
     assert len(result.text) <= NoiseSettings().max_chars
 
 
