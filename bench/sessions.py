@@ -127,9 +127,13 @@ class CloseCost:
     preferences: int = 0
     notes: int = 0
     seconds: list[float] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)  # --show: each close's summary and facts
+    outcomes: dict[str, int] = field(default_factory=dict)
 
 
-async def cost_of(shape: str, segments: list[SessionSegmentClosed], llm_factory, previous_n: int) -> CloseCost:  # noqa: ANN001
+async def cost_of(shape: str, segments: list[SessionSegmentClosed], llm_factory, previous_n: int,  # noqa: ANN001
+                  max_segments: int | None = None) -> CloseCost:
+    segments = segments[:max_segments] if max_segments else segments
     cost = CloseCost(shape, segments=len(segments), rotations=sum(s.reason == "token_limit" for s in segments))
     count = token_counter()
     previous: list[str] = []
@@ -147,7 +151,12 @@ async def cost_of(shape: str, segments: list[SessionSegmentClosed], llm_factory,
         cost.fallbacks += closed.summary.source == "fallback"
         cost.preferences += len(closed.facts.facts.preferences)
         cost.notes += len(closed.facts.facts.notes)
-        previous.insert(0, closed.record.summary)
+        for step, outcome in (("summary", closed.summary.outcome), ("facts", closed.facts.outcome)):
+            cost.outcomes[f"{step} {outcome}"] = cost.outcomes.get(f"{step} {outcome}", 0) + 1
+        cost.examples.append(f"{closed.record.summary}\n  preferences: {closed.facts.facts.preferences}\n"
+                             f"  notes: {closed.facts.facts.notes}")
+        if closed.summary.source == "llm":
+            previous.insert(0, closed.record.summary)
     return cost
 
 
@@ -292,6 +301,8 @@ async def main(args: argparse.Namespace) -> int:
         sessions = [s for c in conversations for s in locomo_messages(c)]
         if args.llm_base_url:
             os.environ.update({"ENGRAM_LLM_PROVIDER": "openai", "ENGRAM_LLM_BASE_URL": args.llm_base_url})
+            if args.llm_model:
+                os.environ["ENGRAM_LLM_MODEL"] = args.llm_model
             model = f"OpenAI-compatible server at {args.llm_base_url}"
         else:
             model = "offline rules model"
@@ -305,11 +316,16 @@ async def main(args: argparse.Namespace) -> int:
         chained = defaults.previous_summaries
         costs = [
             await cost_of(f"one long session, rotated at {args.token_limit:,} tokens",
-                          segments_of(sessions, policy, close_each=False), factory, chained),
+                          segments_of(sessions, policy, close_each=False), factory, chained, args.max_segments),
             await cost_of("per chat session (explicit closes, as engram ingest)",
-                          segments_of(sessions, policy, close_each=True), factory, chained),
+                          segments_of(sessions, policy, close_each=True), factory, chained, args.max_segments),
         ]
         console.print(cost_table(costs, model))
+        for c in costs:
+            console.print(f"{c.shape}: step outcomes {dict(sorted(c.outcomes.items()))}")
+            if args.show:
+                for i, example in enumerate(c.examples):
+                    console.print(f"--- close {i + 1}:\n{example}", markup=False)
         for c in costs:
             checks.that(c.segments > 0, f"{c.shape}: no segment closed")
             checks.that(all(n == 2 for n in c.calls), f"{c.shape}: not 2 LLM calls per close: {sorted(set(c.calls))}")
@@ -329,6 +345,10 @@ if __name__ == "__main__":
     parser.add_argument("--samples", nargs="*", default=[], help="conversation ids (default: all)")
     parser.add_argument("--token-limit", type=int, default=30_000)
     parser.add_argument("--llm-base-url", default=None, help="an OpenAI-compatible server (outside CI)")
+    parser.add_argument("--llm-model", default=None, help="the model name the server expects")
+    parser.add_argument("--show", action="store_true", help="print every close's summary, preferences and notes")
+    parser.add_argument("--max-segments", type=int, default=None, help="close at most this many segments per shape "
+                        "(a local model takes seconds to minutes per call)")
     parser.add_argument("--sessions", type=int, default=1000, help="closed sessions of the context bench's user")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
