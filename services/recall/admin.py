@@ -20,11 +20,16 @@ sweep could delete an entity the extractor has just written and is about to conn
 FalkorDB keeps one graph per group, and an edge or episode uuid names no group, so lookups by
 uuid search every graph GRAPH.LIST returns. Graphs are read with GRAPH.RO_QUERY and only after
 GRAPH.LIST showed them: a plain query on a missing key would create an empty graph. Deleting a
-group deletes its graph and builds graphiti's indices on the fresh empty one: other processes
-(extractor, summary-gate, recall) cache a driver per group with its indices marked built, and a
-later write to the group would otherwise re-create the graph without its fulltext indices, which
-FalkorDB then answers with silently empty results. On Neo4j (one shared database) everything is
-selected by its ``group_id`` property.
+group empties its graph (DETACH DELETE in batches) and keeps the graph with its indices: other
+processes (extractor, summary-gate, recall) cache a driver per group with its indices marked
+built, and a later write to a re-created graph would have no fulltext indices (FalkorDB then
+answers with silently empty results) and no vector index. It is not GRAPH.DELETE and a rebuild
+of the indices on a fresh graph of the same name, as it was: with that, a FalkorDB 4.16.3 server
+crashed about once in five full test runs ("illegal decrRefCount" in RediSearch's index free, in
+FalkorDB's indexer thread, ~0.5 s after the compaction below; FalkorDB issue #2126 shows the same
+free crashing under index builds concurrent with GRAPH.DELETE). Emptying frees no graph and builds
+no index but the facts' vector index, renewed (on the empty graph) because deleted vectors stay in
+it. On Neo4j (one shared database) everything is selected by its ``group_id`` property.
 
 Handlers never raise: a request that does not parse, or a backend failure, is answered with
 ``status="error"`` and a reason (the exception type only: never content, never the query).
@@ -44,7 +49,14 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from engram.compat import take_index_build
-from engram.graph import GraphDrivers, as_utc, query_rows
+from engram.graph import (
+    DROP_VECTOR_INDEX,
+    GraphDrivers,
+    as_utc,
+    create_vector_index_query,
+    query_rows,
+    vector_index_options,
+)
 from engram.service import jetstream, message_itself
 from schemas import subjects
 from schemas.messages import (
@@ -72,6 +84,8 @@ SCAN_CONCURRENCY = 16
 """FalkorDB graphs searched at once for a uuid."""
 CONNECT_TIMEOUT_S = 5.0
 QUERY_TIMEOUT_S = 60.0
+REWRITE_ATTEMPTS = 5
+"""BGREWRITEAOF tries when concurrent deletes' rewrites keep starting first."""
 
 ADMIN_REQUESTS = Counter(
     "engram_graph_admin_requests_total", "Graph admin requests, by operation and status (ok, not_found, error).",
@@ -130,6 +144,14 @@ Q_DELETE_ENTITIES = (
 )
 Q_NEO4J_DELETE_GROUP = "MATCH (n) WHERE n.group_id = $group_id DETACH DELETE n RETURN count(n) AS n"
 Q_COUNT_EPISODES = "MATCH (e:Episodic) RETURN count(e) AS n"
+Q_COUNT_FACTS = "MATCH ()-[r:RELATES_TO]->() RETURN count(r) AS n"
+Q_INDEX_STATUSES = "CALL db.indexes() YIELD status RETURN status"
+TELEMETRY_KEY = "telemetry{{{graph}}}"
+INDEX_BUILD_POLLS = 100
+# One batch of a group's nodes with their edges: a large group does not hold the graph's write
+# lock (every query on it waits) in one long query.
+Q_EMPTY_BATCH = "MATCH (n) WITH n LIMIT $batch DETACH DELETE n RETURN count(n) AS n"
+EMPTY_BATCH = 5000
 Q_ANY_NODE = "MATCH (n) RETURN 1 AS n LIMIT 1"
 Q_NEO4J_GROUPS = "MATCH (n) WHERE n.group_id IS NOT NULL RETURN DISTINCT n.group_id AS group_id"
 
@@ -164,6 +186,9 @@ class _Backend:
 
     async def compact(self) -> None:
         """Rewrite the database's files so deleted data leaves the disk (FalkorDB: AOF and RDB)."""
+
+    async def forget_queries(self, graph: str | None) -> None:
+        """Drop the database's log of the graph's queries, which quotes their parameters."""
 
     async def close(self) -> None:
         pass
@@ -208,13 +233,44 @@ class _Falkor(_Backend):
         if group_id not in await self.group_names():
             return GraphDeleteResponse(group_id=group_id)
         episodes = _first_int(await self.read(group_id, Q_COUNT_EPISODES))
-        await self.client.select_graph(group_id).delete()
-        # Indices on the fresh, empty graph (see the module docstring). The driver shares our
-        # client; its constructor schedules exactly this index build.
+        facts = _first_int(await self.read(group_id, Q_COUNT_FACTS))
+        # Emptied, not GRAPH.DELETEd (see the module docstring).
+        while _first_int(await self.write(group_id, Q_EMPTY_BATCH, batch=EMPTY_BATCH)) >= EMPTY_BATCH:
+            pass
+        # graphiti's indices, for a graph that had none: where they exist (every graph engram
+        # created) each CREATE fails "already indexed" (graphiti ignores that) and FalkorDB builds
+        # nothing. The driver shares our client; its constructor schedules exactly this build.
         driver = FalkorDriver(falkor_db=self.client, database=group_id)
         init = take_index_build(driver)
         await (init if init is not None else driver.build_indices_and_constraints())
+        if facts:
+            await self._renew_vector_index(group_id)
+        await self.forget_queries(group_id)
         return GraphDeleteResponse(group_id=group_id, deleted_episodes=episodes)
+
+    async def forget_queries(self, graph: str | None) -> None:
+        # FalkorDB logs each query of a graph with its parameters (message text included) in the
+        # stream ``telemetry{graph}`` (GRAPH.CONFIG CMD_INFO, the last MAX_INFO_QUERIES), saved
+        # with the rest; GRAPH.DELETE drops it, emptying a graph or deleting an episode does not.
+        assert graph is not None
+        await self.client.connection.delete(TELEMETRY_KEY.format(graph=graph))
+
+    async def _renew_vector_index(self, group_id: str) -> None:
+        """A fresh facts vector index (same dimension) on the emptied graph, built before the
+        compaction forks. FalkorDB 4.16.3 keeps deleted edges' vectors in the HNSW index, and a
+        query's k nearest then include them (filtered out afterwards): 30 facts deleted, 3
+        written, the 3 nearest returned 1. Recall would miss the group's new facts."""
+        graph = self.client.select_graph(group_id)
+        options = await vector_index_options(graph)
+        if not options or not options.get("dimension"):
+            return
+        await graph.query(DROP_VECTOR_INDEX)
+        await graph.query(create_vector_index_query(int(options["dimension"])))
+        for _ in range(INDEX_BUILD_POLLS):  # an empty graph: built at once
+            statuses = (await graph.query(Q_INDEX_STATUSES)).result_set
+            if all("OPERATIONAL" in str(row[0]) for row in statuses):
+                return
+            await asyncio.sleep(0.05)
 
     async def non_empty_groups(self) -> list[str]:
         # A deleted group's graph is re-created empty (with its indices): nothing in it to list.
@@ -252,8 +308,16 @@ class _Falkor(_Backend):
         if not (await conn.info("persistence")).get("aof_enabled"):
             return
         flag = "aof_rewrite_in_progress"
-        await idle(flag, 200)  # a rewrite already running must finish before another starts
-        await conn.execute_command("BGREWRITEAOF")
+        for attempt in range(REWRITE_ATTEMPTS):
+            await idle(flag, 200)  # a rewrite already running must finish before another starts
+            try:
+                await conn.execute_command("BGREWRITEAOF")
+                break
+            except Exception as exc:  # redis' ResponseError
+                # Another delete's rewrite started between our idle check and our command. It
+                # may have forked before our delete, so ours still runs once it has finished.
+                if "already in progress" not in str(exc) or attempt == REWRITE_ATTEMPTS - 1:
+                    raise
         await asyncio.sleep(0.05)  # let the job start before waiting for it to end
         await idle(flag, 600)
 
@@ -422,6 +486,7 @@ class GraphAdmin:
             orphans = await self._delete_orphans(db, graph, group, sorted(candidates), episode=req.uuid)
             episodes = _first_int(await db.write(graph, Q_DELETE_EPISODE, uuid=req.uuid, group_id=group))
             message_ids = _strings(row.get("message_ids"))
+            await db.forget_queries(graph)
             await db.compact()
         js = self._js()
         if js is not None:
