@@ -13,11 +13,12 @@ import hmac
 from datetime import datetime, timezone
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, Security, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from pydantic import BaseModel
 
+from engram import tracing
 from engram.promote import Promotion, publish_promotion
 from engram.settings import EngramSettings
 from schemas import RecallItem, RecallResponse, subjects
@@ -119,11 +120,15 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     # --- ingest --------------------------------------------------------------------------
     @router.post("/messages", status_code=status.HTTP_202_ACCEPTED, response_model=Result, tags=["ingest"],
                  responses={503: {"description": "The broker did not confirm every message: retry."}})
-    async def add_messages(request: AddMessagesRequest) -> Result:
+    async def add_messages(
+        request: AddMessagesRequest,
+        http: Request,  # for a traceparent header (not a documented parameter of the REST contract)
+    ) -> Result:
         """Store messages durably in engram's input; turns become episodes and facts asynchronously.
 
         202 only after NATS JetStream acknowledged every message (in order). On 503 retry the
         same request: messages already stored are recognised by their id and not stored again.
+        A W3C ``traceparent`` header makes the turns' traces part of the caller's trace.
         """
         messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc),
                                          idle_timeout_s=gateway.idle_timeout_s)
@@ -132,7 +137,8 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
                 raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
                                     f"message {i + 1} is larger than {max_bytes} bytes (ENGRAM_TURN_MAX_MESSAGE_BYTES)")
         try:
-            await bus.publish_messages(request.group_id, messages)
+            with tracing.attached(http.headers.get("traceparent")):  # the turn spans become children of the caller's span
+                await bus.publish_messages(request.group_id, messages)
         except BusError as exc:
             raise _raise(exc) from exc
         return Result(message="Messages added to processing queue", success=True)

@@ -299,3 +299,29 @@ async def test_llm_call_span_has_prompt_model_and_tokens_and_no_error_text() -> 
     assert len(generate) == 2 and all(g.parent.span_id in {ok.context.span_id, failed.context.span_id} for g in generate)
     for span in memory.get_finished_spans():
         assert "quokka" not in " ".join(_all_text(span)), span.name
+
+
+async def test_the_gateway_continues_the_callers_trace(clean_nats: str, tmp_path: Path,
+                                                       exporter: InMemorySpanExporter) -> None:
+    """A ``traceparent`` header on POST /messages: the turns' spans are children of the caller's."""
+    import uuid
+
+    from tests.services.gateway.test_gateway import serve_gateway, turn
+    from tests.services.turn_detector.helpers import read_all
+
+    settings = EngramSettings(nats_url=clean_nats, data_dir=tmp_path, partitions=1, otel_endpoint="http://127.0.0.1:9")
+    caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+    async with serve_gateway(settings) as http:
+        r = await http.post("/messages", json={"group_id": f"gwcaller-{uuid.uuid4().hex[:8]}", "messages": turn()},
+                            headers={"traceparent": f"00-{caller}-00f067aa0ba902b7-01"})
+        assert r.status_code == 202, r.text
+        operation = (await http.get("/openapi.json")).json()["paths"]["/messages"]["post"]
+        assert not operation.get("parameters")  # the REST contract's operation is unchanged
+    nc = await nats.connect(clean_nats)
+    try:
+        stored = await read_all(nc.jetstream(), subjects.STREAM_IN, "engram.in.*.message.*")
+    finally:
+        await nc.close()
+    assert [m.headers["traceparent"].split("-")[1] for m in stored] == [caller, caller]
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "engram.gateway.turn"]
+    assert span.parent is not None and span.parent.span_id == 0x00F067AA0BA902B7
