@@ -155,7 +155,7 @@ def test_killing_the_turn_detector_mid_stream_loses_and_doubles_nothing(tmp_path
         assert kills >= 1
         assert status["counts"]["turns"] == turns
         nats_url = json.loads(up.runtime_file.read_text())["nats_url"]
-        episodes = _read_episodes(nats_url)
+        episodes = _read_episodes(nats_url, data)
         assert len(episodes) == turns
         seen = [m.message_id for e in episodes for m in e.messages]
         assert len(seen) == len(set(seen)) == messages  # every message exactly once
@@ -163,7 +163,7 @@ def test_killing_the_turn_detector_mid_stream_loses_and_doubles_nothing(tmp_path
         up.stop()
 
 
-def _read_episodes(nats_url: str) -> list[Episode]:
+def _read_episodes(nats_url: str, data_dir: Path) -> list[Episode]:
     import asyncio
 
     import nats
@@ -171,7 +171,9 @@ def _read_episodes(nats_url: str) -> list[Episode]:
     from tests.services.turn_detector.helpers import episodes
 
     async def go() -> list[Episode]:
-        nc = await nats.connect(nats_url)
+        from engram.settings import EngramSettings  # the stack's admin user (engram up has NATS auth on)
+
+        nc = await nats.connect(nats_url, **EngramSettings(data_dir=data_dir).nats_options())
         try:
             return await episodes(nc.jetstream())
         finally:
