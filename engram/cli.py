@@ -80,6 +80,7 @@ class Service(str, Enum):
     recall = "recall"
     gateway = "gateway"
     sessions = "sessions"
+    mcp = "mcp"
 
 
 SERVICE_MODULES = {
@@ -89,6 +90,7 @@ SERVICE_MODULES = {
     Service.recall: "services.recall.app",
     Service.gateway: "services.gateway.app",
     Service.sessions: "services.sessions.app",
+    Service.mcp: "services.mcp.app",
 }
 
 
@@ -127,7 +129,9 @@ def up(data_dir: DataDir = None) -> None:
 
 
 @app.command()
-def serve(service: Service, data_dir: DataDir = None) -> None:
+def serve(service: Service, data_dir: DataDir = None,
+          transport: Annotated[str, typer.Option(help="mcp only: http (streamable HTTP at /mcp) or stdio.")] = "http",
+          ) -> None:
     """Run one service in the foreground (what `engram up`, compose and Kubernetes run)."""
     import importlib
 
@@ -135,7 +139,15 @@ def serve(service: Service, data_dir: DataDir = None) -> None:
 
     settings = _settings(data_dir)
     nats_url_or_fail(settings)  # no NATS to wait for at all: say so rather than fail inside the service
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level)  # to stderr: stdout stays the MCP channel under stdio
+    if transport not in ("http", "stdio") or (transport == "stdio" and service is not Service.mcp):
+        error_line(err, "--transport is http, or stdio for the mcp service")
+        raise typer.Exit(2)
+    if transport == "stdio":
+        from services.mcp.app import run_stdio
+
+        asyncio.run(run_stdio(settings))
+        return
     module = importlib.import_module(SERVICE_MODULES[service])
     service_app = module.build(settings)
     asyncio.run(

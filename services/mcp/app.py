@@ -1,0 +1,288 @@
+"""mcp service: engram's memory for Model Context Protocol hosts (the official ``mcp`` SDK, 2.x).
+
+``engram serve mcp`` serves MCP over streamable HTTP at ``/mcp`` on ENGRAM_HTTP_PORT, next to
+what every engram service serves (``/metrics``, ``/healthz``, ``/readyz``, ``/asyncapi``);
+``engram serve mcp --transport stdio`` speaks MCP on stdin/stdout for a local agent host that
+starts it (logs go to stderr). Like the gateway it never opens the graph: every tool is a NATS
+publish (PubAck awaited) or request/reply (services/mcp/tools.py). Group ids are validated with
+the gateway's types; HTTP needs ENGRAM_MCP_API_KEY when one is set, and without one it refuses
+a non-loopback address (as the gateway does). Tool arguments and results are never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from faststream.asgi import AsgiFastStream
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from engram.compat import route_unmatched_http
+from engram.promote import Promotion, PromotionKind
+from engram.service import ServiceApp, make_broker
+from engram.settings import EngramSettings
+from schemas.memory import ContextBudgets, ContextRequest, MemoryScopes
+from schemas.messages import MESSAGE_ID_PATTERN
+from schemas.subjects import SESSION_ID_PATTERN
+from services.gateway.bus import Bus
+from services.gateway.models import GroupId, WriteGroupId
+from services.gateway.settings import is_loopback
+from services.mcp.settings import McpSettings
+from services.mcp.tools import EngramTools, ToolFailed
+
+MCP_PATH = "/mcp"
+INSTRUCTIONS = (
+    "engram is a temporal memory of conversations. add_memory stores a chat message (source='message') or a "
+    "whole text (source='text'/'json') durably and answers with the ids it will have; extraction turns it into "
+    "entities and facts shortly after. search_memory_facts finds current facts; get_context builds the layered "
+    "context for an answer; promote keeps a decision, lesson, preference or procedure for a workspace or user."
+)
+
+Uuid = Annotated[str, Field(min_length=1, max_length=256)]
+GroupIds = Annotated[list[GroupId], Field(min_length=1, max_length=50, description="Groups to search.")]
+UserKey = Annotated[str | None, Field(max_length=512, description="User key: the user's memory when given.")]
+WorkspaceKey = Annotated[str | None, Field(max_length=512, description="Workspace key: used when no user.")]
+SessionKey = Annotated[str | None, Field(pattern=SESSION_ID_PATTERN, description="Session id: used when neither.")]
+
+
+def _scopes(user: str | None, workspace: str | None, session: str | None) -> MemoryScopes:
+    if not (user or workspace or session):
+        raise ToolError("give whose memory: user, workspace or session")
+    return MemoryScopes(user=user, workspace=workspace, session=session)
+
+
+async def _run(call) -> Any:  # noqa: ANN001
+    try:
+        return await call
+    except ToolFailed as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def create_mcp_server(tools: EngramTools) -> MCPServer:
+    server = MCPServer("engram", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
+
+    @server.tool()
+    async def add_memory(
+        name: Annotated[str, Field(max_length=256, description="A name for the memory (kept as its label).")],
+        episode_body: Annotated[str, Field(min_length=1, max_length=100_000, description="The message or the text.")],
+        group_id: WriteGroupId,
+        source: Literal["text", "json", "message"] = "text",
+        source_description: Annotated[str, Field(max_length=512)] = "",
+        uuid: Annotated[str | None, Field(pattern=MESSAGE_ID_PATTERN, max_length=200, description="Optional id: the same id again "
+                                          "stores nothing new.")] = None,
+        role: Literal["user", "assistant", "system"] = "user",
+        role_name: Annotated[str | None, Field(max_length=256, description="Speaker name (source='message').")] = None,
+    ) -> dict:
+        """Store a memory in group_id. source='message': one chat message of session group_id (role says who
+        wrote it); it joins a turn, which becomes an episode. 'text' or 'json': a whole episode. Answers only
+        after the broker stored it durably, with the ids it will have."""
+        return await _run(tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
+                                           role_name))
+
+    @server.tool()
+    async def search_memory_facts(
+        query: Annotated[str, Field(min_length=1, max_length=8000)], group_ids: GroupIds,
+        max_facts: Annotated[int, Field(ge=1, le=200)] = 10,
+    ) -> dict:
+        """Current facts (relations between entities) relevant to the query, best first."""
+        return await _run(tools.search_memory_facts(query, group_ids, max_facts))
+
+    @server.tool()
+    async def search_nodes(
+        query: Annotated[str, Field(min_length=1, max_length=8000)], group_ids: GroupIds,
+        max_nodes: Annotated[int, Field(ge=1, le=100)] = 10,
+    ) -> dict:
+        """Entities around the facts relevant to the query (uuids with their facts; names and summaries are
+        not available yet)."""
+        return await _run(tools.search_nodes(query, group_ids, max_nodes))
+
+    @server.tool()
+    async def get_episodes(group_id: GroupId, max_episodes: Annotated[int, Field(ge=1, le=1000)] = 10) -> dict:
+        """The group's latest episodes (completed turns and added texts), newest first."""
+        return await _run(tools.get_episodes(group_id, max_episodes))
+
+    @server.tool()
+    async def delete_episode(uuid: Uuid) -> dict:
+        """Delete an episode, the facts only it supported, and entities left with nothing."""
+        return await _run(tools.delete_episode(uuid))
+
+    @server.tool()
+    async def get_entity_edge(uuid: Uuid) -> dict:
+        """One fact (entity edge) by uuid."""
+        return await _run(tools.get_entity_edge(uuid))
+
+    @server.tool()
+    async def delete_entity_edge(uuid: Uuid) -> dict:
+        """Delete one fact (entity edge) by uuid."""
+        return await _run(tools.delete_entity_edge(uuid))
+
+    @server.tool()
+    async def clear_graph(group_id: GroupId) -> dict:
+        """Delete everything of one group's graph. Messages still in the pipeline are written after this."""
+        return await _run(tools.clear_graph(group_id))
+
+    @server.tool()
+    async def get_status() -> dict:
+        """Whether engram answers: NATS connection and the graph (recall)."""
+        return await tools.get_status()
+
+    @server.tool()
+    async def get_context(
+        query: Annotated[str | None, Field(max_length=8000, description="The current user message.")] = None,
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        identity: Annotated[str | None, Field(max_length=100_000)] = None,
+        skills: Annotated[str | None, Field(max_length=200_000)] = None,
+        timeout_ms: Annotated[int, Field(ge=10, le=60_000)] = 1000,
+    ) -> dict:
+        """The layered context to inject before answering (identity, agent memory, user context, session
+        summary, skills, recall), each section cut to its token budget."""
+        request = ContextRequest(scopes=MemoryScopes(user=user, workspace=workspace, session=session), query=query,
+                                 identity=identity, skills=skills, budgets=ContextBudgets(), timeout_ms=timeout_ms)
+        return await _run(tools.get_context(request))
+
+    @server.tool()
+    async def promote(
+        kind: PromotionKind, text: Annotated[str, Field(min_length=1, max_length=8000)],
+        key: Annotated[str, Field(min_length=1, max_length=512, description="The workspace or user key.")],
+        scope: Literal["workspace", "user"] = "workspace",
+        rationale: Annotated[str | None, Field(max_length=4000)] = None,
+        author: Annotated[str | None, Field(max_length=256)] = None,
+    ) -> dict:
+        """Keep a decision, lesson_learned, preference or procedure in the workspace or user memory; promoting the
+        same text twice stores it once."""
+        promotion = Promotion(kind=kind, text=text, scope=scope, key=key, rationale=rationale, author=author)
+        return await _run(tools.promote(promotion))
+
+    @server.tool()
+    async def save_user_note(
+        text: Annotated[str, Field(min_length=1, max_length=4000)],
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        session_id: SessionKey = None,
+    ) -> dict:
+        """Remember a note about the user (an equal note returns the stored one)."""
+        return await _run(tools.save_user_note(_scopes(user, workspace, session), text, session_id))
+
+    @server.tool()
+    async def set_user_preference(
+        key: Annotated[str, Field(min_length=1, max_length=128, description="e.g. language")],
+        value: Annotated[str, Field(min_length=1, max_length=2000)],
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        session_id: SessionKey = None,
+    ) -> dict:
+        """Set a preference: the latest value wins, the earlier one stays in the history."""
+        return await _run(tools.set_user_preference(_scopes(user, workspace, session), key, value, session_id))
+
+    @server.tool()
+    async def get_user_preferences(
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        include_history: bool = False,
+    ) -> dict:
+        """The current preferences (with include_history also earlier and removed values)."""
+        return await _run(tools.get_user_preferences(_scopes(user, workspace, session), include_history))
+
+    @server.tool()
+    async def remove_user_preference(
+        key: Annotated[str, Field(min_length=1, max_length=128)],
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+    ) -> dict:
+        """End a preference's current value (it stays in the history); returns the ended value."""
+        return await _run(tools.remove_user_preference(_scopes(user, workspace, session), key))
+
+    return server
+
+
+def require_api_key(app: Any, expected: str) -> Any:
+    """ASGI wrapper: the MCP endpoint answers 401 without ``x-api-key`` or ``Authorization: Bearer``
+    equal to ``expected`` (the gateway's convention)."""
+    expected_b = expected.encode()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or ())
+            given = headers.get(b"x-api-key", b"")
+            auth = headers.get(b"authorization", b"")
+            if not given and auth[:7].lower() == b"bearer ":
+                given = auth[7:].strip()
+            if not given or not hmac.compare_digest(given, expected_b):
+                body = json.dumps({"detail": "missing or wrong API key (x-api-key or Authorization: Bearer)"}).encode()
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def refuse_open_exposure(http_host: str, mcp: McpSettings) -> None:
+    if mcp.api_key is None and not mcp.allow_no_auth and not is_loopback(http_host):
+        raise RuntimeError(
+            f"the MCP server would serve without an API key on {http_host}: set ENGRAM_MCP_API_KEY, bind "
+            "ENGRAM_HTTP_HOST=127.0.0.1, or set ENGRAM_MCP_ALLOW_NO_AUTH=true to serve it open on purpose"
+        )
+
+
+@dataclass
+class McpService(ServiceApp):
+    """A ServiceApp whose unmatched HTTP requests go to the MCP streamable HTTP app (as the gateway's go
+    to its REST app); the MCP session manager runs inside the service's lifespan."""
+
+    server: MCPServer | None = None
+    http_host: str = "127.0.0.1"
+    api_key: str = ""
+    _http: Any = None
+
+    def __post_init__(self) -> None:
+        assert self.server is not None
+        self._http = self.server.streamable_http_app(streamable_http_path=MCP_PATH, host=self.http_host)
+
+    def asgi(self) -> AsgiFastStream:
+        app = super().asgi()
+        service_lifespan = app.lifespan_context
+        sessions = self.server.session_manager
+
+        # The session manager's task group must live in the lifespan's own task: FastStream runs
+        # on_startup hooks in a task that ends once they return.
+        @contextlib.asynccontextmanager
+        async def lifespan(**options: Any) -> AsyncIterator[None]:
+            async with service_lifespan(**options), sessions.run():
+                yield
+
+        app.lifespan_context = lifespan
+        route_unmatched_http(app, require_api_key(self._http, self.api_key) if self.api_key else self._http)
+        return app
+
+
+def _parts(settings: EngramSettings | None, mcp: McpSettings | None) -> tuple[EngramSettings, McpSettings, Any, Bus, MCPServer]:
+    settings = settings or EngramSettings()
+    mcp = mcp or McpSettings()
+    broker = make_broker(settings, service="mcp")
+    bus = Bus(settings, broker, publish_timeout_s=mcp.publish_timeout_s)
+    return settings, mcp, broker, bus, create_mcp_server(EngramTools(bus, settings, mcp))
+
+
+def build(settings: EngramSettings | None = None, mcp: McpSettings | None = None) -> McpService:
+    """The HTTP service (``engram serve mcp``)."""
+    settings, mcp, broker, bus, server = _parts(settings, mcp)
+    refuse_open_exposure(settings.http_host, mcp)
+    service = McpService(name="mcp", broker=broker, on_startup=[bus.start], server=server,
+                         http_host=settings.http_host,
+                         api_key=mcp.api_key.get_secret_value() if mcp.api_key else "")
+    service.bus = bus  # type: ignore[attr-defined]
+    return service
+
+
+async def run_stdio(settings: EngramSettings | None = None, mcp: McpSettings | None = None) -> None:
+    """``engram serve mcp --transport stdio``: MCP on stdin/stdout until the host closes stdin."""
+    settings, mcp, broker, bus, server = _parts(settings, mcp)
+    await bus.start()
+    try:
+        await server.run_stdio_async()
+    finally:
+        await broker.stop()

@@ -1,0 +1,263 @@
+"""engram's memory as MCP tools: what each tool does over NATS, with no MCP or HTTP in it.
+
+Names and argument shapes follow Graphiti's MCP server (``mcp_server/graphiti_mcp_server.py``:
+add_memory, search_memory_facts, search_nodes, get_episodes, delete_episode, delete_entity_edge,
+get_entity_edge, clear_graph, get_status) plus engram's own session layer (get_context, promote,
+the note and preference tools). Everything goes through :class:`services.gateway.bus.Bus`, the
+gateway's NATS client: durable publishes with the PubAck awaited, request/reply to recall
+(``engram.recall``, ``engram.graph.*``) and the sessions service (``engram.memory.*``,
+``engram.context``). A failure is a :class:`ToolFailed` with a plain reason, never content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from engram.promote import Promotion, publish_promotion
+from engram.secrets import scrub_secrets
+from engram.settings import EngramSettings
+from schemas import Episode, EpisodeMessage, RecallResponse, subjects
+from schemas.ids import episode_id_for
+from schemas.memory import (
+    ContextRequest,
+    ContextResponse,
+    GetUserPreferencesRequest,
+    MemoryResponse,
+    MemoryScopes,
+    RemoveUserPreferenceRequest,
+    SaveUserNoteRequest,
+    SetUserPreferenceRequest,
+)
+from schemas.messages import (
+    GraphDeleteResponse,
+    GraphEdgeRequest,
+    GraphEdgeResponse,
+    GraphEpisodeDeleteRequest,
+    GraphEpisodesRequest,
+    GraphEpisodesResponse,
+    GraphGroupDeleteRequest,
+    GraphGroupsRequest,
+    GraphGroupsResponse,
+)
+from services.gateway import mapping
+from services.gateway.bus import Bus, BusError
+from services.gateway.models import Message
+from services.mcp.settings import McpSettings
+
+EPISODE_SESSION_PREFIX = "mcp"
+"""Turn ids of whole episodes added with add_memory(source='text'|'json') start with this."""
+
+
+class ToolFailed(Exception):
+    """A tool could not do what it was asked; the message is shown to the model (no content in it)."""
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
+                 uuid: str | None, at: datetime) -> Episode:
+    """A whole episode (Graphiti's add_memory with source 'text' or 'json'), published straight to
+    the episode stream like a promotion: it is a finished text, not a chat message waiting for
+    its reply. Its turn id is the client's ``uuid``, else a hash of (name, source, body), so
+    adding the same episode twice stores it once (the episode id is the Nats-Msg-Id)."""
+    key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}".encode()).hexdigest()[:24]
+    turn_id = f"{EPISODE_SESSION_PREFIX}:{key}"
+    content = scrub_secrets(body.strip()).text  # it skips the turn-detector, where chat messages lose secrets
+    return Episode(
+        episode_id=episode_id_for(group_id, turn_id),
+        group_id=group_id,
+        scope="session",
+        turn_id=turn_id,
+        session_id=group_id,
+        reference_time=at,
+        content=content,
+        messages=[EpisodeMessage(message_id=turn_id, role="user", name=name or None, timestamp=at)],
+        # "promotion": the one completion that means "published whole, not completed by the turn-detector"
+        completed_by="promotion",
+        source_description=(source_description or f"mcp add_memory ({source})")[:512],
+    )
+
+
+class EngramTools:
+    def __init__(self, bus: Bus, settings: EngramSettings, mcp: McpSettings) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.mcp = mcp
+
+    # --- plumbing ---------------------------------------------------------------------------
+    async def _ask(self, subject: str, request: BaseModel, model: type, timeout_s: float | None = None) -> Any:
+        try:
+            return await self.bus.ask(subject, request, model, timeout_s or self.mcp.admin_timeout_s)
+        except BusError as exc:
+            raise ToolFailed(exc.detail) from exc
+
+    async def _admin(self, subject: str, request: BaseModel, model: type, what: str = "") -> Any:
+        answer = await self._ask(subject, request, model)
+        if answer.status == "not_found":
+            raise ToolFailed(f"{what} not found")
+        if answer.status == "error":
+            raise ToolFailed(f"engram could not do it: {answer.reason}")
+        return answer
+
+    async def _recall(self, query: str, group_ids: list[str], max_facts: int) -> RecallResponse:
+        request = mapping.search_request(query, group_ids, max_facts, self.mcp.recall_timeout_ms)
+        return await self._ask(subjects.RECALL, request, RecallResponse, self.mcp.recall_timeout_ms / 1000 + 1.0)
+
+    # --- Graphiti's tools -------------------------------------------------------------------
+    async def add_memory(self, name: str, episode_body: str, group_id: str, source: str, source_description: str,
+                         uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None) -> dict:
+        at = _utc_now()
+        if source == "message":
+            message = Message(content=episode_body, uuid=uuid, name=name, role_type=role, role=role_name,
+                              source_description=source_description)
+            (chat,) = mapping.chat_messages(group_id, [message], at, idle_timeout_s=self.mcp.idle_timeout_s)
+            if len(chat.model_dump_json().encode()) > self.settings.turn.max_message_bytes:
+                raise ToolFailed(f"the message is larger than {self.settings.turn.max_message_bytes} bytes "
+                                 "(ENGRAM_TURN_MAX_MESSAGE_BYTES)")
+            try:
+                report = await self.bus.publish_messages(group_id, [chat])
+                epoch = await self.bus.epochs.get(group_id) if self.bus.epochs is not None else 0
+            except BusError as exc:
+                raise ToolFailed(exc.detail) from exc
+            # services/turn_detector/pairing.py turn_id_for: session id (+ epoch after a delete) + first message id
+            turn_id = f"{group_id}@{epoch}:{chat.message_id}" if epoch else f"{group_id}:{chat.message_id}"
+            return {
+                "message": "Message stored durably; it becomes part of a turn, then an episode and facts",
+                "stored": bool(report.stored), "duplicate": bool(report.duplicates),
+                "group_id": group_id, "message_id": chat.message_id,
+                "turn_id": turn_id, "episode_id": episode_id_for(group_id, turn_id),
+                "ids_note": "turn_id and episode_id hold when this message opens a turn (a user message after a "
+                            "completed turn); an assistant reply joins the open turn, whose ids its first message gave",
+            }
+        episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at)
+        try:
+            ack = await self.bus.jetstream().publish(
+                subjects.episode(group_id), episode.model_dump_json().encode(), timeout=self.mcp.publish_timeout_s,
+                stream=subjects.STREAM_EPISODES,
+                headers={subjects.HDR_MSG_ID: episode.episode_id, "content-type": "application/json"},
+            )
+        except BusError as exc:
+            raise ToolFailed(exc.detail) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise ToolFailed(f"the message broker did not confirm the episode ({type(exc).__name__}); retry") from exc
+        return {"message": "Episode stored durably; extraction writes its entities and facts",
+                "stored": not ack.duplicate, "duplicate": bool(ack.duplicate), "group_id": group_id,
+                "turn_id": episode.turn_id, "episode_id": episode.episode_id}
+
+    async def search_memory_facts(self, query: str, group_ids: list[str], max_facts: int) -> dict:
+        answer = await self._recall(query, group_ids, max_facts)
+        facts = [mapping.fact_result(i).model_dump(mode="json") | {"group_id": i.group_id} for i in answer.items]
+        out: dict = {"message": "Facts retrieved successfully" if facts else "No relevant facts found", "facts": facts}
+        if answer.degraded:
+            out["degraded"] = answer.reason or "degraded"
+        return out
+
+    async def search_nodes(self, query: str, group_ids: list[str], max_nodes: int) -> dict:
+        """Entities around the facts recall finds: each fact's two endpoints, ranked by their best
+        fact. Partial: no engram subject returns entity names or summaries yet, so a node is its
+        uuid and the facts that mention it."""
+        answer = await self._recall(query, group_ids, max(max_nodes * 2, 10))
+        nodes: dict[str, dict] = {}
+        for item in answer.items:
+            edge = (await self._ask(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=item.uuid), GraphEdgeResponse)).edge
+            if edge is None:
+                continue
+            for node_uuid in (edge.source_node_uuid, edge.target_node_uuid):
+                node = nodes.setdefault(node_uuid, {"uuid": node_uuid, "group_id": edge.group_id, "facts": []})
+                node["facts"].append(edge.fact)
+        found = list(nodes.values())[:max_nodes]
+        return {"message": "Nodes retrieved successfully" if found else "No relevant nodes found", "nodes": found,
+                "note": "entities of the facts recall found; names and summaries are not served over NATS yet"}
+
+    async def get_episodes(self, group_id: str, max_episodes: int) -> dict:
+        answer = await self._admin(subjects.GRAPH_EPISODES, GraphEpisodesRequest(group_id=group_id, last_n=max_episodes),
+                                   GraphEpisodesResponse)
+        return {"episodes": [mapping.episode_result(e).model_dump(mode="json") for e in answer.episodes]}
+
+    async def delete_episode(self, uuid: str) -> dict:
+        await self._admin(subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest(uuid=uuid), GraphDeleteResponse,
+                          f"episode {uuid}")
+        return {"message": f"Episode {uuid} deleted successfully"}
+
+    async def get_entity_edge(self, uuid: str) -> dict:
+        answer = await self._admin(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=uuid), GraphEdgeResponse,
+                                   f"entity edge {uuid}")
+        if answer.edge is None:
+            raise ToolFailed(f"entity edge {uuid} not found")
+        return mapping.edge_result(answer.edge).model_dump(mode="json")
+
+    async def delete_entity_edge(self, uuid: str) -> dict:
+        await self._admin(subjects.GRAPH_EDGE_DELETE, GraphEdgeRequest(uuid=uuid), GraphDeleteResponse,
+                          f"entity edge {uuid}")
+        return {"message": f"Entity edge {uuid} deleted successfully"}
+
+    async def clear_graph(self, group_id: str) -> dict:
+        await self._admin(subjects.GRAPH_GROUP_DELETE, GraphGroupDeleteRequest(group_id=group_id), GraphDeleteResponse,
+                          f"group {group_id}")
+        return {"message": f"Graph data cleared for group {group_id}"}
+
+    async def get_status(self) -> dict:
+        """NATS connected, and recall (graph) and sessions answering."""
+        status: dict[str, Any] = {"nats": "connected"}
+        try:
+            self.bus.jetstream()
+        except BusError as exc:
+            return {"status": "error", "message": exc.detail, "nats": "disconnected"}
+        try:
+            groups = await self._admin(subjects.GRAPH_GROUPS, GraphGroupsRequest(), GraphGroupsResponse)
+            status["graph"] = f"ok ({len(groups.group_ids)} groups)"
+        except ToolFailed as exc:
+            status["graph"] = f"error: {exc}"
+        ok = status["graph"].startswith("ok")
+        return {"status": "ok" if ok else "error",
+                "message": "engram is reachable over NATS" if ok else "engram's graph is not answering", **status}
+
+    # --- engram's own ------------------------------------------------------------------------
+    async def get_context(self, request: ContextRequest) -> dict:
+        answer = await self._ask(subjects.CONTEXT, request, ContextResponse, request.timeout_ms / 1000 + 1.0)
+        if answer.status == "error":
+            raise ToolFailed(f"engram could not build the context: {answer.reason}")
+        return answer.model_dump(mode="json")
+
+    async def promote(self, promotion: Promotion) -> dict:
+        try:
+            episode = await publish_promotion(self.bus.jetstream(), promotion, self.settings.group_prefix)
+        except BusError as exc:
+            raise ToolFailed(exc.detail) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise ToolFailed(f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
+        return {"message": "Promotion stored durably", "group_id": episode.group_id, "episode_id": episode.episode_id}
+
+    async def _memory(self, subject: str, request: BaseModel, what: str = "") -> MemoryResponse:
+        answer = await self._ask(subject, request, MemoryResponse)
+        if answer.status == "not_found":
+            raise ToolFailed(f"{what} not found")
+        if answer.status == "error":
+            raise ToolFailed(f"the sessions service failed: {answer.reason}")
+        return answer
+
+    async def save_user_note(self, scopes: MemoryScopes, text: str, session_id: str | None) -> dict:
+        answer = await self._memory(subjects.MEMORY_NOTE_SAVE, SaveUserNoteRequest(
+            scopes=scopes, text=text, session_id=session_id))
+        return answer.note.model_dump(mode="json") if answer.note else {}
+
+    async def set_user_preference(self, scopes: MemoryScopes, key: str, value: str, session_id: str | None) -> dict:
+        answer = await self._memory(subjects.MEMORY_PREFERENCE_SET, SetUserPreferenceRequest(
+            scopes=scopes, key=key, value=value, session_id=session_id))
+        return answer.preference.model_dump(mode="json") if answer.preference else {}
+
+    async def get_user_preferences(self, scopes: MemoryScopes, include_history: bool) -> dict:
+        answer = await self._memory(subjects.MEMORY_PREFERENCE_GET,
+                                    GetUserPreferencesRequest(scopes=scopes, include_history=include_history))
+        return {"preferences": [p.model_dump(mode="json") for p in answer.preferences]}
+
+    async def remove_user_preference(self, scopes: MemoryScopes, key: str) -> dict:
+        answer = await self._memory(subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=scopes, key=key),
+                                    f"preference {key}")
+        return answer.preference.model_dump(mode="json") if answer.preference else {}

@@ -1,0 +1,165 @@
+"""The MCP server driven by the SDK's own client, against real NATS JetStream and FalkorDB with the
+pipeline in-process (turn-detector -> extractor with the rules LLM, recall with graph admin):
+over streamable HTTP (the service's ASGI app under uvicorn on a real socket, API key set) and
+over stdio (``engram serve mcp --transport stdio`` as a subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+import uvicorn
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from engram.embedded import free_port
+from schemas.ids import episode_id_for
+from services.mcp import app as mcp_app
+from services.mcp.settings import McpSettings
+from tests.services.gateway.test_gateway import ADA, pipeline, settings_for
+from tests.services.turn_detector.helpers import wait_for
+
+KEY = "mcp-test-key"
+TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "delete_episode", "delete_entity_edge",
+         "get_entity_edge", "clear_graph", "get_status", "get_context", "promote", "save_user_note",
+         "set_user_preference", "get_user_preferences", "remove_user_preference"}
+
+
+@contextlib.asynccontextmanager
+async def serve_mcp(settings, mcp: McpSettings) -> AsyncIterator[str]:  # noqa: ANN001
+    """`engram serve mcp` in-process; yields the base URL."""
+    service = mcp_app.build(settings, mcp)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(service.asgi(), host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> dict:
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, (tool, result.content)
+    if result.structured_content is not None:
+        return result.structured_content
+    return json.loads(result.content[0].text)
+
+
+async def fails(session: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error, (tool, result)
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+@pytest.mark.slow
+async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    group = f"mcp-{os.getpid()}-{free_port()}"
+    async with pipeline(settings), serve_mcp(settings, McpSettings(api_key=KEY, idle_timeout_s=1)) as base:
+        async with httpx.AsyncClient(base_url=base) as raw:
+            # the API key guards /mcp (both header forms), not the service's health endpoints
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            accept = {"accept": "application/json, text/event-stream"}
+            assert (await raw.post("/mcp", json=ping, headers=accept)).status_code == 401
+            assert (await raw.post("/mcp", json=ping, headers={**accept, "x-api-key": "wrong"})).status_code == 401
+            assert (await raw.post("/mcp", json=ping, headers={**accept, "authorization": "Bearer wrong"})).status_code == 401
+            assert (await raw.get("/healthz")).status_code == 200
+
+        client = httpx2.AsyncClient(headers={"x-api-key": KEY}, timeout=60)
+        async with client, streamable_http_client(f"{base}/mcp", http_client=client) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            assert TOOLS <= {t.name for t in (await session.list_tools()).tools}
+            assert (await call(session, "get_status"))["status"] == "ok"
+
+            # group ids as the gateway validates them
+            assert "group_id" in (await fails(session, "add_memory", name="x", episode_body="x", group_id="no spaces!"))
+            await fails(session, "search_memory_facts", query="x", group_ids=["a/b"])
+            await fails(session, "get_episodes", group_id="x" * 201)
+
+            # a whole episode: answered after the durable publish, with its episode id
+            added = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group)
+            assert added["stored"] is True and added["episode_id"]
+            again = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group)
+            assert again["duplicate"] is True and again["episode_id"] == added["episode_id"]
+
+            async def episode_written() -> list[dict] | None:
+                episodes = (await call(session, "get_episodes", group_id=group))["episodes"]
+                return episodes if episodes and all(e["entity_edges"] for e in episodes) else None
+
+            episodes = await wait_for(episode_written, 40, interval=0.25)
+            assert [e["uuid"] for e in episodes] == [added["episode_id"]], "the graph episode has the announced id"
+
+            found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5)
+            assert any("FastAPI" in f["fact"] for f in found["facts"]), found
+            fact = found["facts"][0]
+            assert (await call(session, "get_entity_edge", uuid=fact["uuid"]))["fact"] == fact["fact"]
+            nodes = (await call(session, "search_nodes", query="FastAPI", group_ids=[group]))["nodes"]
+            assert nodes and all(n["facts"] for n in nodes)
+
+            assert "deleted" in (await call(session, "delete_entity_edge", uuid=fact["uuid"]))["message"]
+            assert "not found" in await fails(session, "get_entity_edge", uuid=fact["uuid"])
+            after = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5)
+            assert fact["uuid"] not in {f["uuid"] for f in after["facts"]}
+
+            await call(session, "delete_episode", uuid=added["episode_id"])
+            assert (await call(session, "get_episodes", group_id=group))["episodes"] == []
+            assert "not found" in await fails(session, "delete_episode", uuid=added["episode_id"])
+
+            # a chat message: its message, turn and episode ids are the ones engram gives it
+            msg = await call(session, "add_memory", name="", episode_body="We deploy FastAPI with Docker.",
+                             group_id=group, source="message", role_name="Ada")
+            assert msg["stored"] is True and msg["turn_id"] == f"{group}:{msg['message_id']}"
+            assert msg["episode_id"] == episode_id_for(group, msg["turn_id"])
+            episodes = await wait_for(episode_written, 40, interval=0.25)
+            assert [e["uuid"] for e in episodes] == [msg["episode_id"]]
+            assert episodes[0]["message_ids"] == [msg["message_id"]]
+
+            assert "cleared" in (await call(session, "clear_graph", group_id=group))["message"]
+            assert (await call(session, "get_episodes", group_id=group))["episodes"] == []
+
+
+@pytest.mark.slow
+async def test_mcp_over_stdio(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    engram = shutil.which("engram", path=str(Path(sys.executable).parent))
+    assert engram, "the engram console script is installed in the venv"
+    env = {**os.environ, "ENGRAM_NATS_URL": clean_nats, "ENGRAM_DATA_DIR": str(tmp_path),
+           "GRAPHITI_TELEMETRY_ENABLED": "false"}
+    params = StdioServerParameters(command=engram, args=["serve", "mcp", "--transport", "stdio"], env=env)
+    group = f"mcp-stdio-{os.getpid()}"
+    async with pipeline(settings):
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            assert TOOLS <= {t.name for t in (await session.list_tools()).tools}
+            assert (await call(session, "get_status"))["status"] == "ok"
+            await fails(session, "clear_graph", group_id="bad.group")
+            added = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group)
+            assert added["stored"] is True
+
+            async def written() -> list[dict] | None:
+                episodes = (await call(session, "get_episodes", group_id=group))["episodes"]
+                return episodes if episodes and all(e["entity_edges"] for e in episodes) else None
+
+            assert [e["uuid"] for e in await wait_for(written, 40, interval=0.25)] == [added["episode_id"]]
+            found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group])
+            assert any("FastAPI" in f["fact"] for f in found["facts"])
+            await call(session, "clear_graph", group_id=group)
