@@ -196,68 +196,120 @@ async def _publish_until_acked(js: Any, subject: str, data: bytes, msg_id: str) 
     await _retry(lambda: js.publish(subject, data, headers={subjects.HDR_MSG_ID: msg_id}, timeout=2), timeout=60)
 
 
-async def test_a_node_killed_mid_ingest_loses_no_message(cluster: list[Node], js: Any, tmp_path: Path) -> None:
-    urls = ",".join(n.url for n in cluster)
-    settings = EngramSettings(
-        nats_url=urls, data_dir=tmp_path, partitions=4, stream_replicas=3,
+async def _ingest_killing_a_node(cluster: list[Node], js: Any, sessions: int, pairs: int) -> list[str]:
+    """Publish ``sessions`` x ``pairs`` user/assistant pairs (then a close per session), SIGKILL
+    the input stream's leader node after half the messages; the published message ids."""
+    published: list[str] = []
+    killed: list[Node] = []
+    half = sessions * pairs
+
+    async def kill_in_leader() -> Node:
+        # The leader of the input stream: the node whose loss costs the most (stream writes,
+        # and its consumers' leaders are usually there too).
+        leader = (await js.stream_info(subjects.STREAM_IN)).cluster.leader
+        node = next(n for n in cluster if n.name == leader)
+        done_before = len(await episodes(js))
+        assert done_before < sessions * pairs, "ingest finished before the kill: not mid-ingest"
+        os.kill(node.popen.pid, signal.SIGKILL)
+        node.popen.wait(5)
+        return node
+
+    for pair in range(pairs):
+        for role in ("user", "assistant"):
+            for s in range(sessions):
+                m = _chat(s, pair, role)
+                await _publish_until_acked(js, subjects.in_message(m.session_id), m.model_dump_json().encode(),
+                                           m.message_id)
+                published.append(m.message_id)
+                if len(published) == half:
+                    killed.append(await kill_in_leader())
+    for s in range(sessions):
+        await _publish_until_acked(js, subjects.in_close(f"s{s}"),
+                                   SessionClosed(session_id=f"s{s}", closed_at=T0).model_dump_json().encode(),
+                                   f"close:s{s}")
+    assert len(killed) == 1 and killed[0].popen.returncode == -signal.SIGKILL
+    return published
+
+
+async def _all_turns(js: Any, n: int) -> list:
+    async def enough() -> list | None:
+        eps = await _retry(lambda: episodes(js))
+        return eps if len(eps) >= n else None
+
+    return await wait_for(enough, 90, interval=0.5) or await episodes(js)
+
+
+def _assert_each_message_in_one_turn(eps: list, published: list[str], sessions: int, pairs: int) -> None:
+    in_turns = Counter(m.message_id for e in eps for m in e.messages)
+    lost = set(published) - set(in_turns)
+    twice = {mid: n for mid, n in in_turns.items() if n > 1}
+    assert not lost, f"{len(lost)} of {len(published)} published messages are in no turn: {sorted(lost)[:10]}"
+    assert not twice, f"messages in more than one turn: {twice}"
+    assert len(eps) == len({e.episode_id for e in eps}) == sessions * pairs, "duplicate or missing episodes"
+    assert sorted(e.turn_id for e in eps) == sorted(f"s{s}:m{s}-{2 * p}" for s in range(sessions) for p in range(pairs))
+
+
+def _cluster_settings(cluster: list[Node], tmp_path: Path, **kw: Any) -> EngramSettings:
+    return EngramSettings(
+        nats_url=",".join(n.url for n in cluster), data_dir=tmp_path, partitions=4, stream_replicas=3,
         # A lost ack (the consumer leader died with it) is redelivered after ack_wait: keep it short.
         ack_wait_s=5,
         turn=TurnDetectorSettings(idle_timeout_s=600),
+        **kw,
     )
+
+
+async def test_a_node_killed_mid_ingest_loses_no_message(cluster: list[Node], js: Any, tmp_path: Path) -> None:
+    settings = _cluster_settings(cluster, tmp_path)
     service = td_app.build(settings)
     await service.start()
     try:
-        topology = Topology.from_settings(settings)
-        assert set((await _replicas(js, topology)).values()) == {3}
-
-        published: list[str] = []
-        killed: list[Node] = []
-        half = SESSIONS * PAIRS  # messages published before the kill (of 2 * SESSIONS * PAIRS)
-
-        async def publisher() -> None:
-            for pair in range(PAIRS):
-                for role in ("user", "assistant"):
-                    for s in range(SESSIONS):
-                        m = _chat(s, pair, role)
-                        await _publish_until_acked(js, subjects.in_message(m.session_id),
-                                                   m.model_dump_json().encode(), m.message_id)
-                        published.append(m.message_id)
-                        if len(published) == half:
-                            killed.append(await kill_in_leader())
-            for s in range(SESSIONS):
-                await _publish_until_acked(js, subjects.in_close(f"s{s}"),
-                                           SessionClosed(session_id=f"s{s}", closed_at=T0).model_dump_json().encode(),
-                                           f"close:s{s}")
-
-        async def kill_in_leader() -> Node:
-            # The leader of the input stream: the node whose loss costs the most (stream writes,
-            # and its consumers' leaders are usually there too).
-            leader = (await js.stream_info(subjects.STREAM_IN)).cluster.leader
-            node = next(n for n in cluster if n.name == leader)
-            done_before = len(await episodes(js))
-            assert done_before < SESSIONS * PAIRS, "ingest finished before the kill: not mid-ingest"
-            os.kill(node.popen.pid, signal.SIGKILL)
-            node.popen.wait(5)
-            return node
-
-        await asyncio.wait_for(publisher(), 120)
-        assert len(killed) == 1 and killed[0].popen.returncode == -signal.SIGKILL
-
-        async def all_turns() -> list | None:
-            eps = await _retry(lambda: episodes(js))
-            return eps if len(eps) >= SESSIONS * PAIRS else None
-
-        eps = await wait_for(all_turns, 90, interval=0.5) or await episodes(js)
-        in_turns = Counter(m.message_id for e in eps for m in e.messages)
-        lost = set(published) - set(in_turns)
-        twice = {mid: n for mid, n in in_turns.items() if n > 1}
-        assert not lost, f"{len(lost)} of {len(published)} published messages are in no turn: {sorted(lost)[:10]}"
-        assert not twice, f"messages in more than one turn: {twice}"
-        assert len(eps) == len({e.episode_id for e in eps}) == SESSIONS * PAIRS, "duplicate or missing episodes"
-        assert sorted(e.turn_id for e in eps) == sorted(f"s{s}:m{s}-{2 * p}" for s in range(SESSIONS) for p in range(PAIRS))
+        assert set((await _replicas(js, Topology.from_settings(settings))).values()) == {3}
+        published = await asyncio.wait_for(_ingest_killing_a_node(cluster, js, SESSIONS, PAIRS), 120)
+        eps = await _all_turns(js, SESSIONS * PAIRS)
+        _assert_each_message_in_one_turn(eps, published, SESSIONS, PAIRS)
         assert await read_all(js, subjects.STREAM_DLQ) == [], "nothing is dead-lettered"
         # Every session's closed segment too (ENGRAM_SESSIONS, also R3), once each.
         segments = [json.loads(m.data)["session_id"] for m in await read_all(js, subjects.STREAM_SESSIONS)]
         assert sorted(segments) == sorted(f"s{s}" for s in range(SESSIONS))
     finally:
         await service.stop()
+
+
+async def test_through_the_extractor_every_turn_is_in_the_graph_once(
+    cluster: list[Node], js: Any, tmp_path: Path, falkordb_server: Any,
+) -> None:
+    """The same kill with the extractor running too (rules model, real FalkorDB): every turn's
+    episode is stored in its group's graph exactly once."""
+    from falkordb import FalkorDB
+
+    from engram.models.rules_llm import RulesExtractorClient
+    from services.extractor import app as ex_app
+
+    sessions, pairs = 6, 4
+    settings = _cluster_settings(cluster, tmp_path, graph_url=falkordb_server.url)
+    detector, extractor = td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient())
+    await detector.start()
+    await extractor.start()
+    try:
+        published = await asyncio.wait_for(_ingest_killing_a_node(cluster, js, sessions, pairs), 120)
+        eps = await _all_turns(js, sessions * pairs)
+        _assert_each_message_in_one_turn(eps, published, sessions, pairs)
+        host, port = falkordb_server.url.removeprefix("falkor://").split(":")
+        db = FalkorDB(host=host, port=int(port))
+
+        async def stored() -> Counter | None:
+            found: Counter = Counter()
+            for group in {e.group_id for e in eps}:
+                if group in db.list_graphs():
+                    rows = db.select_graph(group).ro_query("MATCH (e:Episodic) RETURN e.uuid").result_set
+                    found.update(r[0] for r in rows)
+            return found if sum(found.values()) >= len(eps) else None
+
+        found = await wait_for(stored, 120, interval=1.0) or Counter()
+        assert set(found) == {e.episode_id for e in eps}, f"{len(set(found))} of {len(eps)} episodes in the graph"
+        assert set(found.values()) == {1}, "an episode stored twice"
+        assert await read_all(js, subjects.STREAM_DLQ) == [], "nothing is dead-lettered"
+    finally:
+        await extractor.stop()
+        await detector.stop()
