@@ -72,6 +72,10 @@ NOT_RUN = {
      "── user_context: 752/1500 tokens (group engram_user_0bfe935e70c321c7: 0 preferences, 42 notes)"):
         "example output, not a command: the `engram context` line of 'Using it' runs (after the same "
         "LoCoMo ingest), and tests/engram/test_cli_context.py checks the layout and the budgets",
+    ("MCP (Model Context Protocol)",
+     '{"mcpServers": {"engram": {"command": "engram", "args": ["serve", "mcp", "--transport", "stdio"],'):
+        "an MCP host's configuration, not a command: tests/services/mcp/test_mcp.py starts this "
+        "command over stdio with the SDK's client",
 }
 NOT_RUN_COMMANDS = {
     "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.test_cli_up.Up): "

@@ -163,3 +163,16 @@ async def test_mcp_over_stdio(clean_nats, falkordb_server, tmp_path) -> None:  #
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group])
             assert any("FastAPI" in f["fact"] for f in found["facts"])
             await call(session, "clear_graph", group_id=group)
+
+
+def test_http_without_a_key_serves_loopback_only(tmp_path) -> None:  # noqa: ANN001
+    from engram.settings import EngramSettings
+
+    def settings(host: str) -> EngramSettings:
+        return EngramSettings(nats_url="nats://127.0.0.1:1", http_host=host, data_dir=tmp_path)
+
+    with pytest.raises(RuntimeError, match="ENGRAM_MCP_API_KEY"):
+        mcp_app.build(settings("0.0.0.0"), McpSettings())
+    assert mcp_app.build(settings("0.0.0.0"), McpSettings(api_key=KEY)).api_key == KEY
+    assert mcp_app.build(settings("0.0.0.0"), McpSettings(allow_no_auth=True)).api_key == ""
+    assert mcp_app.build(settings("127.0.0.1"), McpSettings()).api_key == ""
