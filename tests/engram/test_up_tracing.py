@@ -96,11 +96,17 @@ def test_engram_up_exports_one_trace_per_turn_to_an_otlp_receiver(tmp_path: Path
             return {s["service"] for s in spans if turn and s["trace"] == turn[0]}
 
         wanted = {"engram-ingest", "engram-turn-detector", "engram-extractor", "engram-summary-gate", "engram-sessions"}
-        deadline = time.monotonic() + 90  # spans leave each service in batches (every ~5 s)
-        while not wanted <= stages_seen() and time.monotonic() < deadline:
+        urls = {name: svc["url"] for name, svc in up.runtime["services"].items()}
+
+        def summarised() -> bool:
+            summary = _metrics(urls["summary-gate"])
+            return summary.get('engram_pipeline_freshness_seconds_count{stage="summary"}', 0) >= 1
+
+        # spans leave each service in batches (every ~5 s); generous for a loaded 2-core machine
+        deadline = time.monotonic() + 150
+        while not (wanted <= stages_seen() and summarised()) and time.monotonic() < deadline:
             time.sleep(0.5)
         # freshness and backlog, from the services' own /metrics (under engram up's NATS users)
-        urls = {name: svc["url"] for name, svc in up.runtime["services"].items()}
         extractor = _metrics(urls["extractor"])
         assert extractor.get('engram_pipeline_freshness_seconds_count{stage="graph"}', 0) >= 1, extractor
         assert extractor.get('engram_stage_backlog_messages{partition="0",stage="extractor"}') == 0, extractor
