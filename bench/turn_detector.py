@@ -91,8 +91,14 @@ async def reset(js, durables: list[str]) -> None:  # noqa: ANN001
         await js.delete_key_value(subjects.KV_TURN_SESSIONS)
     except nats.js.errors.NotFoundError:
         pass
-    for stream in (subjects.STREAM_EPISODES, "BENCH_OUT"):
-        await js.purge_stream(stream)
+    # Deleted, not purged: a purge keeps the stream's Nats-Msg-Id dedupe window, so the next
+    # round's episodes (same ids) would only be acknowledged as duplicates, not stored. The
+    # turn-detector's start (ensure_topology) creates the stream again.
+    try:
+        await js.delete_stream(subjects.STREAM_EPISODES)
+    except nats.js.errors.NotFoundError:
+        pass
+    await js.purge_stream("BENCH_OUT")
 
 
 async def wait_drained(js, durables: list[str], total: int) -> None:  # noqa: ANN001
