@@ -19,16 +19,16 @@ What each service may do, and why:
   recall's purge of a deleted group);
 - request/reply: subscribe the subjects it serves (with ``allow_responses`` so the reply can go to
   the requester's inbox and nowhere else), publish the subjects it asks;
-- ``_INBOX.>``: replies to its own requests (JetStream API answers, pulled messages).
+- ``_INBOX_<user>.>``: replies to its own requests (JetStream API answers, pulled messages); each
+  service connects with that inbox prefix (ENGRAM_NATS_INBOX_PREFIX), so none can read another's
+  replies. Agents (``engram-publisher``) keep the default ``_INBOX.>``, which no engram process uses.
 
 Not allowed to anyone but the admin: creating, updating or deleting streams, any other service's
 durables or subjects, ``engram.graph.*`` deletes for anything but the gateway. A service started
 as its user therefore does not declare the topology (``ENGRAM_NATS_TOPOLOGY_ON_START=false``):
 `engram up` does it as admin before starting them, compose and k8s run ``engram topology`` as admin.
 
-Partial: users authenticate with a password (nats-server ``authorization.users``), not NKeys or JWTs;
-``_INBOX.>`` is shared, so a service could subscribe replies meant for another (per-service inbox
-prefixes would close that).
+Partial: users authenticate with a password (nats-server ``authorization.users``), not NKeys or JWTs.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ COMPOSE_CONF = HERE.parent / "deploy" / "nats" / "auth.conf"
 K8S_AUTH = HERE.parent / "deploy" / "k8s" / "nats" / "auth.yaml"
 """The same block as a ConfigMap for the Kubernetes NATS cluster (deploy/k8s/nats), plus the
 template of the Secret that holds the passwords the block reads from the environment."""
+
+
+def inbox_prefix(service: str) -> str:
+    """The reply-inbox prefix a service's connection uses (ENGRAM_NATS_INBOX_PREFIX)."""
+    return f"_INBOX_{user_name(service)}"
 
 
 def _sub(template: str) -> str:
@@ -197,7 +202,11 @@ def _permissions(service: str, topology: Topology) -> Permissions:
 
 def permissions_for(service: str, settings: EngramSettings | None = None) -> dict[str, Any]:
     """The nats-server ``permissions`` of one service's user (publish/subscribe allow lists)."""
-    return _permissions(service, Topology.from_settings(settings or EngramSettings())).as_dict()
+    perms = _permissions(service, Topology.from_settings(settings or EngramSettings()))
+    if service in SERVICES:  # its own inboxes only
+        own = f"{inbox_prefix(service)}.>"
+        perms = Permissions(perms.publish, tuple(own if s == INBOX else s for s in perms.subscribe), perms.allow_responses)
+    return perms.as_dict()
 
 
 def user_name(service: str) -> str:

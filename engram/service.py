@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,7 @@ def collapse_subject(subject: str) -> str:
         return f"engram.{tokens[1]}"  # engram.episode.<p>.<group>
     if tokens and tokens[0] == "engram" and len(tokens) >= 3:
         return ".".join(tokens[:-1])
-    if tokens and tokens[0] == "_INBOX":
+    if tokens and tokens[0].startswith("_INBOX"):  # _INBOX, or a user's own prefix (_INBOX_engram-recall)
         return "_INBOX"
     return subject if len(tokens) <= 2 else ".".join(tokens[:2]) + ".*"
 
@@ -98,6 +99,9 @@ def subscribe_partitions(
 def _partition_subscriber(broker: NatsBroker, js_stream: JStream, config: Any, title: str) -> Any:
     """The FastStream pull subscriber of one partition durable: one message at a time, manual
     acks, the handler receiving the NatsMessage itself."""
+    # FastStream hands pull subscriptions its own default inbox prefix, not the connection's: give
+    # it the service's (ENGRAM_NATS_INBOX_PREFIX), the only inboxes a service's NATS user may read.
+    prefix = _INBOX_PREFIXES.get(broker)
     return broker.subscriber(
         config.filter_subject,
         stream=js_stream,
@@ -107,6 +111,7 @@ def _partition_subscriber(broker: NatsBroker, js_stream: JStream, config: Any, t
         ack_policy=AckPolicy.MANUAL,
         decoder=message_itself,
         title=title,
+        **({"inbox_prefix": f"{prefix}.".encode()} if prefix else {}),
     )
 
 
@@ -490,9 +495,9 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
     if tracer_provider is not None:
         middlewares.insert(0, NatsTelemetryMiddleware(tracer_provider=tracer_provider, include_messages_counters=False))
     options = settings.nats_options()
-    if "user" in options:  # FastStream takes a user and password as `security`
+    if "user" in options:  # FastStream takes a user and password as `security` (inbox_prefix as is)
         options["security"] = SASLPlaintext(username=options.pop("user"), password=options.pop("password"))
-    return NatsBroker(
+    broker = NatsBroker(
         settings.nats_servers(),
         middlewares=middlewares,
         name=f"engram-{service}",
@@ -500,6 +505,12 @@ def make_broker(settings: EngramSettings, *, service: str) -> NatsBroker:
         log_level=logging.DEBUG,
         **options,
     )
+    if options.get("inbox_prefix"):
+        _INBOX_PREFIXES[broker] = options["inbox_prefix"]
+    return broker
+
+
+_INBOX_PREFIXES: "weakref.WeakKeyDictionary[NatsBroker, str]" = weakref.WeakKeyDictionary()
 
 
 async def flush_tracing() -> None:

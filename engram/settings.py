@@ -101,6 +101,11 @@ class EngramSettings(BaseSettings):
         "least-privilege config (engram/auth.py: engram-<service>), or engram-admin for the CLI and topology job.",
     )
     nats_password: SecretStr | None = Field(None, description="Password of ENGRAM_NATS_USER (never logged).")
+    nats_inbox_prefix: str | None = Field(
+        None, pattern=r"^_INBOX[\w-]*$",
+        description="Prefix of this client's reply inboxes (default _INBOX). engram's service users may subscribe to "
+        "_INBOX_<user>.> only, so no service can read replies meant for another: `engram up`, compose and k8s set it.",
+    )
     nats_topology_on_start: bool = Field(
         True, description="Services create or update the streams, consumers and KV buckets at start-up. Off under "
         "least-privilege NATS users, which may not: then `engram up` or `engram topology` (as admin) does it.",
@@ -176,13 +181,15 @@ class EngramSettings(BaseSettings):
         running `engram up` with auth logs in as its admin user (password from the data dir)."""
         if self.nats_creds:
             return {"user_credentials": str(self.nats_creds)}
+        inbox = {"inbox_prefix": self.nats_inbox_prefix} if self.nats_inbox_prefix else {}
         if self.nats_user:
             password = self.nats_password.get_secret_value() if self.nats_password else ""
-            return {"user": self.nats_user, "password": password}
+            return {"user": self.nats_user, "password": password, **inbox}
         if not self.nats_url and self._runtime.get("nats_auth") and (secrets_file := self._runtime.get("auth_file")):
             try:
                 known = json.loads(Path(secrets_file).read_text())
-                return {"user": "engram-admin", "password": known["admin"]}
+                # its own inboxes: agents (engram-publisher, default _INBOX) cannot read the CLI's answers
+                return {"user": "engram-admin", "password": known["admin"], "inbox_prefix": "_INBOX_engram-admin"}
             except (OSError, ValueError, KeyError):
                 pass
         return {}

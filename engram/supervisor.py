@@ -115,7 +115,7 @@ class Supervisor:
             # the service's own user: it publishes and subscribes only what engram/auth.py allows
             env.pop("ENGRAM_NATS_CREDS", None)
             env.update(ENGRAM_NATS_USER=auth.user_name(svc.name), ENGRAM_NATS_PASSWORD=self.nats_passwords[svc.name],
-                       ENGRAM_NATS_TOPOLOGY_ON_START="false")
+                       ENGRAM_NATS_INBOX_PREFIX=auth.inbox_prefix(svc.name), ENGRAM_NATS_TOPOLOGY_ON_START="false")
         return env
 
     def _spawn(self, svc: ServiceProcess) -> None:

@@ -30,6 +30,7 @@ def test_compose_runs_each_service_as_its_own_nats_user() -> None:
     for name, svc in engram_services().items():
         env = environment(svc)
         assert env["ENGRAM_NATS_USER"] == auth.user_name(name), name
+        assert env["ENGRAM_NATS_INBOX_PREFIX"] == auth.inbox_prefix(name), name
         password_var = REQUIRED.match(env["ENGRAM_NATS_PASSWORD"]).group(1)  # type: ignore[union-attr]
         assert password_var == auth.env_var(name), name
         seen_passwords.add(password_var)
@@ -84,6 +85,7 @@ def test_k8s_one_nats_secret_per_service() -> None:
         assert nats_secrets == [f"engram-nats-{service}"], f"{service}: {refs}"
         secret = k8s_object("Secret", nats_secrets[0])
         assert secret is not None and secret["stringData"]["ENGRAM_NATS_USER"] == auth.user_name(service)
+        assert secret["stringData"]["ENGRAM_NATS_INBOX_PREFIX"] == auth.inbox_prefix(service)
         used[service] = nats_secrets[0]
     assert set(used) == set(auth.SERVICES) and len(set(used.values())) == len(used)
     assert config_map_data()["ENGRAM_NATS_TOPOLOGY_ON_START"] == "false"

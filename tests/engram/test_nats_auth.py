@@ -61,32 +61,54 @@ class Client:
         self.errors: list[str] = []
         self.nc: nats.NATS | None = None
 
-    async def connect(self, url: str, user: str, password: str) -> "Client":
+    async def connect(self, url: str, user: str, password: str, **options: str) -> "Client":
         async def on_error(exc: Exception) -> None:
             self.errors.append(str(exc))
 
         self.nc = await nats.connect(url, user=user, password=password, error_cb=on_error,
-                                     allow_reconnect=False, connect_timeout=2)
+                                     allow_reconnect=False, connect_timeout=2, **options)
         return self
 
 
 async def _as(proc: ManagedProcess, passwords: dict[str, str], who: str) -> Client:
-    user = auth.ADMIN_USER if who == "admin" else auth.user_name(who)
-    return await Client().connect(proc.url, user, passwords[who])
+    if who == "admin":
+        return await Client().connect(proc.url, auth.ADMIN_USER, passwords[who])
+    # as the services connect: their own inbox prefix (the only inboxes they may subscribe to)
+    options = {"inbox_prefix": auth.inbox_prefix(who)} if who in auth.SERVICES else {}
+    return await Client().connect(proc.url, auth.user_name(who), passwords[who], **options)
+
+
+async def _eventually(condition, timeout: float = 10.0) -> None:  # noqa: ANN001
+    """Wait for an asynchronous error callback (the server's -ERR reaches the client on its own)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
 
 
 async def _received(admin: Client, subject: str, publisher: Client, publish_to: str) -> list[bytes]:
+    """What the admin receives on ``subject`` when ``publisher`` publishes to ``publish_to``. The
+    publisher then publishes a marker on its own output subject: NATS keeps one connection's order,
+    so once the marker is in, anything the first publish delivered is in too (no sleeping)."""
     got: list[bytes] = []
+    marker = asyncio.get_running_loop().create_future()
+    marker_subject = subjects.delta("marker")
 
     async def cb(msg) -> None:  # noqa: ANN001
-        got.append(msg.data)
+        if msg.subject == marker_subject:
+            if not marker.done():
+                marker.set_result(True)
+        else:
+            got.append(msg.data)
 
-    sub = await admin.nc.subscribe(subject, cb=cb)
+    subs = [await admin.nc.subscribe(subject, cb=cb), await admin.nc.subscribe(marker_subject, cb=cb)]
     await admin.nc.flush()
     await publisher.nc.publish(publish_to, b"payload")
+    await publisher.nc.publish(marker_subject, b"marker")
     await publisher.nc.flush()
-    await asyncio.sleep(0.3)
-    await sub.unsubscribe()
+    await asyncio.wait_for(marker, 10)
+    for sub in subs:
+        await sub.unsubscribe()
     return got
 
 
@@ -101,12 +123,17 @@ async def test_a_service_cannot_publish_outside_its_subjects(secured_nats) -> No
         for forbidden in (subjects.GRAPH_GROUP_DELETE, subjects.in_message("x"), subjects.episode("g1"),
                           subjects.CTL_FORGET_SESSIONS):
             assert await _received(admin, forbidden, extractor, forbidden) == []
-            assert f'nats: permissions violation for publish to "{forbidden}"' in extractor.errors
-        # nor can it listen to what others are asked
-        await extractor.nc.subscribe(subjects.RECALL)
-        await extractor.nc.flush()
-        await asyncio.sleep(0.2)
-        assert any("permissions violation for subscription" in e and subjects.RECALL in e for e in extractor.errors)
+            await _eventually(lambda: f'nats: permissions violation for publish to "{forbidden}"' in extractor.errors)
+        # nor can it listen to what others are asked, or to replies meant for others
+        for eavesdrop in (subjects.RECALL, "_INBOX.>", f"{auth.inbox_prefix('gateway')}.>"):
+            await extractor.nc.subscribe(eavesdrop)
+            await extractor.nc.flush()
+            await _eventually(lambda: any(
+                "permissions violation for subscription" in e and eavesdrop.lower() in e.lower()
+                for e in extractor.errors))
+            assert any("permissions violation for subscription" in e and eavesdrop.lower() in e.lower()
+                       for e in extractor.errors), (
+                eavesdrop, extractor.errors)
     finally:
         await extractor.nc.close()
         await admin.nc.close()
@@ -155,8 +182,8 @@ async def test_request_reply_only_between_the_allowed_users(secured_nats) -> Non
         for subject in (subjects.GRAPH_GROUP_DELETE, subjects.RECALL):
             await recall.nc.subscribe(subject, cb=answer)
         await recall.nc.flush()
-        assert (await gateway.nc.request(subjects.GRAPH_GROUP_DELETE, b"{}", timeout=2)).data == b"done"
-        assert (await sessions.nc.request(subjects.RECALL, b"{}", timeout=2)).data == b"done"
+        assert (await gateway.nc.request(subjects.GRAPH_GROUP_DELETE, b"{}", timeout=10)).data == b"done"
+        assert (await sessions.nc.request(subjects.RECALL, b"{}", timeout=10)).data == b"done"
         with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
             await sessions.nc.request(subjects.GRAPH_GROUP_DELETE, b"{}", timeout=1)
         assert not recall.errors and not gateway.errors
@@ -262,7 +289,7 @@ def test_up_runs_every_service_as_its_own_user(tmp_path: Path) -> None:
             assert ack.stream == subjects.STREAM_IN
             await nc.publish(subjects.GRAPH_GROUP_DELETE, b'{"group_id": "engram_workspace_x"}')
             await nc.flush()
-            await asyncio.sleep(0.2)
+            await _eventually(lambda: any("permissions violation" in e for e in errors))
             await nc.close()
             return errors
 
