@@ -46,7 +46,7 @@ from engram.settings import EngramSettings
 from engram.topology import Topology
 from schemas import subjects
 
-SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall", "gateway", "sessions")
+SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall", "gateway", "sessions", "mcp")
 USERS: tuple[str, ...] = (*SERVICES, "publisher")
 """NATS users besides the admin: one per service, and ``publisher`` for agents that publish chat
 messages straight to NATS (the README's example): it may publish into the input stream only."""
@@ -179,6 +179,17 @@ def _permissions(service: str, topology: Topology) -> Permissions:
         return Permissions(
             publish=(
                 _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
+                subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
+            ),
+            subscribe=(INBOX,),
+        )
+    if service == "mcp":
+        # The gateway's rights (services/mcp talks to engram as the gateway does) plus whole episodes:
+        # add_memory(source='text'|'json') and promote publish straight into ENGRAM_EPISODES.
+        return Permissions(
+            publish=(
+                _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
+                _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
                 subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
             ),
             subscribe=(INBOX,),

@@ -116,6 +116,8 @@ def up(data_dir: DataDir = None) -> None:
             table.add_row(svc.name, f"{svc.url}/metrics  {svc.url}/healthz")
             if svc.name == "gateway":
                 table.add_row("graphiti REST api", f"{svc.url}  (docs: {svc.url}/docs)")
+            if svc.name == "mcp":
+                table.add_row("mcp (streamable http)", f"{svc.url}/mcp")
         print_table(console, table)
         plain(console, f"data: {settings.data_dir}   logs: {settings.data_dir / 'logs'}   Ctrl-C to stop")
 

@@ -30,7 +30,7 @@ from engram.topology import Topology, ensure_topology
 
 log = logging.getLogger("engram.up")
 
-SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall", "gateway", "sessions")
+SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "recall", "gateway", "sessions", "mcp")
 """Services `engram up` runs, in start order. Each later step adds its service here (at the end:
 ENGRAM_HTTP_PORT numbers them in this order, so the earlier services keep their ports)."""
 

@@ -162,6 +162,9 @@ def known_settings() -> set[str]:
     from services.gateway.settings import GatewaySettings
 
     names |= {f"ENGRAM_GATEWAY_{n.upper()}" for n in GatewaySettings.model_fields}
+    from services.mcp.settings import McpSettings
+
+    names |= {f"ENGRAM_MCP_{n.upper()}" for n in McpSettings.model_fields}
     return names
 
 

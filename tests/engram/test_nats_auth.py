@@ -27,9 +27,9 @@ def test_permissions_come_from_the_contract_and_the_topology() -> None:
     assert [s for s in extractor["publish"]["allow"] if s.startswith("$JS.API.CONSUMER.MSG.NEXT.")] == [
         f"$JS.API.CONSUMER.MSG.NEXT.ENGRAM_EPISODES.extractor_p{p}" for p in range(3)]
     publishers_of = {svc: auth.permissions_for(svc, settings)["publish"]["allow"] for svc in auth.USERS}
-    assert [svc for svc, allowed in publishers_of.items() if subjects.GRAPH_GROUP_DELETE in allowed] == ["gateway"]
+    assert [svc for svc, allowed in publishers_of.items() if subjects.GRAPH_GROUP_DELETE in allowed] == ["gateway", "mcp"]
     assert sorted(svc for svc, allowed in publishers_of.items() if "engram.in.message.*" in allowed) == [
-        "gateway", "publisher"]
+        "gateway", "mcp", "publisher"]
     # nobody but the admin may create or delete streams
     for allowed in publishers_of.values():
         assert not [s for s in allowed if ".STREAM.CREATE" in s or ".STREAM.DELETE" in s or ".STREAM.UPDATE" in s]
