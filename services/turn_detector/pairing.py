@@ -168,19 +168,16 @@ def _clone(state: SessionState) -> SessionState:
     a copy of exactly the mutable containers is ~20x cheaper than a deep copy, once per message.
     TurnPart, ScopeKeys and CompletedTurn values are replaced, never changed in place.
     """
-    # One model_copy(update=...) per model: five attribute assignments through pydantic's
-    # __setattr__ cost more than the copy itself (profiled: bench/turn_detector.py).
-    segment = state.segment
-    return state.model_copy(update={
-        "recent_ids": list(state.recent_ids),
-        "scopes_seen": list(state.scopes_seen),
-        "outbox": list(state.outbox),
-        "closed_outbox": list(state.closed_outbox),
-        "segment": segment.model_copy(update={
-            "transcript": list(segment.transcript), "line_tokens": list(segment.line_tokens)}),
-        "open_turn": None if state.open_turn is None
-        else state.open_turn.model_copy(update={"parts": list(state.open_turn.parts)}),
-    })
+    new = state.model_copy()
+    new.recent_ids = list(state.recent_ids)
+    new.scopes_seen = list(state.scopes_seen)
+    new.outbox = list(state.outbox)
+    new.closed_outbox = list(state.closed_outbox)
+    new.segment = state.segment.model_copy(update={
+        "transcript": list(state.segment.transcript), "line_tokens": list(state.segment.line_tokens)})
+    if state.open_turn is not None:
+        new.open_turn = state.open_turn.model_copy(update={"parts": list(state.open_turn.parts)})
+    return new
 
 
 def _complete(state: SessionState, how: Literal["next_user", "idle", "session_closed"]) -> CompletedTurn | None:
@@ -459,17 +456,14 @@ def episodes_for(turn: CompletedTurn, *, prefix: str, max_chars: int) -> list[Ep
         for p in turn.parts
     ]
     reductions = sorted({r for p in turn.parts for r in p.reductions})
-    # Every field below comes from validated models (TurnParts, the CompletedTurn) or from
-    # scope_groups (ids built to TOKEN_PATTERN): construct without validating again, once per
-    # turn and scope (tests/services/turn_detector/test_pairing.py checks they validate).
-    stats = EpisodeStats.model_construct(
+    stats = EpisodeStats(
         secrets_scrubbed=sum(p.secrets_scrubbed for p in turn.parts),
         reductions=reductions,
         late_messages=sum(1 for p in turn.parts if p.late),
     )
     reference_time: datetime = turn.parts[0].timestamp
     return [
-        Episode.model_construct(
+        Episode(
             episode_id=episode_id_for(group_id, turn.turn_id),
             group_id=group_id,
             scope=scope,  # type: ignore[arg-type]
