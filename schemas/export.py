@@ -31,6 +31,8 @@ from schemas.messages import (
     GraphGroupsRequest,
     GraphGroupsResponse,
     GraphEntityNodeRequest,
+    GraphEntitiesRequest,
+    GraphEntitiesResponse,
     GraphEntityNodeResponse,
 )
 
@@ -77,6 +79,8 @@ CHANNELS: dict[str, tuple[str, Payload, str]] = {
     "graphGroups": (subjects.GRAPH_GROUPS, GraphGroupsRequest, "Every group that holds a node (graph admin)."),
     "graphEntitySave": (subjects.GRAPH_ENTITY_SAVE, GraphEntityNodeRequest,
                         "Create or update one entity node with a name and summary (graph admin)."),
+    "graphEntities": (subjects.GRAPH_ENTITIES, GraphEntitiesRequest,
+                      "A group's entity nodes with their summaries, by uuid or newest first (graph admin)."),
     "sessionClosed": (subjects.SESSION_CLOSED, memory.SessionSegmentClosed,
                       "One segment of a publisher session ended (token limit, idle, explicit): its transcript "
                       "tail for the session close stage."),
@@ -113,6 +117,7 @@ REPLIES: dict[str, type[BaseModel]] = {
     "graphGroupDelete": GraphDeleteResponse,
     "graphGroups": GraphGroupsResponse,
     "graphEntitySave": GraphEntityNodeResponse,
+    "graphEntities": GraphEntitiesResponse,
     **{cid: memory.MemoryResponse for cid in ("memoryNoteSave", "memoryNoteDelete", "memoryNotesList",
                                               "memoryPreferenceSet", "memoryPreferenceGet", "memoryPreferenceRemove",
                                               "memorySessionsList")},

@@ -427,6 +427,24 @@ class GraphEntityNodeResponse(_Model):
     node: GraphEntity | None = None
 
 
+class GraphEntitiesRequest(_Model):
+    """Request on ``engram.graph.entities``: a group's entity nodes with their summaries -- the ones
+    named in ``uuids`` (in that order, unknown ones left out), or without ``uuids`` the newest
+    ``limit`` (used by the MCP server's search_nodes)."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=TOKEN_PATTERN)
+    uuids: list[str] | None = Field(None, max_length=200)
+    limit: int = Field(50, ge=1, le=1000)
+
+
+class GraphEntitiesResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    entities: list[GraphEntity] = Field(default_factory=list)
+
+
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     ChatMessage,
     SessionClosed,
@@ -449,4 +467,6 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     GraphGroupsResponse,
     GraphEntityNodeRequest,
     GraphEntityNodeResponse,
+    GraphEntitiesRequest,
+    GraphEntitiesResponse,
 )

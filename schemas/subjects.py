@@ -83,8 +83,10 @@ GRAPH_GROUPS = "engram.graph.groups"
 """GraphGroupsRequest -> GraphGroupsResponse: every group that holds a node."""
 GRAPH_ENTITY_SAVE = "engram.graph.entity.save"
 """GraphEntityNodeRequest -> GraphEntityNodeResponse: create (or update) one entity node."""
+GRAPH_ENTITIES = "engram.graph.entities"
+"""GraphEntitiesRequest -> GraphEntitiesResponse: a group's entity nodes with their summaries."""
 GRAPH_ADMIN_SUBJECTS = (GRAPH_EPISODES, GRAPH_EDGE_GET, GRAPH_EDGE_DELETE, GRAPH_EPISODE_DELETE, GRAPH_GROUP_DELETE,
-                        GRAPH_GROUPS, GRAPH_ENTITY_SAVE)
+                        GRAPH_GROUPS, GRAPH_ENTITY_SAVE, GRAPH_ENTITIES)
 
 # --- streams -------------------------------------------------------------------------------
 STREAM_IN = "ENGRAM_IN"

@@ -98,8 +98,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         query: Annotated[str, Field(min_length=1, max_length=8000)], group_ids: GroupIds,
         max_nodes: Annotated[int, Field(ge=1, le=100)] = 10,
     ) -> dict:
-        """Entities around the facts relevant to the query (uuids with their facts; names and summaries are
-        not available yet)."""
+        """Entities (name, summary) around the facts relevant to the query, with those facts, best first."""
         return await _run(tools.search_nodes(query, group_ids, max_nodes))
 
     @server.tool()

@@ -36,6 +36,8 @@ from schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,
+    GraphEntitiesRequest,
+    GraphEntitiesResponse,
     GraphEpisodeDeleteRequest,
     GraphEpisodesRequest,
     GraphEpisodesResponse,
@@ -159,21 +161,28 @@ class EngramTools:
         return out
 
     async def search_nodes(self, query: str, group_ids: list[str], max_nodes: int) -> dict:
-        """Entities around the facts recall finds: each fact's two endpoints, ranked by their best
-        fact. Partial: no engram subject returns entity names or summaries yet, so a node is its
-        uuid and the facts that mention it."""
+        """Entities around the facts recall finds for ``query``: each fact's two endpoints, ranked by
+        their best fact, with their names and summaries (``engram.graph.entities``) and those facts.
+        Recall searches facts, not entity names: an entity with no fact is not found here."""
         answer = await self._recall(query, group_ids, max(max_nodes * 2, 10))
-        nodes: dict[str, dict] = {}
+        ranked: dict[str, dict] = {}
         for item in answer.items:
             edge = (await self._ask(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=item.uuid), GraphEdgeResponse)).edge
             if edge is None:
                 continue
             for node_uuid in (edge.source_node_uuid, edge.target_node_uuid):
-                node = nodes.setdefault(node_uuid, {"uuid": node_uuid, "group_id": edge.group_id, "facts": []})
-                node["facts"].append(edge.fact)
-        found = list(nodes.values())[:max_nodes]
-        return {"message": "Nodes retrieved successfully" if found else "No relevant nodes found", "nodes": found,
-                "note": "entities of the facts recall found; names and summaries are not served over NATS yet"}
+                ranked.setdefault(node_uuid, {"group_id": edge.group_id, "facts": []})["facts"].append(edge.fact)
+        chosen = list(ranked.items())[:max_nodes]
+        by_group: dict[str, list[str]] = {}
+        for node_uuid, found in chosen:
+            by_group.setdefault(found["group_id"], []).append(node_uuid)
+        entities: dict[str, dict] = {}
+        for group_id, uuids in by_group.items():
+            reply = await self._admin(subjects.GRAPH_ENTITIES, GraphEntitiesRequest(group_id=group_id, uuids=uuids),
+                                      GraphEntitiesResponse)
+            entities.update({e.uuid: e.model_dump(mode="json", exclude={"attributes"}) for e in reply.entities})
+        nodes = [entities[u] | {"facts": found["facts"]} for u, found in chosen if u in entities]
+        return {"message": "Nodes retrieved successfully" if nodes else "No relevant nodes found", "nodes": nodes}
 
     async def get_episodes(self, group_id: str, max_episodes: int) -> dict:
         answer = await self._admin(subjects.GRAPH_EPISODES, GraphEpisodesRequest(group_id=group_id, last_n=max_episodes),

@@ -10,6 +10,8 @@ Services talk only through NATS, so the HTTP gateway reads and deletes graph dat
 * ``engram.graph.groups``          GraphGroupsRequest -> GraphGroupsResponse (groups holding a node)
 * ``engram.graph.entity.save``     GraphEntityNodeRequest -> GraphEntityNodeResponse (graphiti's
   ``POST /entity-node``: an entity with a name, its name embedding and a summary)
+* ``engram.graph.entities``        GraphEntitiesRequest -> GraphEntitiesResponse (entities with their
+  summaries, by uuid or newest first; the MCP server's search_nodes)
 
 No orphans: deleting an episode deletes its MENTIONS edges, the facts (RELATES_TO) whose
 ``episodes`` list becomes empty (the others only lose the episode's uuid), and then every entity
@@ -70,6 +72,8 @@ from schemas.messages import (
     GraphFact,
     GraphEntity,
     GraphEntityNodeRequest,
+    GraphEntitiesRequest,
+    GraphEntitiesResponse,
     GraphEntityNodeResponse,
     GraphGroupDeleteRequest,
     GraphGroupsRequest,
@@ -105,6 +109,14 @@ EDGE_FIELDS = (
 Q_EPISODES = (
     f"MATCH (e:Episodic) WHERE e.group_id = $group_id RETURN {EPISODE_FIELDS} "
     "ORDER BY coalesce(e.valid_at, e.created_at) DESC, e.created_at DESC LIMIT $last_n"
+)
+ENTITY_FIELDS = (
+    "n.uuid AS uuid, n.name AS name, n.group_id AS group_id, labels(n) AS labels, n.created_at AS created_at, "
+    "n.summary AS summary"
+)
+Q_ENTITIES_BY_UUID = f"MATCH (n:Entity) WHERE n.group_id = $group_id AND n.uuid IN $uuids RETURN {ENTITY_FIELDS}"
+Q_ENTITIES_NEWEST = (
+    f"MATCH (n:Entity) WHERE n.group_id = $group_id RETURN {ENTITY_FIELDS} ORDER BY n.created_at DESC LIMIT $limit"
 )
 Q_EDGE = f"MATCH (a:Entity)-[r:RELATES_TO {{uuid: $uuid}}]->(b:Entity) RETURN {EDGE_FIELDS} LIMIT 1"
 Q_EPISODE_GROUP = (
@@ -510,6 +522,26 @@ class GraphAdmin:
         async with self._backend() as db:
             return GraphGroupsResponse(group_ids=sorted(await db.non_empty_groups()))
 
+    async def entities(self, req: GraphEntitiesRequest) -> GraphEntitiesResponse:
+        """Entity nodes with their summaries (no name embedding): the named ones in the request's
+        order, or the group's newest."""
+        async with self._backend() as db:
+            names = await db.group_names()
+            if names is not None and req.group_id not in names:
+                return GraphEntitiesResponse()  # nothing written to this group (yet)
+            if req.uuids is not None:
+                rows = await db.read(req.group_id, Q_ENTITIES_BY_UUID, group_id=req.group_id, uuids=req.uuids)
+                order = {u: i for i, u in enumerate(req.uuids)}
+                rows.sort(key=lambda r: order.get(r["uuid"], len(order)))
+            else:
+                rows = await db.read(req.group_id, Q_ENTITIES_NEWEST, group_id=req.group_id, limit=req.limit)
+        return GraphEntitiesResponse(entities=[
+            GraphEntity(uuid=r["uuid"], name=r.get("name") or "", group_id=r.get("group_id") or req.group_id,
+                        labels=_strings(r.get("labels")), created_at=as_utc(r.get("created_at")),
+                        summary=r.get("summary") or "")
+            for r in rows
+        ])
+
     async def save_entity(self, req: GraphEntityNodeRequest) -> GraphEntityNodeResponse:
         """graphiti server's ``save_entity_node``: EntityNode(name, uuid, group_id, summary), its
         name embedding, saved (MERGE on uuid). Through the group's driver, so a new group's graph
@@ -589,5 +621,9 @@ def register_admin(broker: NatsBroker, graph: GraphDrivers, embedder: Any = None
     async def on_entity_save(msg: Any) -> GraphEntityNodeResponse:
         return await answer("entity_save", msg.body, GraphEntityNodeRequest, admin.save_entity,
                             GraphEntityNodeResponse)
+
+    @broker.subscriber(subjects.GRAPH_ENTITIES, queue=QUEUE_GROUP, title="graph entities", decoder=message_itself)
+    async def on_entities(msg: Any) -> GraphEntitiesResponse:
+        return await answer("entities", msg.body, GraphEntitiesRequest, admin.entities, GraphEntitiesResponse)
 
     return admin

@@ -105,7 +105,7 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
                 episodes = (await call(session, "get_episodes", group_id=group))["episodes"]
                 return episodes if episodes and all(e["entity_edges"] for e in episodes) else None
 
-            episodes = await wait_for(episode_written, 40, interval=0.25)
+            episodes = await wait_for(episode_written, 90, interval=0.25)
             assert [e["uuid"] for e in episodes] == [added["episode_id"]], "the graph episode has the announced id"
 
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5)
@@ -113,7 +113,10 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             fact = found["facts"][0]
             assert (await call(session, "get_entity_edge", uuid=fact["uuid"]))["fact"] == fact["fact"]
             nodes = (await call(session, "search_nodes", query="FastAPI", group_ids=[group]))["nodes"]
-            assert nodes and all(n["facts"] for n in nodes)
+            assert nodes and all(n["facts"] and n["uuid"] and n["group_id"] == group for n in nodes)
+            # named by the graph (engram.graph.entities): each is an endpoint of the facts it comes with
+            assert all(n["name"] and any(n["name"].lower() in f.lower() for f in n["facts"]) for n in nodes), nodes
+            assert all("summary" in n for n in nodes)
 
             assert "deleted" in (await call(session, "delete_entity_edge", uuid=fact["uuid"]))["message"]
             assert "not found" in await fails(session, "get_entity_edge", uuid=fact["uuid"])
@@ -129,7 +132,7 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
                              group_id=group, source="message", role_name="Ada")
             assert msg["stored"] is True and msg["turn_id"] == f"{group}:{msg['message_id']}"
             assert msg["episode_id"] == episode_id_for(group, msg["turn_id"])
-            episodes = await wait_for(episode_written, 40, interval=0.25)
+            episodes = await wait_for(episode_written, 90, interval=0.25)
             assert [e["uuid"] for e in episodes] == [msg["episode_id"]]
             assert episodes[0]["message_ids"] == [msg["message_id"]]
 
@@ -159,7 +162,7 @@ async def test_mcp_over_stdio(clean_nats, falkordb_server, tmp_path) -> None:  #
                 episodes = (await call(session, "get_episodes", group_id=group))["episodes"]
                 return episodes if episodes and all(e["entity_edges"] for e in episodes) else None
 
-            assert [e["uuid"] for e in await wait_for(written, 40, interval=0.25)] == [added["episode_id"]]
+            assert [e["uuid"] for e in await wait_for(written, 90, interval=0.25)] == [added["episode_id"]]
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group])
             assert any("FastAPI" in f["fact"] for f in found["facts"])
             await call(session, "clear_graph", group_id=group)

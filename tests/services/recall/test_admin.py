@@ -117,6 +117,29 @@ async def test_episodes_of_an_unknown_group_are_empty_and_create_no_graph(setup)
     assert group not in await graph_names(url)
 
 
+async def test_entities_by_uuid_in_order_or_newest_with_summaries(setup) -> None:  # noqa: ANN001
+    from schemas.messages import GraphEntitiesRequest
+
+    admin, graph, group, url = setup
+    assert (await admin.entities(GraphEntitiesRequest(group_id=group))).entities == []  # no graph yet
+    assert group not in await graph_names(url)
+    await write_turn(graph, group, TURN_1, 1)
+    names = {r[0]: r[1] for r in await rows(url, group, "MATCH (n:Entity) RETURN n.uuid, n.name")}
+    assert len(names) >= 2
+    first, second = sorted(names)[:2]
+    db = _falkor(url)
+    try:
+        await db.select_graph(group).query("MATCH (n:Entity {uuid: $u}) SET n.summary = 'a summary'", {"u": second})
+    finally:
+        await db.aclose()
+    got = await admin.entities(GraphEntitiesRequest(group_id=group, uuids=[second, "no-such-uuid", first]))
+    assert got.status == "ok"
+    assert [(e.uuid, e.name) for e in got.entities] == [(second, names[second]), (first, names[first])]
+    assert got.entities[0].summary == "a summary" and got.entities[0].group_id == group
+    newest = await admin.entities(GraphEntitiesRequest(group_id=group, limit=1))
+    assert len(newest.entities) == 1 and newest.entities[0].uuid in names
+
+
 async def test_edge_get_searches_every_group_and_unknown_is_not_found(setup) -> None:  # noqa: ANN001
     admin, graph, group, url = setup
     other = group + "_other"
