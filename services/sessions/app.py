@@ -71,6 +71,10 @@ STEPS = Counter(
     "Outcomes of the close stage's steps: summary ok|fallback|skipped, facts ok|empty|failed|invalid|skipped.",
     ["step", "outcome"],
 )
+UNGROUNDED = Counter(
+    "engram_sessions_facts_ungrounded_total",
+    "Extracted preferences and notes dropped because the user's own messages do not say them (close.grounded_facts).",
+)
 MESSAGES = Counter(
     "engram_sessions_close_messages_total",
     "SessionSegmentClosed messages handled, by outcome (closed, duplicate, busy, dead_lettered).", ["outcome"],
@@ -210,6 +214,7 @@ class SessionCloser:
         CLOSE_SECONDS.observe(time.perf_counter() - started)
         STEPS.labels(step="summary", outcome=closed.summary.outcome).inc()
         STEPS.labels(step="facts", outcome=closed.facts.outcome).inc()
+        UNGROUNDED.inc(closed.facts.ungrounded)
         return "closed"
 
     async def _close_claimed(self, group: str, event: SessionSegmentClosed, token: str) -> ClosedSegment:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -85,6 +86,7 @@ class SummaryResult:
 class FactsResult:
     facts: UserFacts
     outcome: FactsOutcome
+    ungrounded: int = 0  # preferences and notes dropped: not in what the user said (see _grounded)
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,8 @@ FACTS_SYSTEM = (
 )
 FACTS_INSTRUCTIONS = (
     "From the TRANSCRIPT below, extract:\n"
-    "- preferences: explicit user preferences as {{key, value}} (key in snake_case, e.g. language, theme, "
-    "favorite_color, preferred_name).\n"
+    "- preferences: preferences the user stated explicitly, as {{key, value}} with a snake_case key naming "
+    "what the preference is about. Only what the user said; an empty list when the user stated none.\n"
     "- notes: short notes about the user (job, projects, situation), in the conversation's language.\n"
     "Leave a list empty when the conversation states nothing of the kind. Stay under {max_tokens} tokens.\n\n"
 )
@@ -230,6 +232,58 @@ async def summarize_session(
     return SummaryResult(text, "llm", "ok", _language(summary.language, transcript))
 
 
+# Grounding: a small model copies a prompt's example keys ("favorite_color: blue" from a chat that
+# never named a colour) and lists the assistant's lines as notes about the user (measured with
+# Qwen2.5-Coder-0.5B, docs/architecture.md). A stored preference is forever in every context, so
+# an extracted item is kept only when its words come from the user's own messages: word starts
+# of 4 letters (inflection: "works"/"work", "çalışıyorum"/"çalışıyor"), function words aside.
+_WORD = re.compile(r"\w+", re.UNICODE)
+_FUNCTION_WORDS = frozenset("""
+the and but for with that this they them their there what when where which who whom whose your yours
+about from into onto over under been being have has had does did doing will would could should shall
+user users user's speaker assistant also very really just some such more most much many other than then
+kullanıcı kullanıcının bir ve ile için ama gibi daha çok olan olarak bu şu o da de ki mi
+""".split())
+NOTE_GROUNDED_SHARE = 0.5
+
+
+def _stems(text: str) -> set[str]:
+    out = set()
+    for word in _WORD.findall(text.casefold()):
+        if word.isdigit():
+            out.add(word)
+        elif len(word) >= 4 and word not in _FUNCTION_WORDS:
+            out.add(word[:4])
+    return out
+
+
+def _grounded(text: str, said: set[str], share: float) -> bool:
+    """At least ``share`` of the text's content words (and at least one) start like a word the user said."""
+    words = _stems(text)
+    return bool(words) and len(words & said) >= max(1, share * len(words))
+
+
+def _user_said(transcript: Sequence[TranscriptLine]) -> set[str]:
+    said: set[str] = set()
+    for line in transcript:
+        if line.role == "user":
+            said |= _stems(line.text) | _stems(line.name or "")
+    return said
+
+
+def grounded_facts(facts: UserFacts, transcript: Sequence[TranscriptLine]) -> tuple[UserFacts, int]:
+    """Only the preferences whose value, and the notes of which half the content words, the user's
+    own messages say; and how many items were dropped. A preference value with no content word
+    of 4+ letters ("C#", "Go", "15"?) is kept when it appears in the user's text as it is."""
+    said = _user_said(transcript)
+    user_text = " ".join(line.text.casefold() for line in transcript if line.role == "user")
+    preferences = [p for p in facts.preferences
+                   if _grounded(p.value, said, 0.0) or (not _stems(p.value) and p.value.casefold() in user_text)]
+    notes = [n for n in facts.notes if _grounded(n, said, NOTE_GROUNDED_SHARE)]
+    dropped = len(facts.preferences) - len(preferences) + len(facts.notes) - len(notes)
+    return UserFacts(preferences=preferences, notes=notes), dropped
+
+
 def _valid_facts(facts: UserFacts) -> UserFacts:
     """Preferences with a key and a value, notes with text, each within the stored limits."""
     seen: dict[str, PreferenceFact] = {}
@@ -251,14 +305,16 @@ async def extract_user_facts(llm: LLMClient, transcript: Sequence[TranscriptLine
             facts_messages(transcript, max_tokens), response_model=UserFacts, max_tokens=max_tokens,
             prompt_name=FACTS_PROMPT,
         )
-        facts = _valid_facts(UserFacts.model_validate(answer))
+        facts, ungrounded = grounded_facts(_valid_facts(UserFacts.model_validate(answer)), transcript)
     except ValueError:  # ValidationError, or JSON a client could not parse (seed 004, 7: invalid JSON)
         log.warning("session facts: the answer did not match UserFacts; no facts from this segment")
         return FactsResult(UserFacts(), "invalid")
     except Exception as exc:  # noqa: BLE001 - best effort (seed 004, 7)
         log.warning("session facts failed (%s); no facts from this segment", type(exc).__name__)
         return FactsResult(UserFacts(), "failed")
-    return FactsResult(facts, "ok" if facts.preferences or facts.notes else "empty")
+    if ungrounded:
+        log.info("session facts: %d extracted item(s) not grounded in the user's messages were dropped", ungrounded)
+    return FactsResult(facts, "ok" if facts.preferences or facts.notes else "empty", ungrounded)
 
 
 def _reason_words(reason: str) -> str:

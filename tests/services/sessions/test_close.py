@@ -140,3 +140,46 @@ async def test_notes_name_the_user_when_the_transcript_does_and_topics_skip_chat
     topics = next(s for s in summary.text.split("\n") if s.startswith("- TOPICS: "))
     assert "painting" in topics.lower() and "wow" not in topics.lower() and "caroline" not in topics.lower()
     assert "Caroline said: “" in summary.text
+
+
+class AnsweringLLM(UnparsableJSONLLM):
+    """A model that answers the facts prompt with a fixed (partly invented) answer, like the
+    0.5B model did: the prompt's example keys, and the assistant's lines as notes about the user."""
+
+    def __init__(self, answer: dict) -> None:
+        super().__init__()
+        self.answer = answer
+
+    async def generate_response(self, *args, **kwargs) -> dict:  # noqa: ANN002, ANN003
+        self.calls += 1
+        return self.answer
+
+
+async def test_facts_the_user_never_said_are_dropped() -> None:
+    transcript = [
+        line(0, "user", "I prefer dark mode in every editor, and I work as a nurse in Izmir."),
+        line(1, "assistant", "You'd be a great counselor! Your empathy will really help people."),
+        line(2, "user", "Please answer in Turkish from now on. My C# projects are at work."),
+    ]
+    llm = AnsweringLLM({
+        "preferences": [{"key": "theme", "value": "dark mode"}, {"key": "favorite_color", "value": "blue"},
+                        {"key": "language", "value": "Turkish"}, {"key": "preferred_name", "value": "Caroline"},
+                        {"key": "stack", "value": "C#"}],
+        "notes": ["The user works as a nurse in Izmir.",
+                  "You'd be a great counselor with a lot of empathy.",
+                  "They are interested in exploring new cultures and knitting."],
+    })
+    result = await extract_user_facts(llm, transcript, 300)
+    assert [(p.key, p.value) for p in result.facts.preferences] == [("theme", "dark mode"), ("language", "Turkish"),
+                                                                     ("stack", "C#")]
+    assert result.facts.notes == ["The user works as a nurse in Izmir."]
+    assert result.ungrounded == 4 and result.outcome == "ok"
+
+
+async def test_grounding_follows_turkish_inflection() -> None:
+    transcript = [line(0, "user", "Ankara'da yazılımcı olarak çalışıyorum ve kahveyi sütsüz içerim.")]
+    llm = AnsweringLLM({"preferences": [{"key": "kahve", "value": "sütsüz"}],
+                        "notes": ["Kullanıcı Ankara'da yazılımcı olarak çalışıyor."]})
+    result = await extract_user_facts(llm, transcript, 300)
+    assert result.facts.notes == ["Kullanıcı Ankara'da yazılımcı olarak çalışıyor."]
+    assert [p.value for p in result.facts.preferences] == ["sütsüz"] and result.ungrounded == 0
