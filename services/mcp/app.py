@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -21,6 +22,7 @@ from typing import Annotated, Any, Literal
 from faststream.asgi import AsgiFastStream
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from prometheus_client import Counter, Histogram
 from pydantic import Field
 
 from engram.compat import route_unmatched_http
@@ -57,11 +59,27 @@ def _scopes(user: str | None, workspace: str | None, session: str | None) -> Mem
     return MemoryScopes(user=user, workspace=workspace, session=session)
 
 
-async def _run(call) -> Any:  # noqa: ANN001
+TOOL_CALLS = Counter(
+    "engram_mcp_tool_calls_total", "MCP tool calls that reached engram, by tool and outcome (ok, error).",
+    ["tool", "outcome"],
+)
+TOOL_SECONDS = Histogram(
+    "engram_mcp_tool_seconds", "MCP tool call latency, by tool.", ["tool"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+async def _run(tool: str, call) -> Any:  # noqa: ANN001
+    started = time.perf_counter()
     try:
-        return await call
+        result = await call
     except ToolFailed as exc:
+        TOOL_CALLS.labels(tool=tool, outcome="error").inc()
         raise ToolError(str(exc)) from exc
+    finally:
+        TOOL_SECONDS.labels(tool=tool).observe(time.perf_counter() - started)
+    TOOL_CALLS.labels(tool=tool, outcome="ok").inc()
+    return result
 
 
 def create_mcp_server(tools: EngramTools) -> MCPServer:
@@ -82,7 +100,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         """Store a memory in group_id. source='message': one chat message of session group_id (role says who
         wrote it); it joins a turn, which becomes an episode. 'text' or 'json': a whole episode. Answers only
         after the broker stored it durably, with the ids it will have."""
-        return await _run(tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
+        return await _run("add_memory", tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
                                            role_name))
 
     @server.tool()
@@ -91,7 +109,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         max_facts: Annotated[int, Field(ge=1, le=200)] = 10,
     ) -> dict:
         """Current facts (relations between entities) relevant to the query, best first."""
-        return await _run(tools.search_memory_facts(query, group_ids, max_facts))
+        return await _run("search_memory_facts", tools.search_memory_facts(query, group_ids, max_facts))
 
     @server.tool()
     async def search_nodes(
@@ -99,37 +117,37 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         max_nodes: Annotated[int, Field(ge=1, le=100)] = 10,
     ) -> dict:
         """Entities (name, summary) around the facts relevant to the query, with those facts, best first."""
-        return await _run(tools.search_nodes(query, group_ids, max_nodes))
+        return await _run("search_nodes", tools.search_nodes(query, group_ids, max_nodes))
 
     @server.tool()
     async def get_episodes(group_id: GroupId, max_episodes: Annotated[int, Field(ge=1, le=1000)] = 10) -> dict:
         """The group's latest episodes (completed turns and added texts), newest first."""
-        return await _run(tools.get_episodes(group_id, max_episodes))
+        return await _run("get_episodes", tools.get_episodes(group_id, max_episodes))
 
     @server.tool()
     async def delete_episode(uuid: Uuid) -> dict:
         """Delete an episode, the facts only it supported, and entities left with nothing."""
-        return await _run(tools.delete_episode(uuid))
+        return await _run("delete_episode", tools.delete_episode(uuid))
 
     @server.tool()
     async def get_entity_edge(uuid: Uuid) -> dict:
         """One fact (entity edge) by uuid."""
-        return await _run(tools.get_entity_edge(uuid))
+        return await _run("get_entity_edge", tools.get_entity_edge(uuid))
 
     @server.tool()
     async def delete_entity_edge(uuid: Uuid) -> dict:
         """Delete one fact (entity edge) by uuid."""
-        return await _run(tools.delete_entity_edge(uuid))
+        return await _run("delete_entity_edge", tools.delete_entity_edge(uuid))
 
     @server.tool()
     async def clear_graph(group_id: GroupId) -> dict:
         """Delete everything of one group's graph. Messages still in the pipeline are written after this."""
-        return await _run(tools.clear_graph(group_id))
+        return await _run("clear_graph", tools.clear_graph(group_id))
 
     @server.tool()
     async def get_status() -> dict:
         """Whether engram answers: NATS connection and the graph (recall)."""
-        return await tools.get_status()
+        return await _run("get_status", tools.get_status())
 
     @server.tool()
     async def get_context(
@@ -143,7 +161,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         summary, skills, recall), each section cut to its token budget."""
         request = ContextRequest(scopes=MemoryScopes(user=user, workspace=workspace, session=session), query=query,
                                  identity=identity, skills=skills, budgets=ContextBudgets(), timeout_ms=timeout_ms)
-        return await _run(tools.get_context(request))
+        return await _run("get_context", tools.get_context(request))
 
     @server.tool()
     async def promote(
@@ -156,7 +174,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         """Keep a decision, lesson_learned, preference or procedure in the workspace or user memory; promoting the
         same text twice stores it once."""
         promotion = Promotion(kind=kind, text=text, scope=scope, key=key, rationale=rationale, author=author)
-        return await _run(tools.promote(promotion))
+        return await _run("promote", tools.promote(promotion))
 
     @server.tool()
     async def save_user_note(
@@ -165,7 +183,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         session_id: SessionKey = None,
     ) -> dict:
         """Remember a note about the user (an equal note returns the stored one)."""
-        return await _run(tools.save_user_note(_scopes(user, workspace, session), text, session_id))
+        return await _run("save_user_note", tools.save_user_note(_scopes(user, workspace, session), text, session_id))
 
     @server.tool()
     async def set_user_preference(
@@ -175,7 +193,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         session_id: SessionKey = None,
     ) -> dict:
         """Set a preference: the latest value wins, the earlier one stays in the history."""
-        return await _run(tools.set_user_preference(_scopes(user, workspace, session), key, value, session_id))
+        return await _run("set_user_preference", tools.set_user_preference(_scopes(user, workspace, session), key, value, session_id))
 
     @server.tool()
     async def get_user_preferences(
@@ -183,7 +201,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         include_history: bool = False,
     ) -> dict:
         """The current preferences (with include_history also earlier and removed values)."""
-        return await _run(tools.get_user_preferences(_scopes(user, workspace, session), include_history))
+        return await _run("get_user_preferences", tools.get_user_preferences(_scopes(user, workspace, session), include_history))
 
     @server.tool()
     async def remove_user_preference(
@@ -191,7 +209,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
     ) -> dict:
         """End a preference's current value (it stays in the history); returns the ended value."""
-        return await _run(tools.remove_user_preference(_scopes(user, workspace, session), key))
+        return await _run("remove_user_preference", tools.remove_user_preference(_scopes(user, workspace, session), key))
 
     return server
 
