@@ -107,6 +107,8 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
     async def search_memory_facts(
         query: Annotated[str, Field(min_length=1, max_length=8000)], group_ids: GroupIds,
         max_facts: Annotated[int, Field(ge=1, le=200)] = 10,
+        center_node_uuid: Annotated[str | None, Field(max_length=256, description="Accepted for Graphiti's "
+                                                      "clients and ignored (as the gateway's /search does).")] = None,
     ) -> dict:
         """Current facts (relations between entities) relevant to the query, best first."""
         return await _run("search_memory_facts", tools.search_memory_facts(query, group_ids, max_facts))
@@ -120,9 +122,20 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         return await _run("search_nodes", tools.search_nodes(query, group_ids, max_nodes))
 
     @server.tool()
-    async def get_episodes(group_id: GroupId, max_episodes: Annotated[int, Field(ge=1, le=1000)] = 10) -> dict:
-        """The group's latest episodes (completed turns and added texts), newest first."""
-        return await _run("get_episodes", tools.get_episodes(group_id, max_episodes))
+    async def get_episodes(
+        group_id: GroupId | None = None,
+        group_ids: Annotated[list[GroupId] | None, Field(max_length=50, description="Several groups (Graphiti's "
+                                                         "form); each gives its latest max_episodes.")] = None,
+        max_episodes: Annotated[int, Field(ge=1, le=1000)] = 10,
+    ) -> dict:
+        """The latest episodes (completed turns and added texts) of group_id or of each of group_ids, newest first."""
+        groups = ([group_id] if group_id else []) + [g for g in group_ids or [] if g != group_id]
+        if not groups:
+            raise ToolError("give group_id or group_ids")
+        episodes: list = []
+        for group in groups:
+            episodes += (await _run("get_episodes", tools.get_episodes(group, max_episodes)))["episodes"]
+        return {"episodes": episodes}
 
     @server.tool()
     async def delete_episode(uuid: Uuid) -> dict:

@@ -96,6 +96,8 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             assert "group_id" in (await fails(session, "add_memory", name="x", episode_body="x", group_id="no spaces!"))
             await fails(session, "search_memory_facts", query="x", group_ids=["a/b"])
             await fails(session, "get_episodes", group_id="x" * 201)
+            await fails(session, "get_episodes", group_ids=["ok", "not ok"])
+            assert "group_id or group_ids" in await fails(session, "get_episodes")
 
             # a whole episode: answered after the durable publish, with its episode id
             added = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group)
@@ -109,6 +111,8 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
 
             episodes = await wait_for(episode_written, 90, interval=0.25)
             assert [e["uuid"] for e in episodes] == [added["episode_id"]], "the graph episode has the announced id"
+            both = await call(session, "get_episodes", group_ids=[group, "mcp-empty-group"])  # Graphiti's form
+            assert [e["uuid"] for e in both["episodes"]] == [added["episode_id"]]
 
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5)
             assert any("FastAPI" in f["fact"] for f in found["facts"]), found
