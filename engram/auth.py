@@ -176,9 +176,11 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             allow_responses=True,
         )
     if service == "gateway":
+        # POST /promote publishes a finished episode straight into ENGRAM_EPISODES (engram/promote.py).
         return Permissions(
             publish=(
                 _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
+                _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
                 subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
             ),
             subscribe=(INBOX,),

@@ -273,6 +273,8 @@ def test_up_runs_every_service_as_its_own_user(tmp_path: Path) -> None:
         while not http("POST", "/search", {"query": "vim", "group_ids": ["g9"]})["facts"]:
             assert time.monotonic() < deadline
             time.sleep(1)
+        # a promotion goes straight into ENGRAM_EPISODES: the gateway's user may publish there
+        assert http("POST", "/promote", {"kind": "decision", "text": "We deploy with ansible.", "key": "w9"})["episode_uuid"]
         assert http("DELETE", "/group/g9")["success"]  # recall erases the group's messages too
         assert http("POST", "/search", {"query": "vim", "group_ids": ["g9"]})["facts"] == []
 
