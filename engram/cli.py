@@ -145,12 +145,10 @@ def serve(service: Service, data_dir: DataDir = None,
     if transport not in ("http", "stdio") or (transport == "stdio" and service is not Service.mcp):
         error_line(err, "--transport is http, or stdio for the mcp service")
         raise typer.Exit(2)
+    module = importlib.import_module(SERVICE_MODULES[service])  # by name: engram/ never imports services/
     if transport == "stdio":
-        from services.mcp.app import run_stdio
-
-        asyncio.run(run_stdio(settings))
+        asyncio.run(module.run_stdio(settings))
         return
-    module = importlib.import_module(SERVICE_MODULES[service])
     service_app = module.build(settings)
     asyncio.run(
         service_app.asgi().run(
