@@ -104,9 +104,18 @@ async def _received(admin: Client, subject: str, publisher: Client, publish_to: 
     subs = [await admin.nc.subscribe(subject, cb=cb), await admin.nc.subscribe(marker_subject, cb=cb)]
     await admin.nc.flush()
     await publisher.nc.publish(publish_to, b"payload")
-    await publisher.nc.publish(marker_subject, b"marker")
-    await publisher.nc.flush()
-    await asyncio.wait_for(marker, 10)
+    # The marker again every second until it arrives: a marker sent right after a refused publish
+    # was sometimes never delivered (1 run in 4; the server's -ERR and the next PUB cross), and a
+    # later marker on the same connection still follows the first publish.
+    for _ in range(10):
+        await publisher.nc.publish(marker_subject, b"marker")
+        await publisher.nc.flush()
+        try:
+            await asyncio.wait_for(asyncio.shield(marker), 1.0)
+            break
+        except (asyncio.TimeoutError, TimeoutError):
+            continue
+    await asyncio.wait_for(marker, 1.0)
     for sub in subs:
         await sub.unsubscribe()
     return got
