@@ -81,7 +81,8 @@ def _graph_sample(graph_url: str, group: str, limit: int = 12) -> tuple[list[str
     from falkordb import FalkorDB
 
     url = urlparse(graph_url)
-    graph = FalkorDB(host=url.hostname, port=url.port).select_graph(group)
+    # the URL carries engram up's FalkorDB password (requirepass): without it every query is refused
+    graph = FalkorDB(host=url.hostname, port=url.port, password=url.password).select_graph(group)
     names = [r[0] for r in graph.query("MATCH (n:Entity) RETURN n.name ORDER BY n.name").result_set]
     summaries = [(r[0], r[1]) for r in graph.query(
         "MATCH (n:Entity) WHERE n.summary <> '' RETURN n.name, n.summary ORDER BY size(n.summary) DESC LIMIT 4"
