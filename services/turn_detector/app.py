@@ -190,7 +190,7 @@ class TurnDetector:
                 now=now,
                 include_system=self.turn.include_system,
                 recent_ids_kept=self.turn.recent_ids_kept,
-                tokens=self.count_tokens(prepared.part.text),
+                tokens=self.count_tokens,
                 segments=self.segments,
                 published_at=published_at or _PUBLISHED_AT.get(),
                 trace_parent=trace_parent or tracing.current_traceparent(),
@@ -302,13 +302,17 @@ class TurnDetector:
                 raise failure
 
     async def _publish_episode(self, ep: Episode, trace_parent: str | None = None) -> None:
-        with tracing.attached(trace_parent):  # the turn's trace, not the completing event's
-            await self.broker.publish(
-                ep.model_dump_json().encode(),
-                subjects.episode(ep.group_id),
-                headers={subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"},
-                stream=subjects.STREAM_EPISODES,
-            )
+        # Straight to JetStream, not through broker.publish: FastStream's publish path (its
+        # Prometheus and telemetry middlewares) was a fifth of the handler's CPU (py-spy,
+        # bench/turn_detector.py), and the service already counts episodes itself. The turn's
+        # trace context travels as the W3C header, so the extractor continues the turn's trace.
+        headers = {subjects.HDR_MSG_ID: ep.episode_id, "content-type": "application/json"}
+        traceparent = trace_parent or tracing.current_traceparent()
+        if traceparent:
+            headers["traceparent"] = traceparent
+        assert self.js is not None
+        await self.js.publish(subjects.episode(ep.group_id), ep.model_dump_json().encode(), headers=headers,
+                              stream=subjects.STREAM_EPISODES)
         metrics.EPISODES.labels(scope=ep.scope).inc()
 
     async def _publish_segment_closed(self, ended: SessionSegmentClosed) -> None:

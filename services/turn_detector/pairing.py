@@ -29,7 +29,7 @@ import hashlib
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -270,13 +270,13 @@ def apply_message(
     now: float,
     include_system: bool = False,
     recent_ids_kept: int = 64,
-    tokens: int = 0,
+    tokens: int | Callable[[str], int] = 0,
     segments: SegmentPolicy = DEFAULT_SEGMENTS,
     published_at: datetime | None = None,
     trace_parent: str | None = None,
 ) -> Transition:
     """Apply one chat message (``part`` is its filtered, scrubbed form, ``tokens`` its cl100k
-    count) to the session. ``published_at``: the message's JetStream time; ``trace_parent``: the
+    count, or the counter to call only once the message is accepted) to the session. ``published_at``: the message's JetStream time; ``trace_parent``: the
     trace context it was handled in (kept for the turn when it opens one)."""
     state = _clone(state)
     key = dedupe_key(message)
@@ -308,6 +308,8 @@ def apply_message(
         state.open_turn = turn
     if published_at is not None and (turn.first_published_at is None or published_at < turn.first_published_at):
         turn.first_published_at = published_at
+    if callable(tokens):  # counted only here: duplicates and excluded messages cost no tokenizer run
+        tokens = tokens(part.text)
     _add_to_segment(state, message, part, tokens, segments)
     turn.parts.append(part)
     if message.scopes not in state.scopes_seen and len(state.scopes_seen) < MAX_SCOPES_SEEN:
