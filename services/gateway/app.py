@@ -2,8 +2,8 @@
 
 ``engram serve gateway`` serves, on ENGRAM_HTTP_PORT, the Graphiti endpoints (routes.py),
 ``/openapi.json`` and ``/docs``, plus what every engram service serves (``/metrics``,
-``/healthz``, ``/readyz``, ``/asyncapi``). The gateway never opens the graph: messages are
-published into the ENGRAM_IN stream (202 only after JetStream acknowledged each one), searches go
+``/healthz``, ``/readyz``, ``/asyncapi``), and the memory explorer page at ``/explorer``
+(explorer.py). The gateway never opens the graph: messages are published into the ENGRAM_IN stream (202 only after JetStream acknowledged each one), searches go
 to the recall service on ``engram.recall``, episode listing and deletes to its ``engram.graph.*``
 admin subjects. The broker has no subscribers; it is the NATS connection.
 
@@ -27,6 +27,7 @@ from engram.compat import route_unmatched_http
 from engram.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
 from services.gateway.bus import Bus
+from services.gateway.explorer import explorer_page_router
 from services.gateway.models import GROUP_ID_HELP
 from services.gateway.routes import graphiti_router, health_router
 from services.gateway.settings import GatewaySettings, refuse_open_exposure
@@ -71,6 +72,7 @@ def create_rest_app(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     )
     app.include_router(health_router())
     app.include_router(graphiti_router(bus, settings, gateway))
+    app.include_router(explorer_page_router())  # the memory explorer's static page (no data, no key)
 
     @app.exception_handler(RequestValidationError)
     async def validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:

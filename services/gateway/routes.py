@@ -37,6 +37,7 @@ from schemas.messages import (
 )
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
+from services.gateway.explorer import add_explorer_routes
 from services.gateway.memory_routes import add_memory_routes
 from services.gateway.models import (
     GROUP_ID_PATTERN,
@@ -285,4 +286,5 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         return answer
 
     add_memory_routes(router, bus, gateway)  # POST /context, /memory/* (memory_routes.py)
+    add_explorer_routes(router, bus, gateway)  # GET /groups, /entities/*, /facts/* (explorer.py)
     return router

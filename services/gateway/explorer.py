@@ -1,0 +1,219 @@
+"""The memory explorer (issue 15): a static page served by the gateway, and the JSON routes it
+needs beyond the Graphiti ones, answered by the recall service over NATS like every other route.
+
+* ``GET /explorer`` (+ ``/explorer/explorer.js``, ``/explorer/explorer.css``): the page, served
+  without the API key (it holds no data); it asks for the key and sends it as ``x-api-key`` on
+  every data call. A strict Content-Security-Policy (scripts and styles from the gateway only,
+  no inline script) backs up the page's rule of rendering data only as text.
+* ``GET /groups``                 every group that holds a node (``engram.graph.groups``)
+* ``GET /entities/{group_id}``    the newest entities with their summaries (``engram.graph.entities``)
+* ``GET /facts/{group_id}``       the facts of the group's latest episodes, current and invalidated,
+  each invalidated one with the fact and episode that invalidated it (``engram.graph.episodes``
+  then ``engram.graph.edge.get`` per fact: recall has no "facts of a group" request, so the
+  listing is bounded by ``last_n`` episodes and :data:`MAX_FACTS`)
+
+The page uses the existing routes for the rest: ``/episodes/{group_id}``, ``POST /search``
+(the query in the body, never in the URL), the deletes and ``/memory/*``. Not served: the
+summary-gate's decisions and sampled skip audits (they live only in the ENGRAM_SUMMARY stream,
+which no NATS request answers and the gateway's NATS user may not read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi.responses import RedirectResponse
+from pydantic import BaseModel, Field
+
+from schemas import subjects
+from schemas.messages import (
+    GraphEdgeRequest,
+    GraphEdgeResponse,
+    GraphEntitiesRequest,
+    GraphEntitiesResponse,
+    GraphEpisode,
+    GraphEpisodesRequest,
+    GraphEpisodesResponse,
+    GraphFact,
+    GraphGroupsRequest,
+    GraphGroupsResponse,
+)
+from services.gateway import mapping
+from services.gateway.bus import Bus, BusError
+from services.gateway.models import GROUP_ID_PATTERN, MAX_GROUP_ID, EntityEdgeResult
+from services.gateway.settings import GatewaySettings
+
+MAX_FACTS = 500
+"""Most facts ``GET /facts/{group_id}`` fetches (one NATS request each)."""
+FETCH_CONCURRENCY = 8
+"""``engram.graph.edge.get`` requests in flight at once."""
+
+PAGE_FILES = {
+    "explorer.js": "text/javascript; charset=utf-8",
+    "explorer.css": "text/css; charset=utf-8",
+}
+PAGE_HEADERS = {
+    # Data is rendered with textContent only; the policy is the second line of defence: no inline
+    # or foreign script, no framing, data calls only to the gateway itself.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                               "img-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+PathGroupId = Annotated[str, Path(pattern=GROUP_ID_PATTERN, min_length=1, max_length=MAX_GROUP_ID,
+                                  description="Graph group id: ASCII letters, digits, '_' and '-'.")]
+
+
+class GroupsResult(BaseModel):
+    group_ids: list[str]
+
+
+class EntityResult(BaseModel):
+    uuid: str
+    name: str
+    group_id: str
+    labels: list[str] = Field(default_factory=list)
+    created_at: datetime | None = None
+    summary: str = ""
+
+
+class ExplorerFact(EntityEdgeResult):
+    invalidated_by: str | None = Field(
+        None, description="uuid of the fact that invalidated this one, when the invalidating episode names one.")
+    invalidated_in: str | None = Field(None, description="uuid of the episode that invalidated this fact.")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _same_instant(a: datetime | None, b: datetime | None) -> bool:
+    try:
+        return a is not None and b is not None and a == b
+    except TypeError:  # naive vs aware
+        return False
+
+
+def invalidator(invalidated: GraphFact, episode_facts: Sequence[GraphFact]) -> str | None:
+    """The fact of the invalidating episode that most plausibly ended ``invalidated``: the rule of
+    the extractor's deltas (services/extractor/deltas.py ``infer_invalidated_by``) over stored
+    facts. 1. a fact with the same endpoints (several: the one valid from the old one's
+    ``invalid_at``, else the first); 2. else the single fact sharing an endpoint and valid from
+    the old one's ``invalid_at``; else None."""
+    pair = {invalidated.source_node_uuid, invalidated.target_node_uuid}
+    candidates = [f for f in episode_facts if f.uuid != invalidated.uuid]
+    same_pair = [f for f in candidates if {f.source_node_uuid, f.target_node_uuid} == pair]
+    if same_pair:
+        dated = [f for f in same_pair if _same_instant(f.valid_at, invalidated.invalid_at)]
+        return (dated or same_pair)[0].uuid
+    shared = [f for f in candidates
+              if pair & {f.source_node_uuid, f.target_node_uuid} and _same_instant(f.valid_at, invalidated.invalid_at)]
+    return shared[0].uuid if len(shared) == 1 else None
+
+
+def facts_with_invalidators(episodes: Sequence[GraphEpisode], facts: Sequence[GraphFact]) -> list[ExplorerFact]:
+    """``facts`` with what invalidated them. An episode's ``entity_edges`` lists the facts it wrote
+    and the ones it invalidated; its own facts carry its uuid in ``episodes``, the invalidated
+    ones do not (how the extractor rebuilds deltas from the graph, services/extractor/pipeline.py
+    ``stored_extraction``). The oldest such episode is the one that invalidated the fact."""
+    by_uuid = {f.uuid: f for f in facts}
+    found: dict[str, tuple[str | None, str]] = {}
+    for episode in sorted(episodes, key=lambda e: e.valid_at or e.created_at or _EPOCH):
+        own = [f for f in facts if episode.uuid in f.episodes]
+        for uuid in episode.entity_edges:
+            fact = by_uuid.get(uuid)
+            if fact is None or uuid in found or episode.uuid in fact.episodes:
+                continue
+            if fact.expired_at is None and fact.invalid_at is None:
+                continue  # listed but still current: touched, not invalidated
+            found[uuid] = (invalidator(fact, own), episode.uuid)
+    out = []
+    for fact in facts:
+        by, episode_uuid = found.get(fact.uuid, (None, None))
+        out.append(ExplorerFact(**mapping.edge_result(fact).model_dump(), invalidated_by=by, invalidated_in=episode_uuid))
+    return out
+
+
+def _fail(exc: BusError) -> HTTPException:
+    return HTTPException(exc.status, exc.detail, headers={"Retry-After": "1"} if exc.status == 503 else None)
+
+
+def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -> None:
+    """The explorer's JSON routes, on ``router`` (the Graphiti router: same API key, same errors)."""
+    wait_s = gateway.admin_timeout_s
+
+    async def ask(subject: str, request: BaseModel, model):  # noqa: ANN001, ANN202
+        try:
+            answer = await bus.ask(subject, request, model, wait_s)
+        except BusError as exc:
+            raise _fail(exc) from exc
+        if answer.status == "error":
+            reason = answer.reason or ""
+            retry = reason.startswith("backend_error")
+            raise HTTPException(503 if retry else 502, f"graph admin failed: {reason}",
+                                headers={"Retry-After": "1"} if retry else None)
+        return answer
+
+    @router.get("/groups", response_model=GroupsResult, tags=["explorer"])
+    async def groups() -> GroupsResult:
+        """Every group that holds a node."""
+        return GroupsResult(group_ids=(await ask(subjects.GRAPH_GROUPS, GraphGroupsRequest(), GraphGroupsResponse)).group_ids)
+
+    @router.get("/entities/{group_id}", response_model=list[EntityResult], tags=["explorer"])
+    async def entities(group_id: PathGroupId, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EntityResult]:
+        """The group's newest ``limit`` entities with their summaries."""
+        answer = await ask(subjects.GRAPH_ENTITIES, GraphEntitiesRequest(group_id=group_id, limit=limit),
+                           GraphEntitiesResponse)
+        return [EntityResult(**e.model_dump(include=set(EntityResult.model_fields))) for e in answer.entities]
+
+    @router.get("/facts/{group_id}", response_model=list[ExplorerFact], tags=["explorer"])
+    async def facts(group_id: PathGroupId, last_n: Annotated[int, Query(ge=1, le=1000)] = 50) -> list[ExplorerFact]:
+        """The facts written or invalidated by the group's latest ``last_n`` episodes (at most
+        500), newest episode first, with validity dates and, for an invalidated fact, the fact
+        and episode that invalidated it."""
+        episodes = (await ask(subjects.GRAPH_EPISODES, GraphEpisodesRequest(group_id=group_id, last_n=last_n),
+                              GraphEpisodesResponse)).episodes
+        uuids = list(dict.fromkeys(u for e in episodes for u in e.entity_edges))[:MAX_FACTS]
+        limit = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+        async def one(uuid: str) -> GraphFact | None:
+            async with limit:
+                answer = await ask(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=uuid), GraphEdgeResponse)
+            return answer.edge if answer.status == "ok" else None  # deleted since the episode listed it
+
+        fetched = [f for f in await asyncio.gather(*(one(u) for u in uuids)) if f is not None and f.group_id == group_id]
+        return facts_with_invalidators(episodes, fetched)
+
+
+def _page_file(name: str) -> bytes:
+    return resources.files("services.gateway").joinpath("explorer", name).read_bytes()
+
+
+def explorer_page_router() -> APIRouter:
+    """The page's static files (no API key: they hold no data). Read once, at start-up."""
+    html = _page_file("explorer.html")
+    assets = {name: (_page_file(name), media) for name, media in PAGE_FILES.items()}
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/explorer")
+    async def page() -> Response:
+        return Response(html, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+    @router.get("/explorer/")
+    async def page_slash() -> RedirectResponse:
+        return RedirectResponse("/explorer", status_code=status.HTTP_308_PERMANENT_REDIRECT)
+
+    @router.get("/explorer/{name}")
+    async def asset(name: str) -> Response:
+        if name not in assets:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "no such file")
+        body, media = assets[name]
+        return Response(body, media_type=media, headers=PAGE_HEADERS)
+
+    return router

@@ -1,0 +1,104 @@
+"""The memory explorer's server side (services/gateway/explorer.py) without a browser: what
+invalidated a fact (pure), the page served without the key but every data route behind it, the
+page's security headers, the page script rendering data as text only, and the files shipped as
+package data. The page itself runs in Chromium in test_explorer_browser.py."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+
+from schemas.messages import GraphEpisode, GraphFact
+from services.gateway.explorer import PAGE_FILES, facts_with_invalidators, invalidator
+from services.gateway.settings import GatewaySettings
+from tests.services.gateway.test_gateway import serve_gateway, settings_for
+
+REPO = Path(__file__).resolve().parents[3]
+PAGE_DIR = REPO / "services" / "gateway" / "explorer"
+T1 = datetime(2026, 3, 1, 9, tzinfo=timezone.utc)
+T2 = datetime(2026, 3, 2, 9, tzinfo=timezone.utc)
+
+
+def fact(uuid_: str, src: str, dst: str, episodes: list[str], *, valid_at: datetime = T1,
+         invalid_at: datetime | None = None, expired_at: datetime | None = None) -> GraphFact:
+    return GraphFact(uuid=uuid_, name="LIVES_IN", fact=f"{src} {uuid_} {dst}", group_id="g", source_node_uuid=src,
+                     target_node_uuid=dst, episodes=episodes, valid_at=valid_at, invalid_at=invalid_at,
+                     expired_at=expired_at, created_at=valid_at)
+
+
+def episode(uuid_: str, at: datetime, edges: list[str]) -> GraphEpisode:
+    return GraphEpisode(uuid=uuid_, name=uuid_, group_id="g", content="", source="message", valid_at=at,
+                        entity_edges=edges)
+
+
+def test_an_invalidated_fact_names_the_fact_and_episode_that_ended_it() -> None:
+    boston = fact("boston", "ada", "city-b", ["e1"], invalid_at=T2, expired_at=T2)
+    acme = fact("acme", "ada", "org-a", ["e1"])
+    austin = fact("austin", "ada", "city-a", ["e2"], valid_at=T2)  # shares an endpoint, valid from the end
+    likes = fact("likes", "ada", "tea", ["e2"], valid_at=T1)        # shares it too, but not from that instant
+    touched = fact("touched", "ada", "org-a", ["e1"])               # listed by e2 but still current
+    episodes = [episode("e2", T2, ["austin", "likes", "boston", "touched"]), episode("e1", T1, ["boston", "acme", "touched"])]
+    out = {f.uuid: f for f in facts_with_invalidators(episodes, [boston, acme, austin, likes, touched])}
+    assert (out["boston"].invalidated_by, out["boston"].invalidated_in) == ("austin", "e2")
+    assert all(out[u].invalidated_by is None and out[u].invalidated_in is None for u in ("acme", "austin", "likes", "touched"))
+    assert out["austin"].name == "LIVES_IN" and out["boston"].episodes == ["e1"]
+
+
+def test_the_invalidator_prefers_the_same_endpoints_and_gives_up_when_ambiguous() -> None:
+    old = fact("old", "ada", "b", ["e1"], invalid_at=T2)
+    same_pair_reversed = fact("rev", "b", "ada", ["e2"], valid_at=T1)
+    dated_shared = fact("shared", "ada", "c", ["e2"], valid_at=T2)
+    assert invalidator(old, [dated_shared, same_pair_reversed]) == "rev"
+    assert invalidator(old, [dated_shared]) == "shared"
+    assert invalidator(old, [dated_shared, fact("shared2", "b", "d", ["e2"], valid_at=T2)]) is None  # two candidates
+    assert invalidator(old, [fact("other", "x", "y", ["e2"], valid_at=T2)]) is None
+
+
+async def test_the_page_needs_no_key_but_every_data_route_does(clean_nats, tmp_path) -> None:  # noqa: ANN001
+    settings = settings_for(clean_nats, tmp_path)
+    async with serve_gateway(settings, GatewaySettings(api_key="s3cret")) as http:
+        page = await http.get("/explorer")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert page.headers["x-content-type-options"] == "nosniff"
+        for name, media in PAGE_FILES.items():
+            r = await http.get(f"/explorer/{name}")
+            assert r.status_code == 200 and r.headers["content-type"] == media, name
+            assert r.content == (PAGE_DIR / name).read_bytes()
+        assert (await http.get("/explorer/../app.py")).status_code == 404
+        assert (await http.get("/explorer/explorer.py")).status_code == 404
+        r = await http.get("/explorer/", follow_redirects=False)
+        assert r.status_code == 308 and r.headers["location"] == "/explorer"
+        for path in ("/groups", "/entities/g1", "/facts/g1"):
+            assert (await http.get(path)).status_code == 401, path
+            assert (await http.get(path, headers={"x-api-key": "wrong"})).status_code == 401, path
+        # with the key: no recall service runs here, so the NATS request finds no responder (503)
+        r = await http.get("/groups", headers={"x-api-key": "s3cret"})
+        assert r.status_code == 503 and "recall" in r.json()["detail"]
+        assert (await http.get("/facts/not a group", headers={"x-api-key": "s3cret"})).status_code == 422
+        spec = (await http.get("/openapi.json")).json()
+        assert {"/groups", "/entities/{group_id}", "/facts/{group_id}"} <= set(spec["paths"])
+        assert not [p for p in spec["paths"] if p.startswith("/explorer")], "the page is not part of the API"
+
+
+def test_the_page_renders_data_as_text_only() -> None:
+    """innerHTML & co. would turn stored content into markup; the script builds text nodes only,
+    and search text goes in a POST body (the script never builds a URL from the query)."""
+    script = (PAGE_DIR / "explorer.js").read_text()
+    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function", script)
+    assert 'api("POST", "search", { query' in script
+    html = (PAGE_DIR / "explorer.html").read_text()
+    assert "<script>" not in html and "style=" not in html and "onclick=" not in html  # the CSP allows no inline code
+
+
+def test_the_page_is_package_data() -> None:
+    """A non-editable install ships exactly the files the page router reads."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["services.gateway"]
+    files = [f"explorer/{p.name}" for p in PAGE_DIR.iterdir()]
+    assert sorted(files) == sorted(["explorer/explorer.html", *(f"explorer/{n}" for n in PAGE_FILES)])
+    assert all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files), (files, patterns)

@@ -1,0 +1,183 @@
+"""The memory explorer in a real browser (issue 15 item 3): Debian's headless Chromium, driven by
+Playwright, loads the gateway's /explorer page against a running engram -- real NATS JetStream
+and FalkorDB, the pipeline in-process (turn-detector -> extractor with the offline rules model,
+recall with graph admin) and the sessions service -- after a short conversation was ingested.
+It connects with the API key, picks the group, opens an entity, searches, deletes a fact through
+the confirmation dialog and checks the fact is gone from the page and from the graph. Screenshots
+(group view, an entity, search results) go to ``<pytest tmp>/explorer-screenshots`` (run with
+``--basetemp DIR`` to keep them; docs/img/explorer.png is the search one).
+
+Skipped only when /usr/bin/chromium is absent (``.ci/run`` installs it)."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from engram.models.rules_llm import RulesExtractorClient
+from services.gateway.settings import GatewaySettings
+from services.summary_gate import app as sg_app
+from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
+from tests.services.gateway.test_memory_routes import sessions_side
+from tests.services.turn_detector.helpers import wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+KEY = "explorer-test-key"
+USER = "ada@example.org"
+QUERY = "Where does Ada live?"
+NOTE = "Ada prefers <b>short</b> answers <img src=x onerror=alert(1)>"  # stored content with markup: shown as text
+
+CONVERSATION = [  # two turns: the second invalidates the first's LIVES_IN fact
+    ("user", "Ada", "I live in Boston. I work at Acme.", "2026-03-01T09:00:00Z"),
+    ("assistant", "", "Noted.", "2026-03-01T09:00:05Z"),
+    ("user", "Ada", "I moved to Austin.", "2026-03-02T09:00:00Z"),
+    ("assistant", "", "Noted.", "2026-03-02T09:00:05Z"),
+]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                       "(apt-get install -y --no-install-recommends chromium; .ci/run installs it)"),
+]
+
+
+@contextlib.asynccontextmanager
+async def summary_gate(settings):  # noqa: ANN001, ANN201
+    service = sg_app.build(settings, llm=RulesExtractorClient())
+    await service.start()
+    try:
+        yield
+    finally:
+        await service.stop()
+
+
+async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    from playwright.async_api import async_playwright, expect
+
+    shots = tmp_path / "explorer-screenshots"
+    shots.mkdir()
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    group = f"explorer-{uuid.uuid4().hex[:8]}"
+    auth = {"x-api-key": KEY}
+    async with pipeline(settings), summary_gate(settings), sessions_side(settings, with_recall=False), \
+            serve_gateway(settings, GatewaySettings(api_key=KEY, idle_timeout_s=1)) as http:
+        messages = [{"role_type": r, "role": name, "content": text, "timestamp": ts} for r, name, text, ts in CONVERSATION]
+        r = await http.post("/messages", json={"group_id": group, "messages": messages}, headers=auth)
+        assert r.status_code == 202, r.text
+        r = await http.put("/memory/preferences/city", params={"user": USER}, json={"value": "Austin"}, headers=auth)
+        assert r.status_code == 200, r.text
+        r = await http.post("/memory/notes", params={"user": USER}, json={"text": NOTE}, headers=auth)
+        assert r.status_code == 201, r.text
+
+        seen: list[dict] = []
+
+        async def extracted() -> list[dict] | None:
+            r = await http.get(f"/facts/{group}", headers=auth)
+            assert r.status_code == 200, r.text
+            facts = seen[:] = r.json()
+            return facts if len(facts) >= 3 and any(f["invalidated_by"] for f in facts) else None
+
+        facts = await wait_for(extracted, 120, interval=0.5)
+        assert facts, f"the conversation was not extracted into facts (with one invalidated) in time: {seen}"
+        invalidated = next(f for f in facts if f["invalidated_by"])
+        assert "Boston" in invalidated["fact"] and invalidated["invalid_at"], invalidated
+
+        async def summarised() -> dict | None:  # the summary-gate writes Ada's summary after the deltas
+            entities = (await http.get(f"/entities/{group}", headers=auth)).json()
+            return next((e for e in entities if e["name"] == "Ada" and "Austin" in e["summary"]), None)
+
+        ada = await wait_for(summarised, 60, interval=0.5)
+        assert ada, "the summary-gate did not summarise Ada in time"
+
+        urls: list[str] = []
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 1280, "height": 900})
+            try:
+                page = await browser.new_page()
+                page.on("request", lambda request: urls.append(request.url))
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                failed: list[tuple[int, str]] = []
+                page.on("response", lambda resp: failed.append((resp.status, resp.url)) if resp.status >= 400 else None)
+                await page.goto(f"{http.base_url}/explorer")
+
+                # without the key the data calls are refused and the page says so
+                await page.click("#connect button")
+                await expect(page.locator("#status")).to_contain_text("API key")
+                await page.fill("#api-key", KEY)
+                await page.click("#connect button")
+                await expect(page.locator(f"#group option[value='{group}']")).to_have_count(1)
+                await page.select_option("#group", group)
+                await page.click("#pick-group button")
+                await expect(page.locator("#episodes li.episode")).to_have_count(2)
+                # newest first, with the source messages
+                await expect(page.locator("#episodes li.episode").first).to_contain_text("Austin")
+                await expect(page.locator("#facts li.fact.invalid")).to_contain_text(["Boston"])
+                await expect(page.locator("#facts li.fact.invalid .invalidated-by")).to_contain_text(["Austin"])
+                await page.fill("#scope-key", USER)
+                await page.click("#pick-scope button")
+                await expect(page.locator("#preferences")).to_contain_text("city: Austin")
+                await expect(page.locator("#notes")).to_contain_text(NOTE)
+                assert await page.locator("#notes b, #notes img").count() == 0, "a note's markup was rendered"
+                await page.screenshot(path=shots / "group.png", full_page=True)
+
+                # an entity with its summary and facts
+                await page.click(f"#entities button:text-is('{ada['name']}')")
+                await expect(page.locator("#entity-name")).to_have_text("Ada")
+                await expect(page.locator("#entity-summary")).to_have_text(ada["summary"])
+                await expect(page.locator("#entity-facts li.fact").first).to_be_visible()
+                await page.locator("#entity-section").screenshot(path=shots / "entity.png")
+
+                # search through recall; the query goes in the POST body, never into a URL
+                await page.fill("#query", QUERY)
+                await page.click("#search button")
+                results = page.locator("#search-results li.fact")
+                await expect(results.first).to_be_visible()
+                await expect(page.locator("#search-results")).to_contain_text("Austin")
+                await page.screenshot(path=shots / "search.png", full_page=True)
+                found = await results.evaluate_all("items => items.map(li => [li.dataset.uuid, li.querySelector('.text').textContent])")
+                target_uuid, target_fact = next((u, f) for u, f in found if "Austin" in f)
+
+                # delete: Cancel keeps it, Delete removes it
+                item = page.locator(f"#search-results li.fact[data-uuid='{target_uuid}']")
+                await item.locator("button.delete").click()
+                await expect(page.locator("#confirm")).to_be_visible()
+                await expect(page.locator("#confirm-text")).to_contain_text(target_fact)
+                await page.click("#confirm-cancel")
+                assert (await http.get(f"/entity-edge/{target_uuid}", headers=auth)).status_code == 200
+                await item.locator("button.delete").click()
+                await page.click("#confirm-ok")
+                await expect(page.locator(f"li.fact[data-uuid='{target_uuid}']")).to_have_count(0)
+                await expect(page.locator("#status")).to_contain_text("Deleted the fact")
+
+                # a note and a preference go the same way (user memory, the scope in the query)
+                await page.click("#notes button.delete")
+                await page.click("#confirm-ok")
+                await expect(page.locator("#notes")).to_have_text("No notes.")
+                await page.click("#preferences button.delete")
+                await page.click("#confirm-ok")
+                await expect(page.locator("#preferences")).to_have_text("No preferences.")
+                assert not errors, errors  # no script error, no CSP violation thrown
+                # the one refused call is the keyless connect (a browser's favicon probe aside)
+                assert [s for s, u in failed if not u.endswith("/favicon.ico")] == [401], failed
+            finally:
+                await browser.close()
+
+        assert (await http.get(f"/entity-edge/{target_uuid}", headers=auth)).status_code == 404
+        r = await http.post("/search", json={"query": QUERY, "group_ids": [group]}, headers=auth)
+        assert target_uuid not in {f["uuid"] for f in r.json()["facts"]}
+        assert all(f["uuid"] != target_uuid for f in (await http.get(f"/facts/{group}", headers=auth)).json())
+        memory = {"user": USER}
+        assert (await http.get("/memory/notes", params=memory, headers=auth)).json() == []
+        assert (await http.get("/memory/preferences", params=memory, headers=auth)).json() == []
+        assert not [u for u in urls if "Austin" in u or "live" in u or USER.split("@")[0] in u.split("?")[0]], urls
+
+    for name in ("group.png", "entity.png", "search.png"):
+        assert (shots / name).stat().st_size > 10_000, name
