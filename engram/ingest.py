@@ -19,12 +19,29 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
 
+import nats.errors
+import nats.js.errors
 from dateutil import parser as dateparser
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 
 Event = ChatMessage | SessionClosed
 Format = Literal["jsonl", "locomo"]
+
+PUBLISH_RETRY_S = 300.0
+"""How long one message's publish is retried while NATS is unreachable, restarting or has no
+JetStream leader (the connection reconnects by itself meanwhile); then the ingest fails. A retry
+is safe: the Nats-Msg-Id makes a publish that did land before its PubAck was lost a duplicate."""
+
+TRANSIENT_PUBLISH_ERRORS = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+)
 
 
 class TranscriptError(ValueError):
@@ -234,21 +251,26 @@ class IngestReport:
     closes: int = 0
     duplicates: int = 0
     """Messages the server already had (re-sent within its duplicate window)."""
+    retried: int = 0
+    """Events whose publish failed transiently (NATS unreachable or restarting) and was retried."""
 
 
-async def publish_events(js, events: Iterable[Event], progress=None) -> IngestReport:  # noqa: ANN001
-    """Publish in order, awaiting each PubAck (so per-session order and durability hold).
+async def publish_events(js, events: Iterable[Event], progress=None,  # noqa: ANN001
+                         retry_s: float = PUBLISH_RETRY_S) -> IngestReport:
+    """Publish in order, awaiting each PubAck (so per-session order and durability hold); a
+    publish that fails transiently (NATS restarting, no JetStream leader yet) is retried for up
+    to ``retry_s`` before the next message goes out, so order holds across an outage too.
     With tracing on (ENGRAM_OTEL_ENDPOINT), each turn's messages carry one trace (engram/tracing.py)."""
     from engram.tracing import TurnSpans
 
     turns = TurnSpans("ingest", "engram.ingest.turn")
     try:
-        return await _publish_events(js, events, progress, turns)
+        return await _publish_events(js, events, progress, turns, retry_s)
     finally:
         turns.end()
 
 
-async def _publish_events(js, events: Iterable[Event], progress, turns) -> IngestReport:  # noqa: ANN001
+async def _publish_events(js, events: Iterable[Event], progress, turns, retry_s: float) -> IngestReport:  # noqa: ANN001
     report = IngestReport()
     sessions: set[str] = set()
     epochs = await _epochs(js)
@@ -260,12 +282,16 @@ async def _publish_events(js, events: Iterable[Event], progress, turns) -> Inges
         subject, msg_id = subject_and_id(event, session_epoch[event.session_id], last_id.get(event.session_id, ""))
         if isinstance(event, ChatMessage):
             last_id[event.session_id] = msg_id
-        ack = await js.publish(
-            subject,
-            event.model_dump_json().encode(),
-            headers=turns.headers_for(event.session_id, event.role if isinstance(event, ChatMessage) else None,
-                                      {subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"}),
-        )
+        payload = event.model_dump_json().encode()
+        headers = turns.headers_for(event.session_id, event.role if isinstance(event, ChatMessage) else None,
+                                    {subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"})
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_PUBLISH_ERRORS),
+                                           wait=wait_exponential(multiplier=0.2, max=5.0),
+                                           stop=stop_after_delay(retry_s), reraise=True):
+            with attempt:
+                ack = await js.publish(subject, payload, headers=headers)
+        if attempt.retry_state.attempt_number > 1:
+            report.retried += 1
         if isinstance(event, ChatMessage):
             sessions.add(event.session_id)
             if ack.duplicate:
