@@ -35,6 +35,18 @@ SERVICES: tuple[str, ...] = ("turn-detector", "extractor", "summary-gate", "reca
 ENGRAM_HTTP_PORT numbers them in this order, so the earlier services keep their ports)."""
 
 
+STABLE_RUN_S = 10.0
+"""A service that ran this long before it died is restarted at once; one that dies sooner (a crash
+loop: bad config, a dependency down at start) waits 2, 4, ... 30 s between restarts."""
+
+
+def restart_delay(ran_for_s: float, quick_failures: int) -> tuple[float, int]:
+    """(seconds to wait before the restart, the new count of quick failures in a row)."""
+    if ran_for_s >= STABLE_RUN_S:
+        return 0.0, 0
+    return min(30.0, 2.0 ** (quick_failures + 1)), quick_failures + 1
+
+
 @dataclass
 class ServiceProcess:
     name: str
@@ -42,6 +54,8 @@ class ServiceProcess:
     proc: ManagedProcess | None = None
     restarts: int = 0
     next_restart: float = 0.0
+    started_at: float = 0.0
+    quick_failures: int = 0
 
     @property
     def url(self) -> str:
@@ -125,6 +139,7 @@ class Supervisor:
         log_path = self.data_dir / "logs" / f"{svc.name}.log"
         popen = spawn(svc.name, argv, log_path, env=self._env(svc))
         svc.proc = ManagedProcess(svc.name, popen, svc.url, log_path)
+        svc.started_at = time.monotonic()
 
     async def _wait_healthy(self, svc: ServiceProcess, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -142,10 +157,14 @@ class Supervisor:
         while not self._stopping.is_set():
             now = time.monotonic()
             for svc in self.services:
-                if svc.proc is not None and not svc.proc.alive() and now >= svc.next_restart:
+                if svc.proc is not None and not svc.proc.alive():
+                    if svc.next_restart <= svc.started_at:  # just noticed: plan the restart
+                        delay, svc.quick_failures = restart_delay(now - svc.started_at, svc.quick_failures)
+                        svc.next_restart = now + delay
+                    if now < svc.next_restart:
+                        continue
                     svc.restarts += 1
                     log.warning("%s exited with %s; restart #%d", svc.name, svc.proc.popen.returncode, svc.restarts)
-                    svc.next_restart = now + min(30.0, 2 ** svc.restarts)
                     self._spawn(svc)
                     self._write_runtime()
             if self.nats and not self.nats.alive():

@@ -254,3 +254,17 @@ def test_up_honours_configured_ports(tmp_path: Path) -> None:
         assert rt["services"]["turn-detector"]["url"] == f"http://127.0.0.1:{ports['ENGRAM_HTTP_PORT']}"
     finally:
         assert up.stop() == 0
+
+
+def test_restart_backoff_resets_after_a_stable_run() -> None:
+    """A crash loop backs off (2, 4, ... 30 s); a service killed after running a while comes back at
+    once, however often that happened before (a chaos run kills each service ~5 times)."""
+    from engram.supervisor import STABLE_RUN_S, restart_delay
+
+    delays, quick = [], 0
+    for _ in range(6):
+        delay, quick = restart_delay(1.0, quick)
+        delays.append(delay)
+    assert delays == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert restart_delay(STABLE_RUN_S + 1, quick) == (0.0, 0)
+    assert [restart_delay(STABLE_RUN_S + 1, 0)[0] for _ in range(5)] == [0.0] * 5
