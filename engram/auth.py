@@ -93,6 +93,13 @@ def _get(*streams: str) -> list[str]:
     return out
 
 
+def _browse(stream: str) -> list[str]:
+    """Read a stream through ephemeral pull consumers of its own naming (created, pulled, deleted)."""
+    api = f"{JS_API}.CONSUMER"
+    return [*_stream_info(stream), f"{api}.CREATE.{stream}.>", f"{api}.MSG.NEXT.{stream}.*",
+            f"{api}.INFO.{stream}.*", f"{api}.DELETE.{stream}.*"]
+
+
 def _erase(*streams: str) -> list[str]:
     return [f"{JS_API}.STREAM.MSG.DELETE.{s}" for s in streams]
 
@@ -176,12 +183,14 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             allow_responses=True,
         )
     if service == "gateway":
-        # POST /promote publishes a finished episode straight into ENGRAM_EPISODES (engram/promote.py).
+        # POST /promote publishes a finished episode straight into ENGRAM_EPISODES (engram/promote.py);
+        # the memory explorer reads the summary-gate's decisions and audits from ENGRAM_SUMMARY.
         return Permissions(
             publish=(
                 _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
                 _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
                 subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
+                *_browse(subjects.STREAM_SUMMARY),
             ),
             subscribe=(INBOX,),
         )

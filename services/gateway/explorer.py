@@ -12,21 +12,29 @@ needs beyond the Graphiti ones, answered by the recall service over NATS like ev
   then ``engram.graph.edge.get`` per fact: recall has no "facts of a group" request, so the
   listing is bounded by ``last_n`` episodes and :data:`MAX_FACTS`)
 
+* ``GET /summary-log/{group_id}`` the summary-gate's latest decisions and sampled skip audits:
+  they exist only as messages in the ENGRAM_SUMMARY stream (no service answers a request for
+  them), so the gateway reads that stream itself through short-lived ephemeral consumers
+  (its NATS user may create, pull and delete consumers on ENGRAM_SUMMARY and no other stream)
+
 The page uses the existing routes for the rest: ``/episodes/{group_id}``, ``POST /search``
-(the query in the body, never in the URL), the deletes and ``/memory/*``. Not served: the
-summary-gate's decisions and sampled skip audits (they live only in the ENGRAM_SUMMARY stream,
-which no NATS request answers and the gateway's NATS user may not read).
+(the query in the body, never in the URL), the deletes and ``/memory/*``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
+from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Annotated
 
+import nats.errors
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field
 
@@ -42,6 +50,8 @@ from schemas.messages import (
     GraphFact,
     GraphGroupsRequest,
     GraphGroupsResponse,
+    SummaryAudit,
+    SummaryEvent,
 )
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
@@ -51,6 +61,8 @@ from services.gateway.settings import GatewaySettings
 MAX_FACTS = 500
 """Most facts ``GET /facts/{group_id}`` fetches (one NATS request each)."""
 FETCH_CONCURRENCY = 8
+SUMMARY_SCAN_MAX = 20_000
+"""Most ENGRAM_SUMMARY messages of one group and kind read to find the newest ones."""
 """``engram.graph.edge.get`` requests in flight at once."""
 
 PAGE_FILES = {
@@ -91,6 +103,50 @@ class ExplorerFact(EntityEdgeResult):
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class SummaryLog(BaseModel):
+    decisions: list[SummaryEvent] = Field(description="The summary-gate's latest decisions on the group's entities, newest first.")
+    audits: list[SummaryAudit] = Field(description="The latest sampled skips (the facts and the summary kept), newest first.")
+    scanned: int = Field(description="Messages read from ENGRAM_SUMMARY to find them.")
+
+
+async def newest_messages(js, stream: str, subject: str, limit: int, scan_max: int = SUMMARY_SCAN_MAX) -> tuple[list[bytes], int]:  # noqa: ANN001
+    """The newest ``limit`` message bodies on ``subject`` in ``stream``, newest first, and how many
+    were read. JetStream reads forwards only: an ephemeral pull consumer filtered to the subject
+    (in memory, no acks) is read to its end (at most ``scan_max`` messages, the newest of them)
+    keeping the last ``limit``, then deleted."""
+    name = f"explorer_{uuid.uuid4().hex}"
+    config = ConsumerConfig(name=name, filter_subject=subject, deliver_policy=DeliverPolicy.ALL,
+                            ack_policy=AckPolicy.NONE, mem_storage=True, inactive_threshold=30.0)
+    info = await js.add_consumer(stream, config=config)
+    try:
+        total = info.num_pending
+        if total > scan_max:  # start so that only the newest scan_max are read
+            await js.delete_consumer(stream, name)
+            last = (await js.stream_info(stream)).state.last_seq  # the subject's newest are among the last scan_max
+            config.deliver_policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, max(1, last - scan_max + 1)
+            info = await js.add_consumer(stream, config=config)
+            total = min(info.num_pending, scan_max)
+        kept: deque[bytes] = deque(maxlen=limit)
+        read = 0
+        if total:
+            sub = await js.pull_subscribe_bind(name, stream=stream)
+            try:
+                while read < total:
+                    try:
+                        batch = await sub.fetch(min(500, total - read), timeout=5)
+                    except nats.errors.TimeoutError:
+                        break
+                    for msg in batch:
+                        kept.append(msg.data)
+                    read += len(batch)
+            finally:
+                await sub.unsubscribe()
+        return list(reversed(kept)), read
+    finally:
+        with contextlib.suppress(Exception):  # the server drops it after inactive_threshold anyway
+            await js.delete_consumer(stream, name)
 
 
 def _same_instant(a: datetime | None, b: datetime | None) -> bool:
@@ -189,6 +245,23 @@ def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -
 
         fetched = [f for f in await asyncio.gather(*(one(u) for u in uuids)) if f is not None and f.group_id == group_id]
         return facts_with_invalidators(episodes, fetched)
+
+    @router.get("/summary-log/{group_id}", response_model=SummaryLog, tags=["explorer"])
+    async def summary_log(group_id: PathGroupId, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SummaryLog:
+        """The summary-gate's latest decisions (refreshed, skipped, deferred, with reason and
+        drift) and sampled skip audits of the group, newest first, read from the ENGRAM_SUMMARY
+        stream (the newest 20,000 messages of each kind at most)."""
+        try:
+            js = bus.jetstream()
+            events, n_events = await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary(group_id), limit)
+            audits, n_audits = await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary_audit(group_id), limit)
+        except BusError as exc:
+            raise _fail(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - stream missing, no rights, timeout: retry later
+            raise HTTPException(503, f"cannot read the summary-gate's log from ENGRAM_SUMMARY ({type(exc).__name__})",
+                                headers={"Retry-After": "1"}) from exc
+        return SummaryLog(decisions=[SummaryEvent.model_validate_json(b) for b in events],
+                          audits=[SummaryAudit.model_validate_json(b) for b in audits], scanned=n_events + n_audits)
 
 
 def _page_file(name: str) -> bytes:

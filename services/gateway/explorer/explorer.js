@@ -170,6 +170,34 @@ function renderEpisodes(episodes) {
   )) : [el("li", {}, "No episodes yet.")]));
 }
 
+function renderSummaryLog(log) {
+  $("decisions").replaceChildren(...(log.decisions.length ? log.decisions.map((d) => el("li", { class: "decision" },
+    el("span", { class: `badge ${d.decision}` }, d.decision), `${d.node_name || d.node_uuid} · ${d.reason}`,
+    el("div", { class: "meta" }, [when(d.decided_at), d.drift === null || d.drift === undefined ? "" : `drift ${d.drift.toFixed(3)}`,
+      d.active_facts === null || d.active_facts === undefined ? "" : `${d.active_facts} active facts`].filter(Boolean).join(" · ")),
+  )) : [el("li", {}, "No decisions recorded.")]));
+  $("audits").replaceChildren(...(log.audits.length ? log.audits.map((a) => el("li", { class: "audit" },
+    `${a.node_name} · skipped: ${a.reason}`,
+    el("div", { class: "meta" }, [when(a.decided_at), a.drift === null || a.drift === undefined ? "" : `drift ${a.drift.toFixed(3)}`]
+      .filter(Boolean).join(" · ")),
+    el("div", { class: "summary" }, `kept summary: ${a.kept_summary || "(empty)"}`),
+    el("ul", {}, ...a.active_facts.map((f) => el("li", {}, f))),
+  )) : [el("li", {}, "No sampled skips (ENGRAM_SUMMARY_AUDIT_SAMPLE_RATE of skips are kept for review).")]));
+}
+
+async function loadSummaryLog() {
+  // A separate call: the rest of the group view stays usable when the summary log cannot be read.
+  try {
+    const log = await api("GET", `summary-log/${seg(state.group)}?limit=50`);
+    renderSummaryLog(log);
+    $("summary-log-status").textContent = `${log.scanned} message(s) read from ENGRAM_SUMMARY.`;
+  } catch (error) {
+    $("decisions").replaceChildren();
+    $("audits").replaceChildren();
+    $("summary-log-status").textContent = `The summary-gate's log could not be read: ${error.message}`;
+  }
+}
+
 async function loadGroups() {
   const { group_ids: groups } = await api("GET", "groups");
   const select = $("group");
@@ -190,6 +218,7 @@ async function loadGroup() {
   renderEpisodes(episodes);
   renderEntities();
   renderFacts();
+  await loadSummaryLog();
   const open = $("entity-section").dataset.uuid;
   if (open && !$("entity-section").hidden) showEntity(open);
   document.title = `engram: ${state.group}`;

@@ -1,7 +1,7 @@
 """The memory explorer's server side (services/gateway/explorer.py) without a browser: what
 invalidated a fact (pure), the page served without the key but every data route behind it, the
-page's security headers, the page script rendering data as text only, and the files shipped as
-package data. The page itself runs in Chromium in test_explorer_browser.py."""
+page's security headers, the page script rendering data as text only, the files shipped as
+package data, and reading the summary-gate's log (also as the least-privilege gateway user). The page itself runs in Chromium in test_explorer_browser.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from schemas.messages import GraphEpisode, GraphFact
-from services.gateway.explorer import PAGE_FILES, facts_with_invalidators, invalidator
+import nats
+import nats.errors
+import pytest
+
+from engram.settings import EngramSettings
+from engram.topology import Topology, ensure_topology
+from schemas import subjects
+from schemas.messages import GraphEpisode, GraphFact, SummaryAudit, SummaryEvent
+from services.gateway.explorer import PAGE_FILES, facts_with_invalidators, invalidator, newest_messages
 from services.gateway.settings import GatewaySettings
+from tests.engram.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
 from tests.services.gateway.test_gateway import serve_gateway, settings_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -73,7 +81,7 @@ async def test_the_page_needs_no_key_but_every_data_route_does(clean_nats, tmp_p
         assert (await http.get("/explorer/explorer.py")).status_code == 404
         r = await http.get("/explorer/", follow_redirects=False)
         assert r.status_code == 308 and r.headers["location"] == "/explorer"
-        for path in ("/groups", "/entities/g1", "/facts/g1"):
+        for path in ("/groups", "/entities/g1", "/facts/g1", "/summary-log/g1"):
             assert (await http.get(path)).status_code == 401, path
             assert (await http.get(path, headers={"x-api-key": "wrong"})).status_code == 401, path
         # with the key: no recall service runs here, so the NATS request finds no responder (503)
@@ -81,7 +89,7 @@ async def test_the_page_needs_no_key_but_every_data_route_does(clean_nats, tmp_p
         assert r.status_code == 503 and "recall" in r.json()["detail"]
         assert (await http.get("/facts/not a group", headers={"x-api-key": "s3cret"})).status_code == 422
         spec = (await http.get("/openapi.json")).json()
-        assert {"/groups", "/entities/{group_id}", "/facts/{group_id}"} <= set(spec["paths"])
+        assert {"/groups", "/entities/{group_id}", "/facts/{group_id}", "/summary-log/{group_id}"} <= set(spec["paths"])
         assert not [p for p in spec["paths"] if p.startswith("/explorer")], "the page is not part of the API"
 
 
@@ -102,3 +110,58 @@ def test_the_page_is_package_data() -> None:
     files = [f"explorer/{p.name}" for p in PAGE_DIR.iterdir()]
     assert sorted(files) == sorted(["explorer/explorer.html", *(f"explorer/{n}" for n in PAGE_FILES)])
     assert all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files), (files, patterns)
+
+
+async def _publish_summary_log(js, n: int) -> list[SummaryEvent]:  # noqa: ANN001
+    """``n`` decisions for group a and b each, interleaved, and one audit of a."""
+    await ensure_topology(js, Topology.from_settings(EngramSettings()))
+    events = []
+    for i in range(n):
+        for group in ("a", "b"):
+            event = SummaryEvent(group_id=group, node_uuid=f"n{i}", node_name=f"node {i}", decision="skipped",
+                                 reason="low_drift", drift=i / 100, decided_at=T1)
+            await js.publish(subjects.summary(group), event.model_dump_json().encode(), stream=subjects.STREAM_SUMMARY)
+            events.append(event)
+    audit = SummaryAudit(group_id="a", node_uuid="n0", node_name="node 0", episode_id="e", reason="low_drift",
+                         active_facts=["x"], kept_summary="s", decided_at=T1)
+    await js.publish(subjects.summary_audit("a"), audit.model_dump_json().encode(), stream=subjects.STREAM_SUMMARY)
+    return [e for e in events if e.group_id == "a"]
+
+
+async def test_newest_messages_of_a_subject_newest_first(clean_nats) -> None:  # noqa: ANN001
+    nc = await nats.connect(clean_nats)
+    try:
+        js = nc.jetstream()
+        of_a = await _publish_summary_log(js, 30)
+        newest, read = await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary("a"), 5)
+        assert [SummaryEvent.model_validate_json(b).node_uuid for b in newest] == ["n29", "n28", "n27", "n26", "n25"]
+        assert read == 30  # the other group's and the audit subject's messages are not read
+        # a long log: only the newest scan_max messages of the stream are read, the newest still found
+        newest, read = await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary("a"), 3, scan_max=10)
+        assert [SummaryEvent.model_validate_json(b).node_uuid for b in newest] == ["n29", "n28", "n27"] and read <= 10
+        assert (await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary("nobody"), 5)) == ([], 0)
+        assert len(of_a) == 30
+        # nothing left behind: the ephemeral consumers are deleted
+        assert (await js.stream_info(subjects.STREAM_SUMMARY)).state.consumer_count == 0
+    finally:
+        await nc.close()
+
+
+async def test_the_gateway_user_may_read_the_summary_log_and_nothing_more(secured_nats) -> None:  # noqa: ANN001
+    """Under least privilege (engram up, compose, k8s) the gateway's NATS user reads ENGRAM_SUMMARY
+    through its own ephemeral consumers, and may not consume another stream that way."""
+    proc, passwords = secured_nats
+    admin = await _as(proc, passwords, "admin")
+    gateway = await _as(proc, passwords, "gateway")
+    try:
+        await _publish_summary_log(admin.nc.jetstream(), 3)
+        js = gateway.nc.jetstream(timeout=2.0)
+        newest, _ = await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary_audit("a"), 5)
+        assert [SummaryAudit.model_validate_json(b).node_name for b in newest] == ["node 0"]
+        assert not gateway.errors, gateway.errors
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await newest_messages(js, subjects.STREAM_EPISODES, subjects.episode("a"), 5)
+        assert any("$js.api.consumer.create.engram_episodes" in e.lower() for e in gateway.errors), gateway.errors
+    finally:
+        await gateway.nc.close()
+        await admin.nc.close()

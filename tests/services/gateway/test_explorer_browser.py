@@ -2,8 +2,10 @@
 Playwright, loads the gateway's /explorer page against a running engram -- real NATS JetStream
 and FalkorDB, the pipeline in-process (turn-detector -> extractor with the offline rules model,
 recall with graph admin) and the sessions service -- after a short conversation was ingested.
-It connects with the API key, picks the group, opens an entity, searches, deletes a fact through
-the confirmation dialog and checks the fact is gone from the page and from the graph. Screenshots
+It connects with the API key, picks the group (episodes, entities, facts with what invalidated
+them, the summary-gate's decisions and an audited skip, the user's preferences and notes), opens an
+entity, searches, deletes a fact through the confirmation dialog and checks the fact is gone from
+the page and from the graph, then deletes a note and a preference. Screenshots
 (group view, an entity, search results) go to ``<pytest tmp>/explorer-screenshots`` (run with
 ``--basetemp DIR`` to keep them; docs/img/explorer.png is the search one).
 
@@ -20,6 +22,7 @@ import pytest
 from engram.models.rules_llm import RulesExtractorClient
 from services.gateway.settings import GatewaySettings
 from services.summary_gate import app as sg_app
+from services.summary_gate.gate import GateSettings
 from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
 from tests.services.gateway.test_memory_routes import sessions_side
 from tests.services.turn_detector.helpers import wait_for
@@ -32,11 +35,13 @@ USER = "ada@example.org"
 QUERY = "Where does Ada live?"
 NOTE = "Ada prefers <b>short</b> answers <img src=x onerror=alert(1)>"  # stored content with markup: shown as text
 
-CONVERSATION = [  # two turns: the second invalidates the first's LIVES_IN fact
+CONVERSATION = [  # three turns: the second invalidates the first's LIVES_IN fact
     ("user", "Ada", "I live in Boston. I work at Acme.", "2026-03-01T09:00:00Z"),
     ("assistant", "", "Noted.", "2026-03-01T09:00:05Z"),
     ("user", "Ada", "I moved to Austin.", "2026-03-02T09:00:00Z"),
     ("assistant", "", "Noted.", "2026-03-02T09:00:05Z"),
+    ("user", "Ada", "I use FastAPI.", "2026-03-03T09:00:00Z"),  # a new fact of Ada's, no flip: skipped
+    ("assistant", "", "Noted.", "2026-03-03T09:00:05Z"),
 ]
 
 pytestmark = [
@@ -48,7 +53,9 @@ pytestmark = [
 
 @contextlib.asynccontextmanager
 async def summary_gate(settings):  # noqa: ANN001, ANN201
-    service = sg_app.build(settings, llm=RulesExtractorClient())
+    # every skip audited; drift never high enough to refresh on its own: a change that is not new
+    # and flips no fact is skipped (and so audited)
+    service = sg_app.build(settings, llm=RulesExtractorClient(), gate=GateSettings(audit_sample_rate=1.0, drift_threshold=2.0))
     await service.start()
     try:
         yield
@@ -94,6 +101,18 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
         ada = await wait_for(summarised, 60, interval=0.5)
         assert ada, "the summary-gate did not summarise Ada in time"
 
+        async def audited() -> dict | None:  # the third turn's change to Ada is skipped, and audited
+            log = (await http.get(f"/summary-log/{group}", headers=auth)).json()
+            return log if any(a["node_name"] == "Ada" for a in log["audits"]) else None
+
+        log = await wait_for(audited, 60, interval=0.5)
+        assert log, "no audited skip of Ada's summary in time"
+        decided = {(d["node_name"], d["decision"], d["reason"]) for d in log["decisions"]}
+        assert {("Ada", "refreshed", "new_entity"), ("Ada", "refreshed", "polarity"), ("Ada", "skipped", "low_drift")} <= decided
+        assert log["decisions"][0]["decided_at"] >= log["decisions"][-1]["decided_at"], "newest first"
+        skip = next(a for a in log["audits"] if a["node_name"] == "Ada")
+        assert skip["reason"] == "low_drift" and "Ada uses FastAPI." in skip["active_facts"], skip
+
         urls: list[str] = []
         async with async_playwright() as pw:
             browser = await pw.chromium.launch_persistent_context(
@@ -116,11 +135,16 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
                 await expect(page.locator(f"#group option[value='{group}']")).to_have_count(1)
                 await page.select_option("#group", group)
                 await page.click("#pick-group button")
-                await expect(page.locator("#episodes li.episode")).to_have_count(2)
+                await expect(page.locator("#episodes li.episode")).to_have_count(3)
                 # newest first, with the source messages
-                await expect(page.locator("#episodes li.episode").first).to_contain_text("Austin")
+                await expect(page.locator("#episodes li.episode").first).to_contain_text("I use FastAPI.")
                 await expect(page.locator("#facts li.fact.invalid")).to_contain_text(["Boston"])
                 await expect(page.locator("#facts li.fact.invalid .invalidated-by")).to_contain_text(["Austin"])
+                # the summary-gate's decisions and the audited skip, from ENGRAM_SUMMARY
+                await expect(page.locator("#decisions li.decision").nth(len(log["decisions"]) - 1)).to_be_visible()
+                await expect(page.locator("#decisions")).to_contain_text("Ada · polarity")
+                await expect(page.locator("#audits li.audit").first).to_contain_text("Ada · skipped: low_drift")
+                await expect(page.locator("#audits")).to_contain_text(skip["kept_summary"])
                 await page.fill("#scope-key", USER)
                 await page.click("#pick-scope button")
                 await expect(page.locator("#preferences")).to_contain_text("city: Austin")
