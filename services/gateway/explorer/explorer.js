@@ -198,6 +198,14 @@ async function loadSummaryLog() {
   }
 }
 
+// Hide the listed episodes, entities and facts that do not contain the filter text (case aside).
+function applyFilter() {
+  const needle = $("filter").value.trim().toLowerCase();
+  for (const li of document.querySelectorAll("#episodes > li, #entities > li, #facts > li")) {
+    li.hidden = Boolean(needle) && !li.textContent.toLowerCase().includes(needle);
+  }
+}
+
 async function loadGroups() {
   const { group_ids: groups } = await api("GET", "groups");
   const select = $("group");
@@ -218,6 +226,7 @@ async function loadGroup() {
   renderEpisodes(episodes);
   renderEntities();
   renderFacts();
+  applyFilter();
   await loadSummaryLog();
   const open = $("entity-section").dataset.uuid;
   if (open && !$("entity-section").hidden) showEntity(open);
@@ -282,6 +291,7 @@ document.addEventListener("DOMContentLoaded", () => {
     await loadGroup();
     status(`Group ${state.group}: ${state.facts.length} facts, ${state.entities.length} entities.`);
   }));
+  $("filter").addEventListener("input", applyFilter);
   $("search").addEventListener("submit", guarded(async () => {
     const query = $("query").value.trim();
     if (query) await search(query);

@@ -14,17 +14,20 @@ Skipped only when /usr/bin/chromium is absent (``.ci/run`` installs it)."""
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime, timezone
 import uuid
 from pathlib import Path
 
+import nats
 import pytest
 
 from engram.models.rules_llm import RulesExtractorClient
+from schemas import SessionClosed, subjects
 from services.gateway.settings import GatewaySettings
+from services.sessions import app as sessions_app
 from services.summary_gate import app as sg_app
 from services.summary_gate.gate import GateSettings
 from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
-from tests.services.gateway.test_memory_routes import sessions_side
 from tests.services.turn_detector.helpers import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -52,6 +55,17 @@ pytestmark = [
 
 
 @contextlib.asynccontextmanager
+async def sessions(settings):  # noqa: ANN001, ANN201
+    """The sessions service: user memory requests and the close stage (session summaries)."""
+    service = sessions_app.build(settings, llm=RulesExtractorClient())
+    await service.start()
+    try:
+        yield
+    finally:
+        await service.stop()
+
+
+@contextlib.asynccontextmanager
 async def summary_gate(settings):  # noqa: ANN001, ANN201
     # every skip audited; drift never high enough to refresh on its own: a change that is not new
     # and flips no fact is skipped (and so audited)
@@ -71,11 +85,19 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
     settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
     group = f"explorer-{uuid.uuid4().hex[:8]}"
     auth = {"x-api-key": KEY}
-    async with pipeline(settings), summary_gate(settings), sessions_side(settings, with_recall=False), \
+    async with pipeline(settings), summary_gate(settings), sessions(settings), \
             serve_gateway(settings, GatewaySettings(api_key=KEY, idle_timeout_s=1)) as http:
         messages = [{"role_type": r, "role": name, "content": text, "timestamp": ts} for r, name, text, ts in CONVERSATION]
         r = await http.post("/messages", json={"group_id": group, "messages": messages}, headers=auth)
         assert r.status_code == 202, r.text
+        # the publisher ends the session (the gateway has no close route): its summary is stored
+        nc = await nats.connect(clean_nats)
+        try:
+            closed_at = SessionClosed(session_id=group, closed_at=datetime(2026, 3, 3, 9, 1, tzinfo=timezone.utc))
+            await nc.jetstream().publish(subjects.in_close(group), closed_at.model_dump_json().encode(),
+                                         stream=subjects.STREAM_IN)
+        finally:
+            await nc.close()
         r = await http.put("/memory/preferences/city", params={"user": USER}, json={"value": "Austin"}, headers=auth)
         assert r.status_code == 200, r.text
         r = await http.post("/memory/notes", params={"user": USER}, json={"text": NOTE}, headers=auth)
@@ -105,6 +127,12 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
             log = (await http.get(f"/summary-log/{group}", headers=auth)).json()
             return log if any(a["node_name"] == "Ada" for a in log["audits"]) else None
 
+        async def closed() -> list | None:
+            r = await http.get("/memory/sessions", params={"session": group}, headers=auth)
+            return r.json() or None
+
+        [record] = await wait_for(closed, 60, interval=0.5) or [None]
+        assert record and record["summary"], "the closed session was not summarised in time"
         log = await wait_for(audited, 60, interval=0.5)
         assert log, "no audited skip of Ada's summary in time"
         decided = {(d["node_name"], d["decision"], d["reason"]) for d in log["decisions"]}
@@ -140,11 +168,25 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
                 await expect(page.locator("#episodes li.episode").first).to_contain_text("I use FastAPI.")
                 await expect(page.locator("#facts li.fact.invalid")).to_contain_text(["Boston"])
                 await expect(page.locator("#facts li.fact.invalid .invalidated-by")).to_contain_text(["Austin"])
+                # the filter narrows the lists in the page
+                listed = await page.locator("#facts > li").count()
+                await page.fill("#filter", "boston")
+                await expect(page.locator("#facts > li:visible")).to_have_count(1)
+                await expect(page.locator("#facts > li:visible")).to_contain_text("Ada lives in Boston.")
+                await expect(page.locator("#episodes > li:visible")).to_have_count(1)
+                await page.fill("#filter", "")
+                await expect(page.locator("#facts > li:visible")).to_have_count(listed)
                 # the summary-gate's decisions and the audited skip, from ENGRAM_SUMMARY
                 await expect(page.locator("#decisions li.decision").nth(len(log["decisions"]) - 1)).to_be_visible()
                 await expect(page.locator("#decisions")).to_contain_text("Ada · polarity")
                 await expect(page.locator("#audits li.audit").first).to_contain_text("Ada · skipped: low_drift")
                 await expect(page.locator("#audits")).to_contain_text(skip["kept_summary"])
+                # the session's summary (session scope), then the user's preferences and notes
+                await page.select_option("#scope-kind", "session")
+                await page.fill("#scope-key", group)
+                await page.click("#pick-scope button")
+                await expect(page.locator("#sessions .summary")).to_have_text([record["summary"]])
+                await page.select_option("#scope-kind", "user")
                 await page.fill("#scope-key", USER)
                 await page.click("#pick-scope button")
                 await expect(page.locator("#preferences")).to_contain_text("city: Austin")
