@@ -130,15 +130,18 @@ async def retry_or_dead_letter(
     ``processing_failed`` and ack. Returns True when the message was dead-lettered.
     An exception with a ``dead_letter_reason`` attribute (e.g. engram.models.openai_compat
     ``LLMOutputTruncated``) is one a redelivery cannot fix: dead-lettered at once with that
-    reason, its message (written to carry no content) in the detail.
+    reason, its message (written to carry no content) in the detail. One with a ``failure_reason``
+    (``LLMUnavailable``: ``llm_unavailable``, ``LLMOutputInvalid``: ``llm_output_invalid``) is
+    retried like any other, and dead-lettered with that reason and its message.
     Only the exception type is logged: messages may carry user content."""
     meta = msg.raw_message.metadata
     seq, delivered = meta.sequence.stream, meta.num_delivered
     final_reason = getattr(exc, "dead_letter_reason", None)
     if delivered >= max_deliveries or final_reason:
         logger.error("giving up on seq=%s after %s deliveries: %s", seq, delivered, type(exc).__name__)
-        detail = f"{type(exc).__name__} after {delivered} deliveries" + (f": {exc}" if final_reason else "")
-        await dead_letter(final_reason or "processing_failed", detail)
+        named = final_reason or getattr(exc, "failure_reason", None)
+        detail = f"{type(exc).__name__} after {delivered} deliveries" + (f": {exc}" if named else "")
+        await dead_letter(named or "processing_failed", detail)
         await msg.ack()
         return True
     logger.warning("retrying seq=%s (delivery %s): %s", seq, delivered, type(exc).__name__,

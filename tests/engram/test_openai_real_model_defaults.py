@@ -25,6 +25,8 @@ class Verdict(BaseModel):
 
 
 async def verdict(body: dict) -> str:
+    if (body.get("response_format") or {}).get("json_schema", {}).get("name") == "CombinedExtraction":
+        return '{"extracted_entities": [], "edges": []}'  # answers are validated against the response model
     return '{"answer": "FastAPI", "tags": ["web"]}'
 
 
