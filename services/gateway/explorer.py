@@ -1,5 +1,5 @@
 """The memory explorer (issue 15): a static page served by the gateway, and the JSON routes it
-needs beyond the Graphiti ones, answered by the recall service over NATS like every other route.
+needs beyond the Graphiti ones, answered over NATS like every other route.
 
 * ``GET /explorer`` (+ ``/explorer/explorer.js``, ``/explorer/explorer.css``): the page, served
   without the API key (it holds no data); it asks for the key and sends it as ``x-api-key`` on
@@ -11,7 +11,6 @@ needs beyond the Graphiti ones, answered by the recall service over NATS like ev
   each invalidated one with the fact and episode that invalidated it (``engram.graph.episodes``
   then ``engram.graph.edge.get`` per fact: recall has no "facts of a group" request, so the
   listing is bounded by ``last_n`` episodes and :data:`MAX_FACTS`)
-
 * ``GET /summary-log/{group_id}`` the summary-gate's latest decisions and sampled skip audits:
   they exist only as messages in the ENGRAM_SUMMARY stream (no service answers a request for
   them), so the gateway reads that stream itself through short-lived ephemeral consumers
@@ -34,9 +33,9 @@ from typing import Annotated
 
 import nats.errors
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, Field
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pydantic import BaseModel, Field, ValidationError
 
 from schemas import subjects
 from schemas.messages import (
@@ -61,9 +60,10 @@ from services.gateway.settings import GatewaySettings
 MAX_FACTS = 500
 """Most facts ``GET /facts/{group_id}`` fetches (one NATS request each)."""
 FETCH_CONCURRENCY = 8
-SUMMARY_SCAN_MAX = 20_000
-"""Most ENGRAM_SUMMARY messages of one group and kind read to find the newest ones."""
 """``engram.graph.edge.get`` requests in flight at once."""
+SUMMARY_SCAN_MAX = 20_000
+"""Most ENGRAM_SUMMARY messages read to find a group's newest decisions (or audits): the newest
+of the stream's messages."""
 
 PAGE_FILES = {
     "explorer.js": "text/javascript; charset=utf-8",
@@ -100,9 +100,6 @@ class ExplorerFact(EntityEdgeResult):
     invalidated_by: str | None = Field(
         None, description="uuid of the fact that invalidated this one, when the invalidating episode names one.")
     invalidated_in: str | None = Field(None, description="uuid of the episode that invalidated this fact.")
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class SummaryLog(BaseModel):
@@ -149,6 +146,9 @@ async def newest_messages(js, stream: str, subject: str, limit: int, scan_max: i
             await js.delete_consumer(stream, name)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _same_instant(a: datetime | None, b: datetime | None) -> bool:
     try:
         return a is not None and b is not None and a == b
@@ -193,6 +193,17 @@ def facts_with_invalidators(episodes: Sequence[GraphEpisode], facts: Sequence[Gr
     for fact in facts:
         by, episode_uuid = found.get(fact.uuid, (None, None))
         out.append(ExplorerFact(**mapping.edge_result(fact).model_dump(), invalidated_by=by, invalidated_in=episode_uuid))
+    return out
+
+
+def _parsed(model: type[BaseModel], bodies: Sequence[bytes]) -> list:
+    """The bodies that are valid ``model`` instances (one written by another schema version is left out)."""
+    out = []
+    for body in bodies:
+        try:
+            out.append(model.model_validate_json(body))
+        except ValidationError:
+            continue
     return out
 
 
@@ -260,8 +271,8 @@ def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -
         except Exception as exc:  # noqa: BLE001 - stream missing, no rights, timeout: retry later
             raise HTTPException(503, f"cannot read the summary-gate's log from ENGRAM_SUMMARY ({type(exc).__name__})",
                                 headers={"Retry-After": "1"}) from exc
-        return SummaryLog(decisions=[SummaryEvent.model_validate_json(b) for b in events],
-                          audits=[SummaryAudit.model_validate_json(b) for b in audits], scanned=n_events + n_audits)
+        return SummaryLog(decisions=_parsed(SummaryEvent, events), audits=_parsed(SummaryAudit, audits),
+                          scanned=n_events + n_audits)
 
 
 def _page_file(name: str) -> bytes:

@@ -19,7 +19,7 @@ from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import subjects
 from schemas.messages import GraphEpisode, GraphFact, SummaryAudit, SummaryEvent
-from services.gateway.explorer import PAGE_FILES, facts_with_invalidators, invalidator, newest_messages
+from services.gateway.explorer import PAGE_FILES, facts_with_invalidators, invalidator, newest_messages, _parsed
 from services.gateway.settings import GatewaySettings
 from tests.engram.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
 from tests.services.gateway.test_gateway import serve_gateway, settings_for
@@ -140,6 +140,7 @@ async def test_newest_messages_of_a_subject_newest_first(clean_nats) -> None:  #
         newest, read = await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary("a"), 3, scan_max=10)
         assert [SummaryEvent.model_validate_json(b).node_uuid for b in newest] == ["n29", "n28", "n27"] and read <= 10
         assert (await newest_messages(js, subjects.STREAM_SUMMARY, subjects.summary("nobody"), 5)) == ([], 0)
+        assert [e.node_uuid for e in _parsed(SummaryEvent, [b"{}", newest[0], b"not json"])] == ["n29"]
         assert len(of_a) == 30
         # nothing left behind: the ephemeral consumers are deleted
         assert (await js.stream_info(subjects.STREAM_SUMMARY)).state.consumer_count == 0
