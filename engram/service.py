@@ -115,6 +115,22 @@ def _partition_subscriber(broker: NatsBroker, js_stream: JStream, config: Any, t
     )
 
 
+def keep_alive(msg: Any, ack_wait_s: float) -> asyncio.Task:
+    """Tell the server every ``ack_wait_s / 3`` that ``msg`` is still being worked on (an LLM call
+    may outlast the ack wait); cancel the task when done. This is what lets the ack wait stay
+    short: a message whose worker was killed is redelivered after ``ack_wait_s``, not minutes."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(ack_wait_s / 3)
+            try:
+                await msg.in_progress()
+            except Exception:  # noqa: BLE001 - connection down: the next beat (or ack_wait) decides
+                log.debug("in_progress failed", exc_info=True)
+
+    return asyncio.create_task(beat(), name="keep-alive")
+
+
 async def retry_or_dead_letter(
     msg: Any,
     exc: BaseException,

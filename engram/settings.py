@@ -129,7 +129,10 @@ class EngramSettings(BaseSettings):
     )
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
-    ack_wait_s: float = Field(30.0, gt=0, description="JetStream ack wait of engram's consumers: an unacked message is redelivered after it.")
+    ack_wait_s: float = Field(
+        30.0, gt=0, description="JetStream ack wait of engram's consumers: a message whose worker died is redelivered "
+        "after it. Handlers that wait on an LLM report progress every ack_wait/3, so it bounds crash recovery, not "
+        "how long one message may take.")
     stream_replicas: int = Field(
         1, ge=1, le=5,
         description="Replicas of every engram stream and KV bucket (their consumers follow the stream): 1 for one "

@@ -226,7 +226,7 @@ class Topology:
         # graphiti needs a group's episodes in order; LLM calls are slow (the handler also
         # reports progress while it works)
         return self._one_at_a_time(self.extractor_durable(partition), self.extractor_filter(partition),
-                                   f"extractor, episode partition {partition}", max(self.ack_wait_s, 120.0))
+                                   f"extractor, episode partition {partition}", self.ack_wait_s)
 
     @staticmethod
     def summary_gate_durable(partition: int) -> str:
@@ -239,7 +239,7 @@ class Topology:
     def summary_gate_consumer(self, partition: int) -> ConsumerConfig:
         # a node's gate state must see its deltas in order; a refresh is an LLM call
         return self._one_at_a_time(self.summary_gate_durable(partition), self.summary_gate_filter(partition),
-                                   f"summary-gate, delta partition {partition}", max(self.ack_wait_s, 120.0))
+                                   f"summary-gate, delta partition {partition}", self.ack_wait_s)
 
     SESSIONS_DURABLE = "sessions"
 
@@ -253,7 +253,7 @@ class Topology:
             filter_subject="engram.session.closed.*",
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=max(self.ack_wait_s, 300.0),
+            ack_wait=self.ack_wait_s,
             max_ack_pending=4,
             max_deliver=-1,
         )

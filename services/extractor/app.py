@@ -54,6 +54,7 @@ from engram.service import (
     CapacityPuller,
     ServiceApp,
     jetstream,
+    keep_alive,
     make_broker,
     retry_or_dead_letter,
     subscribe_partitions_with_capacity,
@@ -160,7 +161,7 @@ class Extractor:
             EPISODES.labels(outcome="dead_lettered").inc()
             await msg.ack()
             return
-        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
             async with self.capacity:
                 outcome = await self._process(episode)
@@ -177,10 +178,6 @@ class Extractor:
         EPISODE_SECONDS.observe(time.perf_counter() - started)
         await msg.ack()
 
-    async def _keep_alive(self, msg: Any) -> None:
-        while True:  # an LLM call may outlast ack_wait: tell the server we are still working
-            await asyncio.sleep(15)
-            await msg.in_progress()
 
     async def _process(self, episode: Episode) -> str:
         clients = await self._clients(episode.group_id)

@@ -53,7 +53,7 @@ from engram.graph import GraphDrivers
 from engram.pipeline_metrics import BacklogMonitor
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import LLMSettings, build_llm
-from engram.service import ServiceApp, jetstream, make_broker, retry_or_dead_letter, subscribe_partitions
+from engram.service import ServiceApp, jetstream, keep_alive, make_broker, retry_or_dead_letter, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import subjects
@@ -151,7 +151,7 @@ class SessionCloser:
             MESSAGES.labels(outcome="dead_lettered").inc()
             await msg.ack()
             return
-        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
             outcome = await self.close(event)
         except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
@@ -170,10 +170,6 @@ class SessionCloser:
         MESSAGES.labels(outcome=outcome).inc()
         await msg.ack()
 
-    async def _keep_alive(self, msg: Any) -> None:
-        while True:
-            await asyncio.sleep(15)
-            await msg.in_progress()
 
     async def _renew(self, group: str, segment_id: str, token: str) -> None:
         """Keep the claim younger than the lease while this worker closes the segment."""

@@ -47,7 +47,7 @@ from engram.graph import GraphDrivers
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
-from engram.service import ServiceApp, jetstream, make_broker, retry_or_dead_letter, subscribe_partitions
+from engram.service import ServiceApp, jetstream, keep_alive, make_broker, retry_or_dead_letter, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
@@ -149,7 +149,7 @@ class SummaryGate:
             MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
             await msg.ack()
             return
-        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
             outcome = await (self.on_tick(event) if isinstance(event, SummaryTick) else self.on_delta(event))
         except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
@@ -164,10 +164,6 @@ class SummaryGate:
         MESSAGES.labels(kind=kind, outcome=outcome).inc()
         await msg.ack()
 
-    async def _keep_alive(self, msg: Any) -> None:
-        while True:
-            await asyncio.sleep(15)
-            await msg.in_progress()
 
     # --- decisions ---------------------------------------------------------------------------
     async def on_delta(self, delta: NodeDelta) -> str:

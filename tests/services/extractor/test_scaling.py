@@ -226,7 +226,7 @@ async def test_stop_nacks_an_episode_still_in_flight_after_the_grace_period(clea
     finally:
         trace.gates[group].set()
     try:
-        # ack_wait is 120 s: only a nack lets another replica have the episode within the test.
+        # ack_wait is 30 s: only a nack lets another replica have the episode within the test.
         second = replica(settings, 1, trace)
         await second.start()
         infos = await wait_for(lambda: durables_settled(js), 20)
