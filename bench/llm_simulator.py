@@ -31,8 +31,9 @@ API (thread-safe enough for one test or bench driving it)::
 
 A scheduled fault with ``prompt`` set waits for a request whose response model has that name
 (the ``json_schema`` name, or the title of the schema graphiti puts in the prompt). Faults
-apply to ``/v1/chat/completions``; ``/v1/embeddings`` answers engram's hashing vectors and
-``/v1/models`` lists the served model names. Nothing of a request's content is logged.
+apply to ``/v1/chat/completions`` unless made with ``path=EMBEDDINGS`` (then the HTTP-level ones,
+rate_limit, server_error, hang and slow, apply to ``/v1/embeddings``, which answers engram's
+hashing vectors; ``sim.embeddings_default``); ``/v1/models`` lists the served model names. Nothing of a request's content is logged.
 
 Run standalone: ``python -m bench.llm_simulator --port 8000 --fault-rate 0.2`` (Ctrl-C stops).
 """
@@ -59,6 +60,7 @@ from pydantic import BaseModel
 FaultKind = Literal["ok", "rate_limit", "server_error", "hang", "slow", "invalid_json", "truncated", "schema", "empty"]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
 _SCHEMA_IN_PROMPT = re.compile(r"Respond with a JSON object in the following format:\n\n(\{.*\})", re.S)
 
 
@@ -69,28 +71,29 @@ class Fault:
     retry_after_s: float = 1.0  # rate_limit
     seconds: float = 0.0  # hang, slow
     prompt: str | None = None  # only a request for this response model (None: any request)
+    path: str = "/v1/chat/completions"  # or EMBEDDINGS: rate_limit, server_error, hang and slow apply there
 
 
 def ok(prompt: str | None = None) -> Fault:
     return Fault("ok", prompt=prompt)
 
 
-def rate_limit(retry_after_s: float = 1.0, prompt: str | None = None) -> Fault:
-    return Fault("rate_limit", retry_after_s=retry_after_s, prompt=prompt)
+def rate_limit(retry_after_s: float = 1.0, prompt: str | None = None, path: str = CHAT) -> Fault:
+    return Fault("rate_limit", retry_after_s=retry_after_s, prompt=prompt, path=path)
 
 
-def server_error(status: int = 500, prompt: str | None = None) -> Fault:
+def server_error(status: int = 500, prompt: str | None = None, path: str = CHAT) -> Fault:
     if not 500 <= status < 600:
         raise ValueError("server_error needs a 5xx status")
-    return Fault("server_error", status=status, prompt=prompt)
+    return Fault("server_error", status=status, prompt=prompt, path=path)
 
 
-def hang(seconds: float = 3600.0, prompt: str | None = None) -> Fault:
-    return Fault("hang", seconds=seconds, prompt=prompt)
+def hang(seconds: float = 3600.0, prompt: str | None = None, path: str = CHAT) -> Fault:
+    return Fault("hang", seconds=seconds, prompt=prompt, path=path)
 
 
-def slow(seconds: float, prompt: str | None = None) -> Fault:
-    return Fault("slow", seconds=seconds, prompt=prompt)
+def slow(seconds: float, prompt: str | None = None, path: str = CHAT) -> Fault:
+    return Fault("slow", seconds=seconds, prompt=prompt, path=path)
 
 
 def invalid_json(prompt: str | None = None) -> Fault:
@@ -178,6 +181,7 @@ class LLMSimulator:
         from engram.models.rules_llm import RulesExtractorClient
 
         self.default: Fault = ok()
+        self.embeddings_default: Fault = Fault(path=EMBEDDINGS)
         self.latency_s = 0.0
         self.served: list[Served] = []
         self.model_names = list(model_names)
@@ -204,6 +208,7 @@ class LLMSimulator:
             self._queue.clear()
             self._mix = None
         self.default = ok()
+        self.embeddings_default = Fault(path=EMBEDDINGS)
 
     def mix(self, rate: float, faults: Iterable[Fault], *, seed: int = 0) -> None:
         """Requests with no scheduled fault get one of ``faults`` with probability ``rate``."""
@@ -218,16 +223,18 @@ class LLMSimulator:
         return sum(1 for s in list(self.served)
                    if s.path == path and (kind is None or s.kind == kind) and (prompt is None or s.prompt == prompt))
 
-    def _next_fault(self, prompt: str | None) -> Fault:
+    def _next_fault(self, prompt: str | None, path: str = CHAT) -> Fault:
         with self._lock:
             for i, fault in enumerate(self._queue):
-                if fault.prompt is None or fault.prompt == prompt:
+                if fault.path == path and (fault.prompt is None or fault.prompt == prompt):
                     return self._queue.pop(i)
             if self._mix is not None:
                 rate, faults, rng = self._mix
-                if faults and rng.random() < rate:
-                    return rng.choice(faults)
-        return self.default
+                mine = [f for f in faults if f.path == path]
+                if mine and rng.random() < rate:
+                    return rng.choice(mine)
+        default = self.default if path == CHAT else self.embeddings_default
+        return default if default.path == path else Fault(path=path)
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -279,6 +286,24 @@ class LLMSimulator:
         messages = [Message(role=m.get("role", "user"), content=str(m.get("content", ""))) for m in body.get("messages", [])]
         return self._rules.respond(messages, self._models.get(prompt or ""))
 
+    async def _http_fault(self, fault: Fault, path: str, prompt: str | None, max_tokens: int | None) -> JSONResponse | None:
+        """Records the request; the error response of an HTTP-level fault, or None after the
+        fault's and the simulator's delay (the caller answers)."""
+        status = 429 if fault.kind == "rate_limit" else fault.status if fault.kind == "server_error" else 200
+        self.served.append(Served(time.monotonic(), path, prompt, fault.kind, status, max_tokens))
+        if fault.kind == "rate_limit":
+            return JSONResponse({"error": {"message": "Rate limit reached, retry later", "type": "rate_limit_exceeded",
+                                           "code": "rate_limit_exceeded"}}, status_code=429,
+                                headers={"retry-after": f"{fault.retry_after_s:g}"})
+        if fault.kind == "server_error":
+            return JSONResponse({"error": {"message": "The server had an error processing your request",
+                                           "type": "server_error"}}, status_code=fault.status)
+        if fault.kind in ("hang", "slow"):
+            await self._wait(fault.seconds)
+        if self.latency_s:
+            await self._wait(self.latency_s)
+        return None
+
     def _app(self) -> FastAPI:
         app = FastAPI(title="engram LLM simulator")
 
@@ -287,14 +312,17 @@ class LLMSimulator:
             return JSONResponse({"object": "list", "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "engram-simulator"} for name in self.model_names]})
 
-        @app.post("/v1/embeddings")
+        @app.post(EMBEDDINGS)
         async def embeddings(request: Request) -> JSONResponse:
             from engram.models.hashing_embedder import hash_embed
 
             body = await request.json()
+            fault = self._next_fault(None, EMBEDDINGS)
+            failed = await self._http_fault(fault, EMBEDDINGS, None, None)
+            if failed is not None:
+                return failed
             inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
             dim = int(body.get("dimensions") or self.embedding_dim)
-            self.served.append(Served(time.monotonic(), "/v1/embeddings", None, "ok", 200))
             return JSONResponse({"object": "list", "model": body.get("model", "sim"), "usage": {
                 "prompt_tokens": len(inputs), "total_tokens": len(inputs)}, "data": [
                 {"object": "embedding", "index": i, "embedding": hash_embed(text if isinstance(text, str) else str(text), dim)}
@@ -305,19 +333,9 @@ class LLMSimulator:
             body = await request.json()
             prompt = response_model_name(body)
             fault = self._next_fault(prompt)
-            status = 429 if fault.kind == "rate_limit" else fault.status if fault.kind == "server_error" else 200
-            self.served.append(Served(time.monotonic(), CHAT, prompt, fault.kind, status, body.get("max_tokens")))
-            if fault.kind == "rate_limit":
-                return JSONResponse({"error": {"message": "Rate limit reached, retry later", "type": "rate_limit_exceeded",
-                                               "code": "rate_limit_exceeded"}}, status_code=429,
-                                    headers={"retry-after": f"{fault.retry_after_s:g}"})
-            if fault.kind == "server_error":
-                return JSONResponse({"error": {"message": "The server had an error processing your request",
-                                               "type": "server_error"}}, status_code=fault.status)
-            if fault.kind in ("hang", "slow"):
-                await self._wait(fault.seconds)
-            if self.latency_s:
-                await self._wait(self.latency_s)
+            failed = await self._http_fault(fault, CHAT, prompt, body.get("max_tokens"))
+            if failed is not None:
+                return failed
             answer = json.dumps(self._answer(body, prompt))
             finish, n_out = "stop", max(1, len(answer) // 4)
             if fault.kind == "invalid_json":

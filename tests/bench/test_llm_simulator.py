@@ -108,3 +108,17 @@ async def test_embeddings_and_models(sim: LLMSimulator) -> None:
     assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 32
     assert vectors.data[0].embedding == vectors.data[1].embedding
     assert sim.count(path="/v1/embeddings") == 1
+
+
+async def test_http_faults_on_the_embeddings_endpoint(sim: LLMSimulator) -> None:
+    from bench.llm_simulator import EMBEDDINGS
+
+    sim.schedule(server_error(503, path=EMBEDDINGS), rate_limit(2, path=EMBEDDINGS))
+    assert (await ask(sdk(sim))).choices[0].finish_reason == "stop"  # chat: not aimed at
+    with pytest.raises(openai.InternalServerError):
+        await sdk(sim).embeddings.create(model="e", input=["x"])
+    with pytest.raises(openai.RateLimitError):
+        await sdk(sim).embeddings.create(model="e", input=["x"])
+    assert len((await sdk(sim).embeddings.create(model="e", input=["x"])).data) == 1
+    assert [(s.path, s.kind) for s in sim.served] == [
+        ("/v1/chat/completions", "ok"), (EMBEDDINGS, "server_error"), (EMBEDDINGS, "rate_limit"), (EMBEDDINGS, "ok")]

@@ -25,6 +25,7 @@ import pytest
 from graphiti_core.driver.falkordb_driver import FalkorDriver
 
 from bench.llm_simulator import (
+    EMBEDDINGS,
     Fault,
     LLMSimulator,
     empty,
@@ -37,7 +38,7 @@ from bench.llm_simulator import (
     truncated,
 )
 from engram.dlq import replay_dead_letters
-from engram.models.factory import LLMSettings, build_llm
+from engram.models.factory import EmbedderSettings, LLMSettings, build_llm
 from engram.models.openai_compat import llm_stats
 from engram.settings import EngramSettings, TurnDetectorSettings
 from schemas import Episode, EpisodeMessage, subjects
@@ -122,12 +123,13 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def extractor(sim: LLMSimulator, nats_url: str, graph_url: str, tmp_path: Path, *, timeout_s: float = 5.0,
-                    max_retries: int = 2, max_deliveries: int = 2) -> AsyncIterator[Harness]:
+                    max_retries: int = 2, max_deliveries: int = 2, embed_on_sim: bool = False) -> AsyncIterator[Harness]:
     llm = build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim", requests_per_second=1000,
                                 timeout_s=timeout_s, max_retries=max_retries))
     settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp_path, partitions=1,
                               turn=TurnDetectorSettings(max_deliveries=max_deliveries))
-    service = ex_app.build(settings, llm=llm)
+    embedder = EmbedderSettings(provider="openai", base_url=sim.base_url, model="sim-embed", dim=256) if embed_on_sim else None
+    service = ex_app.build(settings, llm=llm, embedder_settings=embedder)
     await service.start()
     group_id = f"faults_{uuid.uuid4().hex[:10]}"
     host, port = graph_url.split("://", 1)[1].rsplit(":", 1)
@@ -244,3 +246,22 @@ async def test_a_slow_model_within_the_timeout_costs_no_retry(
         assert stats.http_requests == stats.calls == sim.count("slow")  # one request per call: no timeout, no retry
         assert stats.failed == 0
         assert outcome.seconds >= stats.calls * 1.0  # the calls did wait
+
+
+async def test_embeddings_from_the_same_server_survive_its_faults(
+    sim: LLMSimulator, clean_nats: str, falkordb_server: Any, tmp_path: Path,
+) -> None:
+    """``ENGRAM_EMBEDDER_PROVIDER=openai`` on the simulator's base URL: a 429 and a 503 on
+    /v1/embeddings are retried by the SDK; a server whose embeddings stay down dead-letters the
+    episode after its deliveries with reason ``embedder_unavailable`` (was ``processing_failed``)."""
+    async with extractor(sim, clean_nats, falkordb_server.url, tmp_path, embed_on_sim=True) as h:
+        sim.schedule(rate_limit(0.2, path=EMBEDDINGS), server_error(503, path=EMBEDDINGS))
+        assert_in_graph_once(await h.run(h.episode()))
+        assert sim.count("rate_limit", path=EMBEDDINGS) == sim.count("server_error", path=EMBEDDINGS) == 1
+        assert sim.count("ok", path=EMBEDDINGS) >= 2
+        sim.embeddings_default = server_error(503, path=EMBEDDINGS)
+        episode = h.episode()
+        outcome = await h.run(episode)
+        assert_dead_lettered(outcome, "embedder_unavailable", episode)
+        assert "EmbedderUnavailable after 2 deliveries" in outcome.detail
+        assert "InternalServerError (HTTP 503)" in outcome.detail
