@@ -273,12 +273,21 @@ class GraphDrivers:
 
     def _new_client(self) -> Any:
         from falkordb.asyncio import FalkorDB
+        from redis.asyncio import BlockingConnectionPool
 
         url = urllib.parse.urlparse(self.settings.resolved_graph_url())
-        return FalkorDB(
+        # A blocking pool: a query beyond ENGRAM_GRAPH_MAX_CONNECTIONS waits for a free connection
+        # (up to ENGRAM_GRAPH_POOL_TIMEOUT_S) instead of failing with "Too many connections", as
+        # redis-py's default pool does. graphiti runs up to SEMAPHORE_LIMIT queries of one episode
+        # at once, times the extractor's concurrency: 30 groups ingested together hit the default
+        # pool's 100 (issue 16, bench/load.py). The pool also bounds this process's graph queries.
+        pool = BlockingConnectionPool(
             host=url.hostname or "127.0.0.1", port=url.port or 6379, password=url.password,
             socket_connect_timeout=SOCKET_CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
+            decode_responses=True,  # FalkorDB's client expects str replies (it sets this itself without a pool)
+            max_connections=self.settings.graph_max_connections, timeout=self.settings.graph_pool_timeout_s,
         )
+        return FalkorDB(connection_pool=pool)
 
     def driver_for(self, group_id: str) -> GraphDriver:
         """The group's driver, created on first use; no graph I/O (see :meth:`driver`)."""

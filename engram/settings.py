@@ -116,6 +116,14 @@ class EngramSettings(BaseSettings):
     )
     graph_backend: Literal["falkordb", "neo4j"] = Field("falkordb", description="The graph database graphiti writes to.")
     graph_url: str | None = Field(None, description="falkor://host:port (or redis://) of a FalkorDB server.")
+    graph_max_connections: int = Field(
+        64, ge=1, le=10_000, description="FalkorDB connections one process opens at most; a query beyond waits for "
+        "a free one (ENGRAM_GRAPH_POOL_TIMEOUT_S) instead of failing. Bounds the process's concurrent graph queries.",
+    )
+    graph_pool_timeout_s: float = Field(
+        60.0, gt=0, description="How long a graph query waits for a free FalkorDB connection before it fails "
+        "(and its episode is retried).",
+    )
     neo4j_uri: str | None = Field(None, description="bolt:// or neo4j:// URI of a Neo4j 5 server (graph_backend=neo4j).")
     neo4j_user: str = Field("neo4j", description="Neo4j user (graph_backend=neo4j).")
     neo4j_password: SecretStr = Field(SecretStr(""), description="Neo4j password (graph_backend=neo4j).")
