@@ -48,7 +48,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -176,10 +176,23 @@ def _wrong_type(value: Any) -> Any:
     return ["unexpected"]
 
 
+Answer = Callable[[dict[str, Any]], Awaitable[str]]
+
+
 class LLMSimulator:
-    def __init__(self, *, model_names: Iterable[str] = ("sim",), embedding_dim: int = 256) -> None:
+    """``answer``: the JSON text for a chat request body, instead of the rules model's answer.
+    ``keep_bodies``: keep every chat request body in ``bodies`` (tests of what the client sends;
+    off by default: prompts are kilobytes each). ``refuse``: ``response_format`` types answered
+    with HTTP 400, as servers without e.g. ``json_schema`` support do (before any fault)."""
+
+    def __init__(self, *, model_names: Iterable[str] = ("sim",), embedding_dim: int = 256,
+                 answer: Answer | None = None, keep_bodies: bool = False) -> None:
         from engram.models.rules_llm import RulesExtractorClient
 
+        self.custom_answer = answer
+        self.keep_bodies = keep_bodies
+        self.bodies: list[dict[str, Any]] = []
+        self.refuse: set[str] = set()
         self.default: Fault = ok()
         self.embeddings_default: Fault = Fault(path=EMBEDDINGS)
         self.latency_s = 0.0
@@ -331,19 +344,29 @@ class LLMSimulator:
         @app.post(CHAT)
         async def chat(request: Request) -> JSONResponse:
             body = await request.json()
+            if self.keep_bodies:
+                self.bodies.append(body)
+            kind = (body.get("response_format") or {}).get("type", "none")
+            if kind in self.refuse:
+                self.served.append(Served(time.monotonic(), CHAT, None, "refused", 400, body.get("max_tokens")))
+                return JSONResponse({"error": {"message": f"response_format type {kind} is not supported",
+                                               "type": "invalid_request_error"}}, status_code=400)
             prompt = response_model_name(body)
             fault = self._next_fault(prompt)
             failed = await self._http_fault(fault, CHAT, prompt, body.get("max_tokens"))
             if failed is not None:
                 return failed
-            answer = json.dumps(self._answer(body, prompt))
+            answer = await self.custom_answer(body) if self.custom_answer else json.dumps(self._answer(body, prompt))
             finish, n_out = "stop", max(1, len(answer) // 4)
             if fault.kind == "invalid_json":
                 answer = "Sure! Here is the JSON you asked for: {" + answer[:40]
             elif fault.kind == "truncated":
                 answer, finish, n_out = answer[: max(1, len(answer) // 2)], "length", int(body.get("max_tokens") or n_out)
             elif fault.kind == "schema":
-                answer = json.dumps(violate(json.loads(answer)))
+                try:
+                    answer = json.dumps(violate(json.loads(answer)))
+                except ValueError:  # a custom answer that is not JSON
+                    answer = json.dumps(violate(None))
             elif fault.kind == "empty":
                 answer = ""
             return JSONResponse({
