@@ -30,6 +30,15 @@ DLQ_MESSAGES = Counter(
     ["stage", "reason"],
 )
 HDR_ORIGINAL_MSG_ID = "Engram-Original-Msg-Id"
+HDR_TRUNCATED = "Engram-Dlq-Truncated"
+"""Set when the dead letter keeps only the head of a payload too large to store with its headers:
+the original length in bytes."""
+
+
+def subject_token(subject: str) -> str:
+    """The last token of a subject: the session or group an ``engram.<kind>.[<p>.]<token>``
+    message was published for. Stages dead-letter a message whose body names another one."""
+    return subject.rsplit(".", 1)[-1]
 
 
 def publish_subject_of(stored_subject: str) -> str:
@@ -69,8 +78,25 @@ async def dead_letter(
             subjects.HDR_MSG_ID: f"dlq:{stage}:{source_id}",
         }
     )
+    # Payload and headers together must fit NATS's max_payload, or the server refuses the publish
+    # and closes the connection: the source would never be acked. A message published near that
+    # limit (or grown by the scrub's U+FFFD replacements) keeps its head and says how long it was.
+    # (the headers nats-py adds, Nats-Expected-Stream and Engram-Dlq-Truncated: within the margin)
+    room = _max_payload(js) - _header_bytes(out) - 256
+    if len(payload) > room:
+        out[HDR_TRUNCATED] = str(len(payload))
+        payload = payload[: max(0, room)]
     await js.publish(subjects.dlq(stage), payload, headers=out, stream=subjects.STREAM_DLQ)
     DLQ_MESSAGES.labels(stage=stage, reason=reason).inc()
+
+
+def _max_payload(js: JetStreamContext) -> int:
+    return int(getattr(getattr(js, "_nc", None), "max_payload", 0) or 1024 * 1024)
+
+
+def _header_bytes(headers: dict[str, str]) -> int:
+    """Size of the NATS header block (``NATS/1.0\\r\\n``, ``key: value\\r\\n`` each, ``\\r\\n``)."""
+    return 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
 
 
 def scrub_payload(payload: bytes) -> bytes:
@@ -79,9 +105,10 @@ def scrub_payload(payload: bytes) -> bytes:
     text = payload.decode("utf-8", errors="replace")
     try:
         document = json.loads(text)
-    except ValueError:
+        scrubbed, changed = _scrub_json(document)
+    except (ValueError, RecursionError):
+        # not JSON, or nested deeper than the parser or the walk goes (hostile input): as text
         return scrub_secrets(text).text.encode("utf-8")
-    scrubbed, changed = _scrub_json(document)
     return json.dumps(scrubbed, ensure_ascii=False).encode("utf-8") if changed else payload
 
 
@@ -99,9 +126,13 @@ def _scrub_json(value: Any) -> tuple[Any, bool]:
 
 
 def _is_transport_header(name: str) -> bool:
-    """Headers that describe one publish (expected stream, schedules, our DLQ bookkeeping)
-    and must not travel with a dead letter or its replay."""
-    return name.startswith(("Engram-Dlq-", "Nats-Expected-", "Nats-Schedule"))
+    """Headers that describe one publish (our DLQ bookkeeping, and every ``Nats-`` directive to
+    the server: expected stream or sequence, schedules, rollups, TTLs) and must not travel with a
+    dead letter or its replay. A publisher's forged ``Nats-Rollup`` was stored with its message
+    and then made the DLQ stream refuse the dead letter, so the message was never acked and held
+    its partition (tests/fuzz). ``Nats-Msg-Id`` is kept apart: it becomes Engram-Original-Msg-Id."""
+    lower = name.lower()
+    return lower.startswith("engram-dlq-") or (lower.startswith("nats-") and lower != subjects.HDR_MSG_ID.lower())
 
 
 @dataclass(frozen=True)

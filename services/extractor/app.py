@@ -161,6 +161,13 @@ class Extractor:
             EPISODES.labels(outcome="dead_lettered").inc()
             await msg.ack()
             return
+        if episode.group_id != dlq.subject_token(raw.subject):
+            # the subject's group chose the partition (the group's order): a body naming another
+            # group would be written outside that group's order, into a group it was not sent to
+            await self._dead_letter(raw, "group_mismatch", "group_id in body differs from the subject's group token")
+            EPISODES.labels(outcome="dead_lettered").inc()
+            await msg.ack()
+            return
         heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
             async with self.capacity:

@@ -151,6 +151,11 @@ class SessionCloser:
             MESSAGES.labels(outcome="dead_lettered").inc()
             await msg.ack()
             return
+        if event.session_id != dlq.subject_token(raw.subject):
+            await self._dead_letter(raw, "session_mismatch", "session_id in body differs from the subject's session token")
+            MESSAGES.labels(outcome="dead_lettered").inc()
+            await msg.ack()
+            return
         heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
             outcome = await self.close(event)

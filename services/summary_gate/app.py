@@ -82,7 +82,7 @@ def _message_type(data: bytes) -> str | None:
     JSON gives None and fails validation as a NodeDelta, with its reason."""
     try:
         value = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json goes (hostile input)
         return None
     return value.get("type") if isinstance(value, dict) else None
 
@@ -146,6 +146,13 @@ class SummaryGate:
         except ValidationError as exc:
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10])
             await self._dead_letter(raw, "schema", detail)
+            MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
+            await msg.ack()
+            return
+        if event.group_id != dlq.subject_token(raw.subject):
+            # the subject's group chose the partition (the group's order): a body naming another
+            # group would be applied outside that group's order, into a group it was not sent to
+            await self._dead_letter(raw, "group_mismatch", "group_id in body differs from the subject's group token")
             MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
             await msg.ack()
             return

@@ -24,11 +24,12 @@ from typing import Any
 from faststream.nats import NatsBroker
 import nats.js.errors
 from nats.js import JetStreamContext
+from pydantic import TypeAdapter, ValidationError
 
 from engram import dlq, tracing
 from engram.epochs import SessionEpochs
 from engram.pipeline_metrics import BacklogMonitor
-from engram.service import ServiceApp, jetstream, make_broker, subscribe_partitions
+from engram.service import ServiceApp, jetstream, make_broker, message_itself, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.tokens import token_counter
 from engram.topology import Topology, ensure_topology
@@ -52,6 +53,7 @@ from services.turn_detector.retention import InputEraser
 from services.turn_detector.state import SessionStore, StaleState
 
 STAGE = "turn_detector"
+_SESSION_IDS = TypeAdapter(list[str])
 Event = ChatMessage | SessionClosed | SessionIdle
 
 
@@ -373,8 +375,15 @@ def build(settings: EngramSettings | None = None) -> ServiceApp:
     consumers = [topology.turn_detector_consumer(p) for p in range(settings.partitions)]
     subscribe_partitions(broker, subjects.STREAM_IN, consumers, detector.handle, title="turn-detector")
 
-    @broker.subscriber(subjects.CTL_FORGET_SESSIONS)
-    async def forget(session_ids: list[str]) -> None:  # core NATS: every replica hears it
+    @broker.subscriber(subjects.CTL_FORGET_SESSIONS, decoder=message_itself)
+    async def forget(msg: Any) -> None:  # core NATS: every replica hears it
+        # parsed here, not by FastStream: its validation error would be logged with the body
+        try:
+            session_ids = _SESSION_IDS.validate_json(msg.body)
+        except ValidationError as exc:
+            log.warning("ignored a malformed forget-sessions message: %s",
+                        "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['type']}" for e in exc.errors()[:5]))
+            return
         detector.forget_sessions(session_ids)
 
     app = ServiceApp(name="turn-detector", broker=broker, on_startup=[detector.start], on_shutdown=[detector.stop])

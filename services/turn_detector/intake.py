@@ -71,6 +71,8 @@ def _classify_rejection(kind: str, payload: bytes) -> Rejected:
         data = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return Rejected("malformed_json", f"{type(exc).__name__} at position {getattr(exc, 'pos', '?')}")
+    except RecursionError:  # nested deeper than json goes: the handler would raise it on every delivery
+        return Rejected("malformed_json", "JSON nested too deeply")
     if not isinstance(data, dict):
         return Rejected("schema", f"top-level JSON {type(data).__name__}, expected object")
     version = data.get("schema_version", 1)
