@@ -31,11 +31,13 @@ API (thread-safe enough for one test or bench driving it)::
 
 A scheduled fault with ``prompt`` set waits for a request whose response model has that name
 (the ``json_schema`` name, or the title of the schema graphiti puts in the prompt). Faults
-apply to ``/v1/chat/completions`` unless made with ``path=EMBEDDINGS`` (then the HTTP-level ones,
-rate_limit, server_error, hang and slow, apply to ``/v1/embeddings``, which answers engram's
-hashing vectors; ``sim.embeddings_default``); ``/v1/models`` lists the served model names. Nothing of a request's content is logged.
+apply to ``/v1/chat/completions`` unless made with ``path=EMBEDDINGS``: then the HTTP-level ones
+(rate_limit, server_error, hang, slow) apply to ``/v1/embeddings``, which answers engram's
+hashing vectors (``sim.embeddings_default``). ``/v1/models`` lists the served model names.
+Nothing of a request's content is logged. How engram's services end under each fault:
+docs/reliability.md, "LLM faults".
 
-Run standalone: ``python -m bench.llm_simulator --port 8000 --fault-rate 0.2`` (Ctrl-C stops).
+Run standalone: ``python -m bench.llm_simulator --port 8000 --fault-rate 0.2`` (Ctrl-C or SIGTERM stops it).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import asyncio
 import json
 import random
 import re
+import signal
 import socket
 import threading
 import time
@@ -394,13 +397,13 @@ def main(argv: list[str] | None = None) -> None:
              "invalid_json": invalid_json(), "truncated": truncated(), "schema": schema_violation(), "empty": empty()}
     if args.fault_rate:
         sim.mix(args.fault_rate, [kinds[k] for k in args.faults.split(",") if k], seed=args.seed)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
     sim.start(args.port)
     print(f"LLM simulator at {sim.base_url} (ENGRAM_LLM_PROVIDER=openai ENGRAM_LLM_BASE_URL={sim.base_url})", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        sim.stop()
+    done.wait()
+    sim.stop()
 
 
 if __name__ == "__main__":
