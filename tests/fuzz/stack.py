@@ -54,9 +54,13 @@ class LogCapture(logging.Handler):
         with self._lock:
             return "\n".join(self.lines)
 
-    def clear(self) -> None:
+    def mark(self) -> int:
         with self._lock:
-            self.lines.clear()
+            return len(self.lines)
+
+    def since(self, mark: int) -> str:
+        with self._lock:
+            return "\n".join(self.lines[mark:])
 
 
 class Stack:
