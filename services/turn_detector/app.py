@@ -181,8 +181,13 @@ class TurnDetector:
                     published_at: datetime | None = None, trace_parent: str | None = None) -> Transition:
         """Apply one event (pure pairing plus the message's scrub/filter), with metrics.
         ``published_at``/``trace_parent``: the message's JetStream time and trace context
-        (default: those of the message being handled)."""
-        now = self.clock()
+        (default: those of the message being handled).
+
+        The event's time is its JetStream time, not the clock: whether a turn was idle is decided
+        by the gaps between messages on the stream, so a crash, a restart or a backlog (the event
+        handled minutes after it arrived) pairs the same turns (bench/chaos.py compares)."""
+        published_at = published_at or _PUBLISHED_AT.get()
+        now = published_at.timestamp() if published_at is not None else self.clock()
         if isinstance(event, ChatMessage):
             prepared = prepare_part(event, self.noise)
             result = apply_message(
@@ -194,8 +199,9 @@ class TurnDetector:
                 recent_ids_kept=self.turn.recent_ids_kept,
                 tokens=self.count_tokens,
                 segments=self.segments,
-                published_at=published_at or _PUBLISHED_AT.get(),
+                published_at=published_at,
                 trace_parent=trace_parent or tracing.current_traceparent(),
+                idle_timeout_s=idle_timeout_for(state, self.turn.idle_timeout_s),
             )
             if count and result.outcome in ("accepted", "late"):
                 for kind, n in prepared.secrets.items():

@@ -133,7 +133,8 @@ class SessionState(BaseModel):
         "which groups it fed, so deleting one of them finds and erases the session.")
     last_turn_end: AwareDatetime | None = None
     turns_completed: int = 0
-    last_activity: float | None = Field(None, description="Wall-clock epoch of the last event.")
+    last_activity: float | None = Field(
+        None, description="Epoch of the last event on the input stream (its JetStream time, not when it was handled).")
     idle_scheduled_for: float | None = Field(None, description="Epoch of the pending idle schedule.")
     idle_timeout_s: float | None = Field(
         None, description="ChatMessage.idle_timeout_s of the session's latest message: that publisher's idle "
@@ -274,24 +275,43 @@ def apply_message(
     segments: SegmentPolicy = DEFAULT_SEGMENTS,
     published_at: datetime | None = None,
     trace_parent: str | None = None,
+    idle_timeout_s: float | None = None,
 ) -> Transition:
     """Apply one chat message (``part`` is its filtered, scrubbed form, ``tokens`` its cl100k
-    count, or the counter to call only once the message is accepted) to the session. ``published_at``: the message's JetStream time; ``trace_parent``: the
-    trace context it was handled in (kept for the turn when it opens one)."""
+    count, or the counter to call only once the message is accepted) to the session.
+    ``published_at``: the message's JetStream time; ``trace_parent``: the trace context it was
+    handled in (kept for the turn when it opens one).
+
+    ``now`` is the message's time on the input stream (the service passes the JetStream
+    timestamp), so pairing depends only on the stream, never on when a replica got to the
+    message: a message that arrives ``idle_timeout_s`` or more after the session's last event
+    first completes the open turn (``idle``), and one ``segments.idle_close_s`` after it first
+    closes the segment, exactly as the idle tick would have had it been handled before the
+    message (after a crash or in a backlog it is handled later, or fires late). None: no gap check."""
     state = _clone(state)
     key = dedupe_key(message)
     if key in state.recent_ids:
         return Transition(state, outcome="duplicate")
     _remember(state, key, recent_ids_kept)
+    completed: list[CompletedTurn] = []
+    closed: list[SessionSegmentClosed] = []
+    if idle_timeout_s is not None and state.last_activity is not None:
+        gap = now - state.last_activity
+        if state.open_turn is not None and gap + IDLE_SLACK_S >= idle_timeout_s:
+            done = _complete(state, "idle")
+            if done:
+                completed.append(done)
+        if state.open_turn is None and state.segment.messages and gap + IDLE_SLACK_S >= segments.idle_close_s:
+            ended = close_segment(state, "idle")
+            if ended is not None:
+                closed.append(ended)
     state.last_activity = now
     state.idle_timeout_s = message.idle_timeout_s
     if message.role == "system" and not include_system:
-        return Transition(state, outcome="excluded")
+        return Transition(state, completed, outcome="excluded", closed=closed)
 
     if state.last_turn_end is not None and message.timestamp < state.last_turn_end:
         part = part.model_copy(update={"late": True})  # shallow: only the flag changes
-    completed: list[CompletedTurn] = []
-    closed: list[SessionSegmentClosed] = []
     turn = state.open_turn
     if message.role == "user" and turn is not None and turn.has_assistant_side:
         done = _complete(state, "next_user")
@@ -364,6 +384,10 @@ def apply_close(state: SessionState, *, now: float, closed_at: datetime | None =
                       closed=[ended] if ended else [])
 
 
+IDLE_SLACK_S = 0.5
+"""Idle schedules have 1 s resolution: a tick or a message this close to the timeout counts as idle."""
+
+
 def apply_idle(state: SessionState, *, now: float, idle_timeout_s: float,
                idle_close_s: float = DEFAULT_SEGMENTS.idle_close_s) -> Transition:
     """An idle tick fired: flush the open turn if the session really was idle for
@@ -379,13 +403,13 @@ def apply_idle(state: SessionState, *, now: float, idle_timeout_s: float,
     last = state.last_activity or 0.0
     completed: list[CompletedTurn] = []
     if state.open_turn is not None:
-        if now + 0.5 < last + idle_timeout_s:
+        if now + IDLE_SLACK_S < last + idle_timeout_s:
             state.idle_scheduled_for = last + idle_timeout_s
             return Transition(state, outcome="idle_wait")
         done = _complete(state, "idle")
         completed = [done] if done else []
     closed: list[SessionSegmentClosed] = []
-    if state.segment.messages and now + 0.5 >= last + idle_close_s:
+    if state.segment.messages and now + IDLE_SLACK_S >= last + idle_close_s:
         ended = close_segment(state, "idle")
         closed = [ended] if ended else []
     if completed or closed:
