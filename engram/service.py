@@ -25,13 +25,18 @@ from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
 from faststream.prometheus.middleware import PrometheusMiddleware
 from faststream.security import SASLPlaintext
-from prometheus_client import REGISTRY, make_asgi_app
+from prometheus_client import REGISTRY, Counter, make_asgi_app
 
 from engram import tracing
 from engram.compat import stop_fetching
 from engram.settings import EngramSettings
 
 log = logging.getLogger(__name__)
+
+BACKEND_RETRIES = Counter(
+    "engram_backend_unavailable_retries_total",
+    "Messages redelivered because the graph database could not be reached (they wait, never dead-lettered).",
+)
 
 
 def collapse_subject(subject: str) -> str:
@@ -131,6 +136,38 @@ def keep_alive(msg: Any, ack_wait_s: float) -> asyncio.Task:
     return asyncio.create_task(beat(), name="keep-alive")
 
 
+BACKEND_RETRY_MAX_DELAY_S = 10.0
+"""Longest wait between two deliveries of a message whose backend was down: small, so the work
+resumes within seconds of the graph database coming back."""
+
+
+def backend_unavailable(exc: BaseException) -> bool:
+    """The graph database (engram's own storage) could not be reached: a connection refused or
+    reset, a socket timeout, no free pool connection, Neo4j unavailable. Such a message is not
+    poison; it waits for the backend instead of being dead-lettered (a 30 s FalkorDB outage used to
+    dead-letter the head episode of each busy partition: bench/chaos.py)."""
+    import redis.exceptions
+
+    kinds: tuple[type[BaseException], ...] = (
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionRefusedError, ConnectionResetError,
+        BrokenPipeError,
+    )
+    try:
+        import neo4j.exceptions
+
+        kinds += (neo4j.exceptions.ServiceUnavailable, neo4j.exceptions.SessionExpired)
+    except ImportError:  # pragma: no cover - a declared dependency
+        pass
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:  # graphiti may wrap the driver's error
+        if isinstance(current, kinds):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 async def retry_or_dead_letter(
     msg: Any,
     exc: BaseException,
@@ -149,10 +186,18 @@ async def retry_or_dead_letter(
     reason, its message (written to carry no content) in the detail. One with a ``failure_reason``
     (``LLMUnavailable``: ``llm_unavailable``, ``LLMOutputInvalid``: ``llm_output_invalid``) is
     retried like any other, and dead-lettered with that reason and its message.
+    A :func:`backend_unavailable` failure is never dead-lettered: it is redelivered (at most
+    BACKEND_RETRY_MAX_DELAY_S apart) until the graph database answers again.
     Only the exception type is logged: messages may carry user content."""
     meta = msg.raw_message.metadata
     seq, delivered = meta.sequence.stream, meta.num_delivered
     final_reason = getattr(exc, "dead_letter_reason", None)
+    if not final_reason and backend_unavailable(exc):
+        BACKEND_RETRIES.inc()
+        logger.warning("graph backend unavailable; retrying seq=%s (delivery %s): %s", seq, delivered,
+                       type(exc).__name__)
+        await msg.nack(delay=min(BACKEND_RETRY_MAX_DELAY_S, base_delay_s * 2 ** (min(delivered, 10) - 1)))
+        return False
     if delivered >= max_deliveries or final_reason:
         logger.error("giving up on seq=%s after %s deliveries: %s", seq, delivered, type(exc).__name__)
         named = final_reason or getattr(exc, "failure_reason", None)
