@@ -48,6 +48,8 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("recall_quality.py", []),
     ("recall.py", []),
     ("sessions.py", []),
+    ("load.py", []),
+    ("chaos.py", ["--write-docs"]),
 ]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

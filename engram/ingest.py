@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -255,7 +255,16 @@ class IngestReport:
     """Events whose publish failed transiently (NATS unreachable or restarting) and was retried."""
 
 
-async def publish_events(js, events: Iterable[Event], progress=None,  # noqa: ANN001
+async def _each(events: Iterable[Event] | AsyncIterable[Event]) -> AsyncIterator[Event]:
+    if isinstance(events, AsyncIterable):  # e.g. a live or paced source (bench/chaos.py)
+        async for event in events:
+            yield event
+    else:
+        for event in events:
+            yield event
+
+
+async def publish_events(js, events: Iterable[Event] | AsyncIterable[Event], progress=None,  # noqa: ANN001
                          retry_s: float = PUBLISH_RETRY_S) -> IngestReport:
     """Publish in order, awaiting each PubAck (so per-session order and durability hold); a
     publish that fails transiently (NATS restarting, no JetStream leader yet) is retried for up
@@ -270,13 +279,14 @@ async def publish_events(js, events: Iterable[Event], progress=None,  # noqa: AN
         turns.end()
 
 
-async def _publish_events(js, events: Iterable[Event], progress, turns, retry_s: float) -> IngestReport:  # noqa: ANN001
+async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], progress, turns,  # noqa: ANN001
+                          retry_s: float) -> IngestReport:  # noqa: ANN001
     report = IngestReport()
     sessions: set[str] = set()
     epochs = await _epochs(js)
     session_epoch: dict[str, int] = {}
     last_id: dict[str, str] = {}
-    for event in events:
+    async for event in _each(events):
         if event.session_id not in session_epoch:
             session_epoch[event.session_id] = await epochs.get(event.session_id) if epochs else 0
         subject, msg_id = subject_and_id(event, session_epoch[event.session_id], last_id.get(event.session_id, ""))

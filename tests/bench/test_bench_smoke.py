@@ -32,7 +32,11 @@ BENCHES = [
     ("fact_changes.py", False, "fact-change invalidation, rules model"),
     ("temporal_grounding.py", True, "tuning split (conv-26): "),
     ("sessions.py", True, "LLM cost per closed segment (offline rules model)"),
+    ("load.py", True, "load: 2 groups at once"),
+    ("chaos.py", True, "chaos run vs fault-free run"),
 ]
+TIMEOUT_S = {"chaos.py": 480}
+"""Two `engram up` stacks, one with faults: the slowest smoke."""
 
 
 @pytest.mark.parametrize(("script", "needs_locomo", "title"), BENCHES, ids=[b[0] for b in BENCHES])
@@ -42,7 +46,7 @@ def test_bench_smoke(script: str, needs_locomo: bool, title: str, tmp_path: Path
     locomo = LOCOMO if needs_locomo else tmp_path / "no-locomo.json"
     env = {**os.environ, "GRAPHITI_TELEMETRY_ENABLED": "false", "COLUMNS": "200", "ENGRAM_LOCOMO": str(locomo)}
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+                          capture_output=True, text=True, timeout=TIMEOUT_S.get(script, 180), env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.rstrip().splitlines()[-1] == "smoke: ok", done.stdout[-3000:]
     assert title in done.stdout, done.stdout[-3000:]
