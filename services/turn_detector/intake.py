@@ -60,7 +60,11 @@ def parse_event(subject: str, payload: bytes, *, max_bytes: int) -> Event | Reje
         # classified below by the slower, more precise route.
         event = _MODELS[kind].model_validate_json(payload)
     except ValidationError:
-        return _classify_rejection(kind, payload)
+        try:
+            return _classify_rejection(kind, payload)
+        except Exception as exc:  # noqa: BLE001 - a reason is due whatever the payload holds
+            # (the handler would raise it again on every delivery, and the partition would wait)
+            return Rejected("schema", f"unclassifiable payload ({type(exc).__name__})")
     if event.session_id != session:
         return Rejected("session_mismatch", "session_id in body differs from the subject's session token")
     return event
@@ -76,8 +80,9 @@ def _classify_rejection(kind: str, payload: bytes) -> Rejected:
     if not isinstance(data, dict):
         return Rejected("schema", f"top-level JSON {type(data).__name__}, expected object")
     version = data.get("schema_version", 1)
-    if version not in KNOWN_VERSIONS:
-        return Rejected("unsupported_version", f"schema_version {version!r} not in {sorted(KNOWN_VERSIONS)}")
+    if type(version) is not int or version not in KNOWN_VERSIONS:  # {} or [] would not even hash
+        shown = version if type(version) is int else f"of type {type(version).__name__}"  # never the value
+        return Rejected("unsupported_version", f"schema_version {shown} not in {sorted(KNOWN_VERSIONS)}")
     try:
         _MODELS[kind].model_validate(data)
     except ValidationError as exc:

@@ -79,6 +79,20 @@ def test_deeply_nested_json_is_dead_lettered(stack: Stack, door: str, stage: str
     assert letter[subjects.HDR_DLQ_DETAIL]
 
 
+@pytest.mark.parametrize("version", [{}, [1], "zqxcanary-version"])
+def test_an_unhashable_or_text_schema_version_is_dead_lettered_without_its_value(stack: Stack, version: Any) -> None:
+    """``{"schema_version": {}}``: the classifier's ``version in {1}`` raised TypeError on every
+    delivery (found by the full fuzz run: both input partitions stopped); a text version was
+    echoed into the dead letter's detail."""
+    import json
+
+    session = token()
+    body = json.dumps({"schema_version": version, "session_id": session, "closed_at": "2026-01-01T00:00:00Z"})
+    letter = stack.run(publish_and_wait(stack, f"engram.in.close.{session}", body.encode()))
+    assert letter is not None and letter[subjects.HDR_DLQ_REASON] == "unsupported_version"
+    assert "zqxcanary" not in letter[subjects.HDR_DLQ_DETAIL]
+
+
 def test_a_server_directive_header_does_not_stop_the_dead_letter(stack: Stack) -> None:
     """A bad message carrying ``Nats-Rollup: sub`` is stored (ENGRAM_IN allows rollups, see
     below); the dead letter copied the header and the DLQ stream refused it ('rollup not
