@@ -183,3 +183,15 @@ def test_a_forged_rollup_header_cannot_purge_the_input_stream(stack: Stack) -> N
         return True
 
     assert stack.run(victim_survives()), "one publisher's Nats-Rollup: all purged every stored input message"
+
+
+def test_a_field_name_with_a_line_break_does_not_break_the_dead_letter(stack: Stack) -> None:
+    """Validation details name the failing fields; an unknown field named ``"a\\r\\nb"`` would
+    put a line break into the detail header."""
+    import json
+
+    group = token()
+    body = json.dumps({"group_id": group, "x\r\nNats-Rollup: all\r\n": 1}).encode()
+    letter = stack.run(publish_and_wait(stack, f"engram.episode.{group}", body))
+    assert letter is not None and letter[subjects.HDR_DLQ_REASON] == "schema"
+    assert "Nats-Rollup" not in letter
