@@ -40,6 +40,7 @@ from typing import Protocol
 from graphiti_core.edges import EntityEdge
 from graphiti_core.nodes import EntityNode
 
+from engram.facts import infer_invalidated_by
 from schemas import Episode, FactRef, InvalidatedFact, NodeDelta
 from schemas.messages import MESSAGE_ID_PATTERN
 
@@ -90,37 +91,6 @@ def has_negation_cue(text: str | None) -> bool:
 
 def _touches(edge: EntityEdge, node_uuid: str) -> bool:
     return node_uuid in (edge.source_node_uuid, edge.target_node_uuid)
-
-
-def _same_instant(a: datetime | None, b: datetime | None) -> bool:
-    if a is None or b is None:
-        return False
-    try:
-        return a == b
-    except TypeError:  # naive vs aware: never equal for our purposes
-        return False
-
-
-def infer_invalidated_by(invalidated: EntityEdge, episode_edges: Sequence[EntityEdge]) -> str | None:
-    """The episode edge that most plausibly invalidated ``invalidated``, or None.
-
-    1. an edge with the same endpoints (either direction); several: the one whose
-       ``valid_at`` equals ``invalidated.invalid_at``, else the first;
-    2. otherwise the single edge sharing an endpoint whose ``valid_at`` equals
-       ``invalidated.invalid_at``.
-    """
-    pair = {invalidated.source_node_uuid, invalidated.target_node_uuid}
-    candidates = [e for e in episode_edges if e.uuid != invalidated.uuid]
-    same_pair = [e for e in candidates if {e.source_node_uuid, e.target_node_uuid} == pair]
-    if same_pair:
-        dated = [e for e in same_pair if _same_instant(e.valid_at, invalidated.invalid_at)]
-        return (dated or same_pair)[0].uuid
-    shared = [
-        e
-        for e in candidates
-        if pair & {e.source_node_uuid, e.target_node_uuid} and _same_instant(e.valid_at, invalidated.invalid_at)
-    ]
-    return shared[0].uuid if len(shared) == 1 else None
 
 
 def _invalidator(

@@ -37,6 +37,7 @@ from fastapi.responses import RedirectResponse
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, Field, ValidationError
 
+from engram.facts import infer_invalidated_by
 from schemas import subjects
 from schemas.messages import (
     GraphEdgeRequest,
@@ -149,30 +150,6 @@ async def newest_messages(js, stream: str, subject: str, limit: int, scan_max: i
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def _same_instant(a: datetime | None, b: datetime | None) -> bool:
-    try:
-        return a is not None and b is not None and a == b
-    except TypeError:  # naive vs aware
-        return False
-
-
-def invalidator(invalidated: GraphFact, episode_facts: Sequence[GraphFact]) -> str | None:
-    """The fact of the invalidating episode that most plausibly ended ``invalidated``: the rule of
-    the extractor's deltas (services/extractor/deltas.py ``infer_invalidated_by``) over stored
-    facts. 1. a fact with the same endpoints (several: the one valid from the old one's
-    ``invalid_at``, else the first); 2. else the single fact sharing an endpoint and valid from
-    the old one's ``invalid_at``; else None."""
-    pair = {invalidated.source_node_uuid, invalidated.target_node_uuid}
-    candidates = [f for f in episode_facts if f.uuid != invalidated.uuid]
-    same_pair = [f for f in candidates if {f.source_node_uuid, f.target_node_uuid} == pair]
-    if same_pair:
-        dated = [f for f in same_pair if _same_instant(f.valid_at, invalidated.invalid_at)]
-        return (dated or same_pair)[0].uuid
-    shared = [f for f in candidates
-              if pair & {f.source_node_uuid, f.target_node_uuid} and _same_instant(f.valid_at, invalidated.invalid_at)]
-    return shared[0].uuid if len(shared) == 1 else None
-
-
 def facts_with_invalidators(episodes: Sequence[GraphEpisode], facts: Sequence[GraphFact]) -> list[ExplorerFact]:
     """``facts`` with what invalidated them. An episode's ``entity_edges`` lists the facts it wrote
     and the ones it invalidated; its own facts carry its uuid in ``episodes``, the invalidated
@@ -188,7 +165,7 @@ def facts_with_invalidators(episodes: Sequence[GraphEpisode], facts: Sequence[Gr
                 continue
             if fact.expired_at is None and fact.invalid_at is None:
                 continue  # listed but still current: touched, not invalidated
-            found[uuid] = (invalidator(fact, own), episode.uuid)
+            found[uuid] = (infer_invalidated_by(fact, own), episode.uuid)
     out = []
     for fact in facts:
         by, episode_uuid = found.get(fact.uuid, (None, None))

@@ -19,7 +19,8 @@ from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import subjects
 from schemas.messages import GraphEpisode, GraphFact, SummaryAudit, SummaryEvent
-from services.gateway.explorer import PAGE_FILES, facts_with_invalidators, invalidator, newest_messages, _parsed
+from engram.facts import infer_invalidated_by
+from services.gateway.explorer import PAGE_FILES, _parsed, facts_with_invalidators, newest_messages
 from services.gateway.settings import GatewaySettings
 from tests.engram.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
 from tests.services.gateway.test_gateway import serve_gateway, settings_for
@@ -59,10 +60,10 @@ def test_the_invalidator_prefers_the_same_endpoints_and_gives_up_when_ambiguous(
     old = fact("old", "ada", "b", ["e1"], invalid_at=T2)
     same_pair_reversed = fact("rev", "b", "ada", ["e2"], valid_at=T1)
     dated_shared = fact("shared", "ada", "c", ["e2"], valid_at=T2)
-    assert invalidator(old, [dated_shared, same_pair_reversed]) == "rev"
-    assert invalidator(old, [dated_shared]) == "shared"
-    assert invalidator(old, [dated_shared, fact("shared2", "b", "d", ["e2"], valid_at=T2)]) is None  # two candidates
-    assert invalidator(old, [fact("other", "x", "y", ["e2"], valid_at=T2)]) is None
+    assert infer_invalidated_by(old, [dated_shared, same_pair_reversed]) == "rev"
+    assert infer_invalidated_by(old, [dated_shared]) == "shared"
+    assert infer_invalidated_by(old, [dated_shared, fact("shared2", "b", "d", ["e2"], valid_at=T2)]) is None  # two candidates
+    assert infer_invalidated_by(old, [fact("other", "x", "y", ["e2"], valid_at=T2)]) is None
 
 
 async def test_the_page_needs_no_key_but_every_data_route_does(clean_nats, tmp_path) -> None:  # noqa: ANN001
