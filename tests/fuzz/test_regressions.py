@@ -163,6 +163,28 @@ def test_a_malformed_forget_message_leaves_no_content_in_the_log(stack: Stack) -
     assert "zqxcanary" not in capture.text()  # ... without its content
 
 
+def test_an_entity_lookup_listing_a_stopword_does_not_crash_the_graph_database(stack: Stack) -> None:
+    """``engram.graph.entities`` with uuids ``["a", "0"]`` in a group holding a node: FalkorDB
+    4.16.3 died of SIGSEGV in Index_BuildQueryTree (found by the full fuzz run), and every
+    service lost its graph."""
+    import json
+
+    group = token()
+
+    async def run() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        saved = json.loads((await stack.nc.request(subjects.GRAPH_ENTITY_SAVE, json.dumps(
+            {"group_id": group, "name": "Lisbon", "uuid": "0"}).encode(), timeout=30)).data)
+        found = json.loads((await stack.nc.request(subjects.GRAPH_ENTITIES, json.dumps(
+            {"group_id": group, "uuids": ["a", "is", "0", "0"]}).encode(), timeout=30)).data)
+        after = json.loads((await stack.nc.request(subjects.GRAPH_GROUPS, b"{}", timeout=30)).data)
+        return saved, found, after
+
+    saved, found, after = stack.run(run())
+    assert saved["status"] == "ok", saved
+    assert found["status"] == "ok" and [e["uuid"] for e in found["entities"]] == ["0"], found
+    assert after["status"] == "ok" and group in after["group_ids"], after  # the database is still up
+
+
 @pytest.mark.xfail(strict=True, reason="known hole: nats-server forces allow_rollup_hdrs on streams with message "
                    "schedules (ENGRAM_IN, ENGRAM_DELTAS), so any publisher may purge them; see docs/reliability.md")
 def test_a_forged_rollup_header_cannot_purge_the_input_stream(stack: Stack) -> None:
