@@ -313,7 +313,12 @@ def apply_message(
     if state.last_turn_end is not None and message.timestamp < state.last_turn_end:
         part = part.model_copy(update={"late": True})  # shallow: only the flag changes
     turn = state.open_turn
-    if message.role == "user" and turn is not None and turn.has_assistant_side:
+    if turn is not None and ((message.role == "user" and turn.has_assistant_side)
+                             or scopes_conflict(turn.scopes, message.scopes)):
+        # A message naming another user, workspace or group than the open turn (two people in
+        # one chat before the reply) opens a turn of its own: a turn is written to one set of
+        # groups, so merging would put one person's words into the other's memory. Counted as
+        # next_user (the message that opens the next turn; no new schema value).
         done = _complete(state, "next_user")
         if done:
             completed.append(done)
@@ -359,6 +364,17 @@ def turn_id_for(state: SessionState, first_message_id: str) -> str:
     if state.epoch:
         return f"{state.session_id}@{state.epoch}:{first_message_id}"
     return f"{state.session_id}:{first_message_id}"
+
+
+def scopes_conflict(current: ScopeKeys, incoming: ScopeKeys) -> bool:
+    """Both name a user or a workspace, and not the same one; or both name scopes and not the
+    same explicit group (a group replaces the derived scopes). A message with the default scopes
+    names none: it joins any turn (agents often publish replies without scopes)."""
+    if current == _DEFAULT_SCOPES or incoming == _DEFAULT_SCOPES:
+        return False
+    return current.group != incoming.group or any(
+        a is not None and b is not None and a != b
+        for a, b in ((current.user, incoming.user), (current.workspace, incoming.workspace)))
 
 
 def _merge_scopes(current: ScopeKeys, incoming: ScopeKeys) -> ScopeKeys:
