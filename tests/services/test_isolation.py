@@ -467,9 +467,10 @@ def test_no_query_of_one_group_returns_an_item_of_another(world: World) -> None:
         world.stack.run(together(), timeout=60)
 
     prop()
-    # the property is not vacuous: most queries found something
-    assert answered["recall"] >= answered["queries"] // 2, answered
-    world.checked["examples"], world.checked["queries"] = answered["examples"], answered["queries"]
+    # the property is not vacuous: many queries found something (a query of other groups' names
+    # only finds nothing, as it should; about a quarter of the words are drawn from those)
+    assert answered["recall"] >= answered["queries"] // 3, answered
+    world.checked.update(answered)
 
 
 def test_two_users_speaking_before_the_reply_keep_their_own_memory(world: World) -> None:
