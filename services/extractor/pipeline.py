@@ -473,7 +473,7 @@ def episode_chunks(episode: Episode, settings: ChunkingSettings, count_tokens: C
     else:
         try:
             json.loads(content)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than json goes
             chunks = chunk_text(content, settings, count)
         else:
             chunks = chunk_json(content, settings, count)

@@ -185,6 +185,23 @@ def test_an_entity_lookup_listing_a_stopword_does_not_crash_the_graph_database(s
     assert after["status"] == "ok" and group in after["group_ids"], after  # the database is still up
 
 
+def test_a_deeply_nested_message_in_a_stream_does_not_stop_group_deletes(stack: Stack) -> None:
+    """A group delete erases the group's messages from the streams, reading each as JSON: one
+    deeply nested message left there (dead-lettered, kept in ENGRAM_IN and ENGRAM_DLQ) made every
+    later delete answer ``backend_error: RecursionError`` (found by the full fuzz run)."""
+    import json
+
+    assert stack.run(publish_and_wait(stack, f"engram.in.message.{token()}", NESTED)) is not None
+
+    async def delete() -> dict[str, Any]:
+        reply = await stack.nc.request(subjects.GRAPH_GROUP_DELETE, json.dumps({"group_id": token()}).encode(),
+                                       timeout=60)
+        return json.loads(reply.data)
+
+    answer = stack.run(delete())
+    assert answer["status"] == "ok", answer
+
+
 @pytest.mark.xfail(strict=True, reason="known hole: nats-server forces allow_rollup_hdrs on streams with message "
                    "schedules (ENGRAM_IN, ENGRAM_DELTAS), so any publisher may purge them; see docs/reliability.md")
 def test_a_forged_rollup_header_cannot_purge_the_input_stream(stack: Stack) -> None:
