@@ -124,7 +124,9 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
     report.erased += (await erase_where(js, subjects.STREAM_IN, "engram.in.*.*.*", input_of_group)).erased
 
     def dead_letter_of_group(msg: RawStreamMsg) -> bool:
-        original = (msg.headers or {}).get(subjects.HDR_DLQ_SUBJECT, "")
+        # str(): nats-py's get_msg parses headers with the email parser, which hands back an
+        # email.header.Header, not a str, for a non-ASCII value (a subject token like "ünï")
+        original = str((msg.headers or {}).get(subjects.HDR_DLQ_SUBJECT, ""))
         if original.rsplit(".", 1)[-1] == group_id and original.startswith(("engram.episode.", "engram.delta.")):
             return True
         if original.startswith("engram.in.") and subjects.session_token_of(original) in sessions:

@@ -202,6 +202,23 @@ def test_a_deeply_nested_message_in_a_stream_does_not_stop_group_deletes(stack: 
     assert answer["status"] == "ok", answer
 
 
+def test_a_dead_letter_with_a_non_ascii_subject_does_not_stop_group_deletes(stack: Stack) -> None:
+    """A bad episode published on ``engram.episode.ünï``: its dead letter's Engram-Dlq-Subject is
+    not ASCII, nats-py hands such a header back as an email.header.Header, and every later group
+    delete failed with ``backend_error: AttributeError`` (found by the fuzz run)."""
+    import json
+
+    assert stack.run(publish_and_wait(stack, "engram.episode.ünï", b"{}")) is not None
+
+    async def delete() -> dict[str, Any]:
+        reply = await stack.nc.request(subjects.GRAPH_GROUP_DELETE, json.dumps({"group_id": token()}).encode(),
+                                       timeout=60)
+        return json.loads(reply.data)
+
+    answer = stack.run(delete())
+    assert answer["status"] == "ok", answer
+
+
 @pytest.mark.xfail(strict=True, reason="known hole: nats-server forces allow_rollup_hdrs on streams with message "
                    "schedules (ENGRAM_IN, ENGRAM_DELTAS), so any publisher may purge them; see docs/reliability.md")
 def test_a_forged_rollup_header_cannot_purge_the_input_stream(stack: Stack) -> None:

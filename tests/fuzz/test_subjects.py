@@ -353,6 +353,8 @@ def test_request_doors_answer_every_request_with_a_reason_for_the_bad_ones(stack
             problems.append(f"{case.how} on {case.door}: {case.outcome} {case.reason!r} for a request its schema rejects")
         if case.outcome == "error" and not case.reason:
             problems.append(f"{case.how} on {case.door}: an error without a reason")
+        if case.valid and case.reason.startswith("backend_error"):
+            problems.append(f"{case.how} on {case.door}: a valid request failed in the backend ({case.reason})")
     assert not problems, "\n".join(problems[:30])
 
     leaked = [line for line in logs.text().splitlines() if CANARY in line]
