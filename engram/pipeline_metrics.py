@@ -22,6 +22,8 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
+from engram.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 FRESHNESS_SECONDS = Histogram(
@@ -80,11 +82,7 @@ class BacklogMonitor:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self, js: Any) -> None:

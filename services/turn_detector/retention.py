@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 
 from engram.erase import erase_where
+from engram.tasks import cancel_and_wait
 from schemas import subjects
 
 log = logging.getLogger("engram.turn_detector.retention")
@@ -65,11 +66,7 @@ class InputEraser:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:
