@@ -367,6 +367,9 @@ class GraphGroupDeleteRequest(_Model):
 
     schema_version: Literal[1] = 1
     group_id: str = Field(pattern=TOKEN_PATTERN)
+    compact: bool = Field(
+        True, description="Rewrite FalkorDB's append-only file after the delete, so the deleted data leaves the "
+        "disk (a few seconds). A caller deleting many groups sets it on the last only (the gateway's /clear).")
 
 
 class GraphDeleteResponse(_Model):

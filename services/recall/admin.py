@@ -515,7 +515,8 @@ class GraphAdmin:
                 await self.broker.publish(sorted(report.sessions), subjects.CTL_FORGET_SESSIONS)
         async with self._backend() as db:
             response = await db.drop_group(req.group_id)
-            await db.compact()
+            if req.compact:
+                await db.compact()
         return response
 
     async def groups(self, req: GraphGroupsRequest) -> GraphGroupsResponse:

@@ -160,12 +160,26 @@ async def test_entity_node_and_clear(clean_nats, falkordb_server, tmp_path) -> N
         assert await episodes_of(http, other, 1)
         assert {group, other} <= set(await groups_in_graph(clean_nats))
 
+        rewrites = aof_rewrites(falkordb_server.url)
         r = await http.post("/clear")
         assert r.status_code == 200 and r.json() == {"message": "Graph cleared", "success": True}
         assert await groups_in_graph(clean_nats) == []
+        # the append-only file is rewritten once for the whole clear, not once per group
+        assert aof_rewrites(falkordb_server.url) == rewrites + 1
         for g in (group, other):
             assert await graph_count(falkordb_server.url, g, "MATCH (n) RETURN count(n)") == 0
         assert (await http.get(f"/episodes/{other}")).json() == []
         r = await http.post("/search", json={"query": "FastAPI"})
         assert r.status_code == 200 and r.json() == {"facts": []}
         assert (await http.post("/clear")).status_code == 200  # clearing an empty graph is fine
+
+
+def aof_rewrites(graph_url: str) -> int:
+    import redis
+
+    host, port = graph_url.split("://", 1)[1].rsplit(":", 1)
+    client = redis.Redis(host=host, port=int(port))
+    try:
+        return int(client.info("persistence")["aof_rewrites"])
+    finally:
+        client.close()
