@@ -3,6 +3,7 @@ loopback ports, started and stopped by the test session (never a server started 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,15 @@ from engram.embedded import ManagedProcess, start_falkordb, start_nats  # noqa: 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO", SHARED / "data" / "locomo" / "locomo7.json"))
+
+
+@pytest.fixture(autouse=True)
+def _logging_enabled() -> Iterator[None]:
+    """A bench's main() run in-process calls logging.disable(WARNING) for the whole process: every
+    later test that reads warnings (the no-content-in-logs checks) would see nothing."""
+    logging.disable(logging.NOTSET)
+    yield
+    logging.disable(logging.NOTSET)
 
 
 @pytest.fixture(scope="session")

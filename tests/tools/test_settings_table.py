@@ -49,6 +49,8 @@ def test_docs_name_only_variables_that_exist() -> None:
     streams = {subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ, subjects.STREAM_DELTAS,
                subjects.STREAM_SUMMARY, subjects.STREAM_SESSIONS}
     outside = {"ENGRAM_LOCOMO"}  # the benches' and tests' LoCoMo file, not a setting
+    # the fuzz and isolation tests' sizes (tests/fuzz, tests/services/test_isolation.py), not settings
+    outside |= {"ENGRAM_FUZZ_EXAMPLES", "ENGRAM_FUZZ_REPORT", "ENGRAM_ISOLATION_EXAMPLES"}
     # docker compose's own variables (.env): the address ports are published on, and the NATS
     # users' passwords the nats container and the services read (engram/auth.py)
     from engram.auth import compose_secrets
