@@ -182,29 +182,19 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             subscribe=(INBOX, subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS),
             allow_responses=True,
         )
+    # The gateway and the MCP server are engram's two front doors, with the same rights: chat input,
+    # whole episodes (POST /promote, add_memory(source='text'|'json'): engram/promote.py), recall,
+    # graph admin, memory and context requests.
+    front_door = (
+        _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
+        _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
+        subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
+    )
     if service == "gateway":
-        # POST /promote publishes a finished episode straight into ENGRAM_EPISODES (engram/promote.py);
-        # the memory explorer reads the summary-gate's decisions and audits from ENGRAM_SUMMARY.
-        return Permissions(
-            publish=(
-                _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
-                _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
-                subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
-                *_browse(subjects.STREAM_SUMMARY),
-            ),
-            subscribe=(INBOX,),
-        )
+        # plus the memory explorer's read of the summary-gate's decisions and audits (ENGRAM_SUMMARY)
+        return Permissions(publish=(*front_door, *_browse(subjects.STREAM_SUMMARY)), subscribe=(INBOX,))
     if service == "mcp":
-        # The gateway's rights (services/mcp talks to engram as the gateway does) plus whole episodes:
-        # add_memory(source='text'|'json') and promote publish straight into ENGRAM_EPISODES.
-        return Permissions(
-            publish=(
-                _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
-                _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
-                subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
-            ),
-            subscribe=(INBOX,),
-        )
+        return Permissions(publish=front_door, subscribe=(INBOX,))
     if service == "publisher":
         return Permissions(
             publish=(_sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read),
