@@ -173,7 +173,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
         # Serves recall and graph admin; a delete erases the group's messages from every stream
         # (services/recall/purge.py), bumps session epochs and tells turn-detectors to forget.
         streams = (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY,
-                   subjects.STREAM_SESSIONS, subjects.STREAM_DLQ, f"KV_{subjects.KV_TURN_SESSIONS}")
+                   subjects.STREAM_SESSIONS, subjects.STREAM_SCHED, subjects.STREAM_DLQ, f"KV_{subjects.KV_TURN_SESSIONS}")
         return Permissions(
             publish=(
                 subjects.CTL_FORGET_SESSIONS, *_stream_info(*streams), *_get(*streams), *_erase(*streams),

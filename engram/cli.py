@@ -170,7 +170,7 @@ def topology(data_dir: DataDir = None) -> None:
     async def declare() -> int:
         async with nats_connection(settings, name="engram-topology") as nc:
             topo = dataclasses.replace(Topology.from_settings(settings), manage=True)
-            await ensure_topology(nc.jetstream(), topo)
+            await ensure_topology(nc.jetstream(), topo, migrate=True)
             return len(topo.streams())
 
     streams = asyncio.run(declare())

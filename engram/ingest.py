@@ -22,7 +22,7 @@ from typing import Literal
 import nats.errors
 import nats.js.errors
 from dateutil import parser as dateparser
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 
@@ -42,6 +42,9 @@ TRANSIENT_PUBLISH_ERRORS = (
     nats.errors.StaleConnectionError,
     nats.js.errors.ServiceUnavailableError,
 )
+"""Also transient once a publish has been stored: ``NoStreamResponseError`` (no stream takes the
+subject), while ``engram topology`` re-creates ENGRAM_IN (engram/stream_migration.py). Before that
+it means engram's streams were never made, and the ingest fails at once with that explained."""
 
 
 class TranscriptError(ValueError):
@@ -286,6 +289,12 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
     epochs = await _epochs(js)
     session_epoch: dict[str, int] = {}
     last_id: dict[str, str] = {}
+
+    def transient(exc: BaseException) -> bool:
+        stored_any = report.messages or report.duplicates or report.closes
+        return isinstance(exc, TRANSIENT_PUBLISH_ERRORS) or (
+            bool(stored_any) and isinstance(exc, nats.js.errors.NoStreamResponseError))
+
     async for event in _each(events):
         if event.session_id not in session_epoch:
             session_epoch[event.session_id] = await epochs.get(event.session_id) if epochs else 0
@@ -295,7 +304,7 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
         payload = event.model_dump_json().encode()
         headers = turns.headers_for(event.session_id, event.role if isinstance(event, ChatMessage) else None,
                                     {subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"})
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_PUBLISH_ERRORS),
+        async for attempt in AsyncRetrying(retry=retry_if_exception(transient),
                                            wait=wait_exponential(multiplier=0.2, max=5.0),
                                            stop=stop_after_delay(retry_s), reraise=True):
             with attempt:

@@ -103,7 +103,7 @@ class Supervisor:
         try:
             # as admin: the services' users may not create streams (ENGRAM_NATS_TOPOLOGY_ON_START=false)
             topology = dataclasses.replace(Topology.from_settings(self.settings), manage=True)
-            await ensure_topology(nc.jetstream(), topology)
+            await ensure_topology(nc.jetstream(), topology, migrate=True)
         finally:
             await nc.close()
         for i, name in enumerate(self.service_names):

@@ -30,9 +30,11 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
     SubjectTransform,
 )
 
+from engram import stream_migration
 from engram.settings import EngramSettings
 from schemas import subjects
 
@@ -95,14 +97,42 @@ class Topology:
         return StreamConfig(
             name=subjects.STREAM_IN,
             description="Chat messages and session events, partitioned by session.",
-            subjects=["engram.in.*.*", "engram.sched.idle.*"],
+            subjects=["engram.in.*.*"],
             subject_transform=SubjectTransform(
                 src="engram.in.*.*",
                 dest=f"engram.in.{{{{partition({self.partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}",
             ),
+            # The idle ticks fired in ENGRAM_SCHED, into the session's partition (the same
+            # partition function over the same session token as the transform above).
+            sources=[self._fired_into(
+                "engram.sched.fired.idle.*",
+                f"engram.in.{{{{partition({self.partitions},1)}}}}.idle.{{{{wildcard(1)}}}}",
+            )],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=self.input_max_age_s,
+            duplicate_window=self.duplicate_window_s,
+            num_replicas=self.replicas,
+            # No message schedules here: nats-server forces allow_rollup_hdrs on with them, and
+            # then any publisher's "Nats-Rollup: all" purges the stream. Without them the server
+            # refuses both rollup and schedule headers ("rollup not permitted").
+            allow_rollup_hdrs=False,
+        )
+
+    @staticmethod
+    def _fired_into(src: str, dest: str) -> StreamSource:
+        return StreamSource(name=subjects.STREAM_SCHED, subject_transforms=[SubjectTransform(src=src, dest=dest)])
+
+    def schedule_stream(self) -> StreamConfig:
+        return StreamConfig(
+            name=subjects.STREAM_SCHED,
+            description="Idle schedules of sessions and summary-refresh schedules of entities, and the ticks they "
+            "fire, which ENGRAM_IN and ENGRAM_DELTAS source. Written only by the turn-detector and the summary-gate.",
+            subjects=["engram.sched.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            # a staleness sweep is scheduled up to ENGRAM_SUMMARY_STALENESS_SLA_S ahead
+            max_age=max(self.input_max_age_s, self.episode_max_age_s),
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
             allow_msg_schedules=True,
@@ -133,15 +163,19 @@ class Topology:
         return StreamConfig(
             name=subjects.STREAM_DELTAS,
             description="NodeDeltas per group (what each episode changed on each entity), partitioned by group; "
-            "also the summary-gate's deferred-refresh schedules, which fire into the group's delta subject.",
-            subjects=["engram.delta.*", "engram.sched.summary.*.*"],
+            "also the summary-gate's deferred-refresh ticks, sourced from ENGRAM_SCHED into the group's partition.",
+            subjects=["engram.delta.*"],
             subject_transform=self._group_partitioned("delta"),
+            sources=[self._fired_into(
+                "engram.sched.fired.summary.*",
+                f"engram.delta.{{{{partition({self.partitions},1)}}}}.{{{{wildcard(1)}}}}",
+            )],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=self.episode_max_age_s,
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
-            allow_msg_schedules=True,
+            allow_rollup_hdrs=False,  # see input_stream
         )
 
     def summary_stream(self) -> StreamConfig:
@@ -181,7 +215,8 @@ class Topology:
         )
 
     def streams(self) -> list[StreamConfig]:
-        return [self.input_stream(), self.episode_stream(), self.delta_stream(), self.summary_stream(),
+        # ENGRAM_SCHED first: the input and delta streams source it
+        return [self.schedule_stream(), self.input_stream(), self.episode_stream(), self.delta_stream(), self.summary_stream(),
                 self.sessions_stream(), self.dlq_stream()]
 
     # --- consumers -------------------------------------------------------------------------
@@ -291,21 +326,54 @@ class Topology:
         ]
 
 
-async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
+async def ensure_topology(js: JetStreamContext, topology: Topology, *, migrate: bool = False) -> None:
     """Create or update every stream, consumer and KV bucket (safe to call concurrently).
 
     A changed replica count (ENGRAM_STREAM_REPLICAS) is applied to existing streams and KV
     buckets with STREAM.UPDATE: NATS (2.10+, clustered) scales a stream in place, moving its data
-    to the new peer set, and consumers that inherit the stream's replicas follow it."""
+    to the new peer set, and consumers that inherit the stream's replicas follow it.
+
+    ``migrate``: re-create the ENGRAM_IN and ENGRAM_DELTAS of an older engram, which still allow
+    message schedules (engram/stream_migration.py). Only the admin step does it (`engram up`
+    before it starts the services, `engram topology`): services starting side by side must not
+    delete a stream under each other, so for them such a stream is a LegacyStreamError."""
     if not topology.manage:  # the admin (engram up, `engram topology`) declares it
         return
+    first_seqs: dict[str, int] = {}
+    legacy = await stream_migration.legacy_streams(js)
+    if legacy and not migrate:
+        raise stream_migration.LegacyStreamError(
+            f"{', '.join(cfg.name or '' for _, cfg in legacy)} made by an older engram still allow message schedules "
+            "(and so rollup headers: any publisher could purge them); run `engram topology` (or `engram up`) once to "
+            "re-create them")
+    if legacy:
+        first_seqs = await stream_migration.migrate(js, legacy, topology.schedule_stream())
+    await _ensure_kv(js, topology)
     for cfg in topology.streams():
+        try:
+            existing = (await js.stream_info(cfg.name or "")).config
+        except nats.js.errors.NotFoundError:
+            existing = None
+        if existing is None:
+            if cfg.name == subjects.STREAM_IN:
+                cfg.first_seq = await stream_migration.first_sequence(js, first_seqs.get(cfg.name, 0))
+            elif cfg.name in first_seqs:
+                cfg.first_seq = first_seqs[cfg.name]
+        else:
+            cfg.first_seq = existing.first_seq  # a creation-time setting: kept as it was
         try:
             await _stream_call(js.add_stream, cfg)
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != 10058:  # stream name already in use with a different configuration
                 raise
             await _stream_call(js.update_stream, cfg)
+    for stream, ccfg in topology.consumers():
+        # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
+        # ack_wait or max_ack_pending takes effect on restart instead of being ignored.
+        await js.add_consumer(stream, ccfg)
+
+
+async def _ensure_kv(js: JetStreamContext, topology: Topology) -> None:
     for cfg in topology.kv_buckets():
         try:
             await js.key_value(cfg.bucket)
@@ -328,10 +396,6 @@ async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
             # existing stream. It works, but superseded values are not erased from disk.
             log.warning("KV bucket %s refuses deletes (made by an older engram): recreate it to erase old "
                         "session checkpoints from disk", cfg.bucket)
-    for stream, ccfg in topology.consumers():
-        # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
-        # ack_wait or max_ack_pending takes effect on restart instead of being ignored.
-        await js.add_consumer(stream, ccfg)
 
 
 # Replica counts the server cannot place: "replicas > 1 not supported in non-clustered mode",

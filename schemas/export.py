@@ -49,17 +49,28 @@ Payload = type[BaseModel] | tuple[type[BaseModel], ...] | tuple[str, dict[str, A
 CHANNELS: dict[str, tuple[str, Payload, str]] = {
     "inMessage": (subjects.IN_MESSAGE, ChatMessage, "Chat messages from agents (set Nats-Msg-Id = message_id)."),
     "inClose": (subjects.IN_CLOSE, SessionClosed, "A chat session ended: its open turn is flushed."),
-    "inIdle": (subjects.IN_IDLE, SessionIdle, "Idle tick fired by a NATS message schedule (internal)."),
+    "inIdle": (subjects.IN_IDLE, SessionIdle,
+               "Idle tick fired by a NATS message schedule, sourced from ENGRAM_SCHED (internal; publishers must not "
+               "send it)."),
     "schedIdle": (subjects.SCHED_IDLE, SessionIdle,
-                  "The turn-detector's idle schedule of a session (Nats-Schedule header; one pending per session): "
-                  "the server fires it into engram.in.idle.<session> (internal)."),
+                  "The turn-detector's idle schedule of a session in ENGRAM_SCHED (Nats-Schedule header; one pending "
+                  "per session): the server fires it into engram.sched.fired.idle.<session> (internal)."),
+    "schedIdleFired": (subjects.SCHED_IDLE_FIRED, SessionIdle,
+                       "A fired idle schedule (ENGRAM_SCHED); ENGRAM_IN sources it as engram.in.<p>.idle.<session> "
+                       "(internal)."),
     "episode": (subjects.EPISODE, Episode, "Completed turns, one per enabled scope group."),
     "delta": (subjects.DELTA, (NodeDelta, SummaryTick),
               "What one episode changed on one entity; also the summary-gate's fired SummaryTicks."),
     "summaryTick": (
         subjects.SCHED_SUMMARY,
         SummaryTick,
-        "Deferred summary refresh: a NATS message schedule fired into engram.delta.<group> (internal).",
+        "Deferred summary refresh: a NATS message schedule in ENGRAM_SCHED, fired into "
+        "engram.sched.fired.summary.<group> (internal).",
+    ),
+    "summaryTickFired": (
+        subjects.SCHED_SUMMARY_FIRED,
+        SummaryTick,
+        "A fired summary schedule (ENGRAM_SCHED); ENGRAM_DELTAS sources it into the group's delta subject (internal).",
     ),
     "summary": (subjects.SUMMARY, SummaryEvent, "Every summary-gate decision."),
     "summaryAudit": (subjects.SUMMARY_AUDIT, SummaryAudit, "Sample of skipped summaries with facts and kept summary."),

@@ -88,7 +88,8 @@ class SessionClosed(_Model):
 
 
 class SessionIdle(_Model):
-    """Internal tick on ``engram.in.idle.<session_id>``, fired by a NATS message schedule."""
+    """Internal tick on ``engram.in.idle.<session_id>``, fired by a NATS message schedule in
+    ENGRAM_SCHED and sourced into ENGRAM_IN."""
 
     schema_version: Literal[1] = 1
     session_id: str = Field(pattern=SESSION_ID_PATTERN)
@@ -218,8 +219,9 @@ class SummaryTick(_Model):
     """Server-scheduled flush of a deferred summary refresh, or the staleness sweep of a skipped
     change (internal to the summary-gate).
 
-    Stored as a NATS message schedule on ``engram.sched.summary.<group>.<node>`` and fired into
-    ``engram.delta.<group>``, so it is handled in the group's order like any NodeDelta.
+    Stored as a NATS message schedule on ``engram.sched.summary.<group>.<node>`` (ENGRAM_SCHED),
+    fired there and sourced into the group's delta subject, so it is handled in the group's order
+    like any NodeDelta.
     """
 
     schema_version: Literal[1] = 1

@@ -30,7 +30,14 @@ IN_CLOSE = "engram.in.close.{session}"
 IN_IDLE = "engram.in.idle.{session}"
 """A SessionIdle tick fired by the server-side schedule; internal to the turn-detector."""
 SCHED_IDLE = "engram.sched.idle.{session}"
-"""Where the turn-detector stores the idle schedule of a session (one pending per session)."""
+"""Where the turn-detector stores the idle schedule of a session (one pending per session), in
+ENGRAM_SCHED."""
+SCHED_IDLE_FIRED = "engram.sched.fired.idle.{session}"
+"""Where an idle schedule fires (in ENGRAM_SCHED); ENGRAM_IN sources it as ``engram.in.<p>.idle.<session>``.
+
+Schedules live in a stream of their own because nats-server forces ``allow_rollup_hdrs`` on any
+stream that allows message schedules: in ENGRAM_IN, one publisher's ``Nats-Rollup: all`` header
+would purge every stored message. ENGRAM_IN and ENGRAM_DELTAS refuse rollup and schedule headers."""
 
 # --- pipeline ------------------------------------------------------------------------------
 EPISODE = "engram.episode.{group}"
@@ -38,7 +45,11 @@ DELTA = "engram.delta.{group}"
 SUMMARY = "engram.summary.{group}"
 SUMMARY_AUDIT = "engram.summary.audit.{group}"
 SCHED_SUMMARY = "engram.sched.summary.{group}.{node}"
-"""Where the summary-gate stores a deferred refresh's flush schedule (one pending per node)."""
+"""Where the summary-gate stores a deferred refresh's flush schedule (one pending per node), in
+ENGRAM_SCHED."""
+SCHED_SUMMARY_FIRED = "engram.sched.fired.summary.{group}"
+"""Where a summary schedule fires (in ENGRAM_SCHED); ENGRAM_DELTAS sources it as the group's
+delta subject ``engram.delta.<p>.<group>``, in order with the group's deltas."""
 RECALL = "engram.recall"
 CTL_FORGET_SESSIONS = "engram.ctl.sessions.forget"
 """Core NATS (no stream): a JSON list of session ids whose state a delete erased; every
@@ -95,6 +106,9 @@ STREAM_DLQ = "ENGRAM_DLQ"
 STREAM_DELTAS = "ENGRAM_DELTAS"
 STREAM_SUMMARY = "ENGRAM_SUMMARY"
 STREAM_SESSIONS = "ENGRAM_SESSIONS"
+STREAM_SCHED = "ENGRAM_SCHED"
+"""The turn-detector's idle schedules and the summary-gate's refresh schedules, and where they
+fire; written only by those two services (see SCHED_IDLE_FIRED for why it is a stream of its own)."""
 
 KV_TURN_SESSIONS = "engram_turn_sessions"
 
@@ -176,6 +190,10 @@ def sched_idle(session_id: str) -> str:
     return SCHED_IDLE.format(session=require_token(session_id, "session_id"))
 
 
+def sched_idle_fired(session_id: str) -> str:
+    return SCHED_IDLE_FIRED.format(session=require_token(session_id, "session_id"))
+
+
 def episode(group_id: str) -> str:
     return EPISODE.format(group=require_token(group_id, "group_id"))
 
@@ -194,6 +212,10 @@ def summary_audit(group_id: str) -> str:
 
 def sched_summary(group_id: str, node_uuid: str) -> str:
     return SCHED_SUMMARY.format(group=require_token(group_id, "group_id"), node=require_token(node_uuid, "node_uuid"))
+
+
+def sched_summary_fired(group_id: str) -> str:
+    return SCHED_SUMMARY_FIRED.format(group=require_token(group_id, "group_id"))
 
 
 def session_closed(session_id: str) -> str:

@@ -6,10 +6,11 @@ functions walk each place and erase (overwrite on disk, :mod:`engram.erase`) wha
 the group:
 
 - episodes ``engram.episode.<p>.<group>``, deltas ``engram.delta.<p>.<group>`` and the
-  summary-gate's schedules ``engram.sched.summary.<group>.*``, summary events and audits;
+  summary-gate's schedules ``engram.sched.summary.<group>.*`` and their fired ticks (ENGRAM_SCHED),
+  summary events and audits;
 - the sessions that fed the group -- named by its episodes, by their KV checkpoints
   (``scopes_seen``) or by messages still in the input stream: their raw input, idle schedules and
-  every revision of their checkpoint; their epoch is bumped (:mod:`engram.epochs`) and every
+  ticks, every revision of their checkpoint; their epoch is bumped (:mod:`engram.epochs`) and every
   turn-detector replica told to forget them, so re-posted content is stored afresh;
 - dead letters whose original subject, session or group points at the group;
 - those sessions' closed segments (``engram.session.closed.<session>``: transcript tails). The
@@ -85,7 +86,8 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
                                         episode_of_group)).erased
     for stream, subject in (
         (subjects.STREAM_DELTAS, f"engram.delta.*.{group_id}"),
-        (subjects.STREAM_DELTAS, f"engram.sched.summary.{group_id}.*"),
+        (subjects.STREAM_SCHED, f"engram.sched.summary.{group_id}.*"),
+        (subjects.STREAM_SCHED, subjects.sched_summary_fired(group_id)),
         (subjects.STREAM_SUMMARY, subjects.summary(group_id)),
         (subjects.STREAM_SUMMARY, subjects.summary_audit(group_id)),
     ):
@@ -145,7 +147,8 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
         if not subjects.is_valid_token(session):
             continue
         report.erased += (await erase_where(js, subjects.STREAM_IN, f"engram.in.*.*.{session}")).erased
-        report.erased += (await erase_where(js, subjects.STREAM_IN, subjects.sched_idle(session))).erased
+        report.erased += (await erase_where(js, subjects.STREAM_SCHED, subjects.sched_idle(session))).erased
+        report.erased += (await erase_where(js, subjects.STREAM_SCHED, subjects.sched_idle_fired(session))).erased
         # Closed segments carry the session's transcript tail for the session close stage.
         report.erased += (await erase_where(js, subjects.STREAM_SESSIONS, subjects.session_closed(session))).erased
         report.erased += (await erase_where(js, KV_STREAM, f"$KV.{subjects.KV_TURN_SESSIONS}.{session}")).erased

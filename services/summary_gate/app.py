@@ -8,8 +8,8 @@ partition, one message in flight, like the extractor):
   - refresh: summarise the node -- together with every other node of the group whose deferred
     refresh is due, up to ``batch_size`` per LLM call -- embed the summaries, store summary and
     state in one statement;
-  - defer: schedule a flush tick (NATS message schedule on ``engram.sched.summary.<group>.<node>``,
-    fired into ``engram.delta.<group>``: it lands in the group's partition, in order);
+  - defer: schedule a flush tick (NATS message schedule on ``engram.sched.summary.<group>.<node>``
+    in ENGRAM_SCHED, fired there and sourced by ENGRAM_DELTAS into the group's partition, in order);
   - skip: store the state; a deterministic sample goes to ``engram.summary.audit.<group>``; a
     skip that leaves the summary behind its facts arms the staleness sweep: a ``staleness``
     SummaryTick scheduled on the same subject ``staleness_sla_s`` of wall time later;
@@ -51,6 +51,7 @@ from engram.service import ServiceApp, jetstream, keep_alive, make_broker, retry
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
+from schemas.validation import error_locations
 from services.summary_gate import store
 from services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
 from services.summary_gate.guard import default_threshold, embedder_kind
@@ -126,10 +127,11 @@ class SummaryGate:
         topology = Topology.from_settings(self.settings)
         await ensure_topology(self.js, topology)
         self.backlog.start(self.js)
-        if self.gate.staleness_sla_s >= topology.episode_max_age_s:
-            # the sweep's schedule is a message in ENGRAM_DELTAS: it would age out before firing
-            log.warning("ENGRAM_SUMMARY_STALENESS_SLA_S (%.0f s) is not below the delta stream's retention (%.0f s): "
-                        "staleness sweeps would expire unfired", self.gate.staleness_sla_s, topology.episode_max_age_s)
+        retention = topology.schedule_stream().max_age or 0.0
+        if self.gate.staleness_sla_s >= retention:
+            # the sweep's schedule is a message in ENGRAM_SCHED: it would age out before firing
+            log.warning("ENGRAM_SUMMARY_STALENESS_SLA_S (%.0f s) is not below the schedule stream's retention (%.0f s): "
+                        "staleness sweeps would expire unfired", self.gate.staleness_sla_s, retention)
 
     async def stop(self) -> None:
         await self.backlog.stop()
@@ -144,7 +146,7 @@ class SummaryGate:
             kind = "tick" if _message_type(raw.data) == "summary_tick" else "delta"
             event = (SummaryTick if kind == "tick" else NodeDelta).model_validate_json(raw.data)
         except ValidationError as exc:
-            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10])
+            detail = error_locations(exc, 10)
             await self._dead_letter(raw, "schema", detail)
             MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
             await msg.ack()
@@ -327,10 +329,11 @@ class SummaryGate:
             tick.model_dump_json().encode(),
             headers={
                 "Nats-Schedule": f"@at {fire_at.strftime('%Y-%m-%dT%H:%M:%SZ')}",
-                "Nats-Schedule-Target": subjects.delta(group_id),
+                # fires in ENGRAM_SCHED, which ENGRAM_DELTAS sources into the group's partition
+                "Nats-Schedule-Target": subjects.sched_summary_fired(group_id),
                 subjects.HDR_MSG_ID: f"{'tick' if kind == 'flush' else 'sweep'}:{node_uuid}:{token}",
             },
-            stream=subjects.STREAM_DELTAS,
+            stream=subjects.STREAM_SCHED,
         )
 
     async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:

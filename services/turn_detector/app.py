@@ -34,6 +34,7 @@ from engram.settings import EngramSettings
 from engram.tokens import token_counter
 from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, SessionSegmentClosed, subjects
+from schemas.validation import error_locations
 from services.turn_detector import metrics
 from services.turn_detector.intake import Rejected, parse_event, prepare_part
 from services.turn_detector.noise import NoiseSettings
@@ -348,9 +349,10 @@ class TurnDetector:
             tick.model_dump_json().encode(),
             headers={
                 "Nats-Schedule": f"@at {fire_at.strftime('%Y-%m-%dT%H:%M:%SZ')}",
-                "Nats-Schedule-Target": subjects.in_idle(state.session_id),
+                # fires in ENGRAM_SCHED, which ENGRAM_IN sources into the session's partition
+                "Nats-Schedule-Target": subjects.sched_idle_fired(state.session_id),
             },
-            stream=subjects.STREAM_IN,
+            stream=subjects.STREAM_SCHED,
         )
 
     async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:
@@ -388,7 +390,7 @@ def build(settings: EngramSettings | None = None) -> ServiceApp:
             session_ids = _SESSION_IDS.validate_json(msg.body)
         except ValidationError as exc:
             log.warning("ignored a malformed forget-sessions message: %s",
-                        "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['type']}" for e in exc.errors()[:5]))
+                        error_locations(exc, 5))
             return
         detector.forget_sessions(session_ids)
 

@@ -126,9 +126,10 @@ forged_headers = st.one_of(
     st.just({"Nats-Expected-Stream": "NOT_A_STREAM"}),
     st.just({"Nats-Expected-Last-Sequence": "not-a-number"}),
     st.just({"Nats-Schedule": "@at nonsense"}),
-    # "Nats-Rollup: all" is left out here: on ENGRAM_IN and ENGRAM_DELTAS (streams with message
-    # schedules, where nats-server forces allow_rollup_hdrs on) it purges the whole stream, valid
-    # traffic included. test_subjects.py shows that on its own (a known, unfixed hole).
+    st.just({"Nats-Schedule": "@at 2000-01-01T00:00:00Z", "Nats-Schedule-Target": "engram.in.close.x"}),
+    # purged ENGRAM_IN (valid traffic included) while it allowed message schedules
+    st.just({"Nats-Rollup": "all"}),
+    st.just({"Nats-Rollup": "sub"}),
     st.fixed_dictionaries({"traceparent": header_text}),
     st.dictionaries(st.from_regex(r"\A[A-Za-z][A-Za-z0-9-]{0,20}\Z"), header_text, max_size=3),
 )

@@ -94,13 +94,15 @@ def test_an_unhashable_or_text_schema_version_is_dead_lettered_without_its_value
 
 
 def test_a_server_directive_header_does_not_stop_the_dead_letter(stack: Stack) -> None:
-    """A bad message carrying ``Nats-Rollup: sub`` is stored (ENGRAM_IN allows rollups, see
-    below); the dead letter copied the header and the DLQ stream refused it ('rollup not
-    permitted')."""
+    """A bad message carrying a server directive is stored (``Nats-Expected-Last-Subject-Sequence:
+    0`` holds for a new session; so did ``Nats-Rollup: sub`` while ENGRAM_IN allowed rollups); the
+    dead letter copied the header and the DLQ stream refused it (the dead-letter subject has
+    messages; 'rollup not permitted')."""
+    directive = "Nats-Expected-Last-Subject-Sequence"
     letter = stack.run(publish_and_wait(stack, f"engram.in.message.{token()}", b"not json",
-                                        headers={"Nats-Rollup": "sub", "traceparent": "garbage"}))
+                                        headers={directive: "0", "traceparent": "garbage"}))
     assert letter is not None and letter[subjects.HDR_DLQ_REASON] == "malformed_json"
-    assert "Nats-Rollup" not in letter and letter["traceparent"] == "garbage"
+    assert directive not in letter and letter["traceparent"] == "garbage"
 
 
 def test_a_bad_message_at_the_size_limit_is_dead_lettered_with_its_head(stack: Stack) -> None:
@@ -219,26 +221,30 @@ def test_a_dead_letter_with_a_non_ascii_subject_does_not_stop_group_deletes(stac
     assert answer["status"] == "ok", answer
 
 
-@pytest.mark.xfail(strict=True, reason="known hole: nats-server forces allow_rollup_hdrs on streams with message "
-                   "schedules (ENGRAM_IN, ENGRAM_DELTAS), so any publisher may purge them; see docs/reliability.md")
-def test_a_forged_rollup_header_cannot_purge_the_input_stream(stack: Stack) -> None:
+@pytest.mark.parametrize(("subject", "stream"), [
+    ("engram.in.message.{}", subjects.STREAM_IN),
+    ("engram.delta.{}", subjects.STREAM_DELTAS),
+])
+def test_a_forged_rollup_header_cannot_purge_a_stream(stack: Stack, subject: str, stream: str) -> None:
+    """ENGRAM_IN and ENGRAM_DELTAS allowed message schedules, so nats-server let any publisher's
+    ``Nats-Rollup: all`` purge them (every session's unprocessed messages). The schedules now live
+    in ENGRAM_SCHED; the server refuses the header here."""
     import nats.js.errors
 
     async def victim_survives() -> bool:
         js = stack.nc.jetstream()
         victim = token()
-        ack = await js.publish(f"engram.in.close.{victim}", b"{}")
+        ack = await js.publish(f"engram.in.close.{victim}" if stream == subjects.STREAM_IN else
+                               f"engram.summary.{victim}", b"{}")
+        with pytest.raises(nats.js.errors.Error, match="rollup not permitted"):
+            await js.publish(subject.format(token()), b"x", headers={"Nats-Rollup": "all"})
         try:
-            await js.publish(f"engram.in.message.{token()}", b"x", headers={"Nats-Rollup": "all"})
-        except nats.js.errors.Error:
-            pass  # refused: what it should be
-        try:
-            await js.get_msg(subjects.STREAM_IN, ack.seq)
+            await js.get_msg(ack.stream, ack.seq)
         except nats.js.errors.NotFoundError:
             return False
         return True
 
-    assert stack.run(victim_survives()), "one publisher's Nats-Rollup: all purged every stored input message"
+    assert stack.run(victim_survives()), "one publisher's Nats-Rollup: all purged every stored message"
 
 
 def test_a_field_name_with_a_line_break_does_not_break_the_dead_letter(stack: Stack) -> None:

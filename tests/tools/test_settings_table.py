@@ -47,7 +47,7 @@ def test_every_setting_has_a_description() -> None:
 def test_docs_name_only_variables_that_exist() -> None:
     known = {row.env for row in settings_rows()}
     streams = {subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DLQ, subjects.STREAM_DELTAS,
-               subjects.STREAM_SUMMARY, subjects.STREAM_SESSIONS}
+               subjects.STREAM_SUMMARY, subjects.STREAM_SESSIONS, subjects.STREAM_SCHED}
     outside = {"ENGRAM_LOCOMO"}  # the benches' and tests' LoCoMo file, not a setting
     # the fuzz and isolation tests' sizes (tests/fuzz, tests/services/test_isolation.py), not settings
     outside |= {"ENGRAM_FUZZ_EXAMPLES", "ENGRAM_FUZZ_REPORT", "ENGRAM_ISOLATION_EXAMPLES"}
