@@ -24,7 +24,10 @@ from pydantic import AwareDatetime, Field
 from schemas.messages import MESSAGE_ID_PATTERN, AdminStatus, RecallScopes, Role, ScopeKeys, _Model
 from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN, session_group, user_group, workspace_group
 
-CloseReason = Literal["token_limit", "idle", "explicit"]
+CloseReason = Literal["token_limit", "idle", "explicit", "scope_change"]
+"""Why a segment closed: its token limit at a turn boundary, inactivity, the publisher's close, or
+a turn naming another user, workspace or group than the segment (``scope_change``: two people in
+one chat; a segment's summary goes to one memory, so it holds one person's conversation)."""
 MemorySource = Literal["conversation", "extraction"]
 """``conversation``: saved by the agent with a tool during the chat; ``extraction``: found by
 the session close stage in the closed segment's transcript (seed 004, 5.3)."""

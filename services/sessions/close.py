@@ -318,7 +318,8 @@ async def extract_user_facts(llm: LLMClient, transcript: Sequence[TranscriptLine
 
 
 def _reason_words(reason: str) -> str:
-    return {"token_limit": "token limit", "idle": "inactivity", "explicit": "an explicit close"}.get(reason, reason)
+    return {"token_limit": "token limit", "idle": "inactivity", "explicit": "an explicit close",
+            "scope_change": "another person speaking"}.get(reason, reason)
 
 
 async def close_segment(

@@ -16,7 +16,8 @@ segment; at a turn boundary (a message that opens a new turn) a segment holding
 ``token_limit`` tokens or more is closed with reason ``token_limit`` and the message starts the
 next segment, so no turn and no message ever straddles two segments. An explicit close ends the
 segment (``explicit``), so a closed session id that sends again starts a new segment; a segment
-with no message for ``idle_close_s`` ends with ``idle``. A closed segment becomes a
+with no message for ``idle_close_s`` ends with ``idle``; a turn naming another user, workspace or
+group than the segment (two people in one chat) ends it with ``scope_change``. A closed segment becomes a
 :class:`SessionSegmentClosed` carrying the tail of its (scrubbed) transcript.
 
 Nothing here does I/O: the service loads a :class:`SessionState`, applies one event and stores
@@ -313,22 +314,28 @@ def apply_message(
     if state.last_turn_end is not None and message.timestamp < state.last_turn_end:
         part = part.model_copy(update={"late": True})  # shallow: only the flag changes
     turn = state.open_turn
-    if turn is not None and ((message.role == "user" and turn.has_assistant_side)
+    other_person = scopes_conflict(state.segment.scopes, message.scopes) if state.segment.messages else False
+    if turn is not None and ((message.role == "user" and turn.has_assistant_side) or other_person
                              or scopes_conflict(turn.scopes, message.scopes)):
-        # A message naming another user, workspace or group than the open turn (two people in
-        # one chat before the reply) opens a turn of its own: a turn is written to one set of
-        # groups, so merging would put one person's words into the other's memory. Counted as
-        # next_user (the message that opens the next turn; no new schema value).
+        # A message naming another user, workspace or group than the open turn or segment (two
+        # people in one chat before the reply) opens a turn of its own: a turn is written to one
+        # set of groups, so merging would put one person's words into the other's memory.
+        # Counted as next_user (the message that opens the next turn; no new schema value).
         done = _complete(state, "next_user")
         if done:
             completed.append(done)
         turn = None
     if turn is None:
         # A turn boundary: the only place a segment may rotate (no turn spans two segments).
-        if state.segment.tokens >= segments.token_limit:
+        # A turn of another user, workspace or group ends the segment too: its summary goes to
+        # the memory of the segment's scopes, so it must hold one person's conversation.
+        ended = None
+        if other_person:
+            ended = close_segment(state, "scope_change")
+        elif state.segment.tokens >= segments.token_limit:
             ended = close_segment(state, "token_limit")
-            if ended is not None:
-                closed.append(ended)
+        if ended is not None:
+            closed.append(ended)
         turn = OpenTurn(turn_id=turn_id_for(state, message.message_id), trace_parent=trace_parent)
         state.open_turn = turn
     if published_at is not None and (turn.first_published_at is None or published_at < turn.first_published_at):

@@ -9,13 +9,15 @@ from services.turn_detector.pairing import SessionState, TurnPart, apply_message
 from tests.services.turn_detector.helpers import msg
 
 
-def feed(events: list[tuple[str, str, ScopeKeys]]) -> tuple[SessionState, list]:
+def feed(events: list[tuple[str, str, ScopeKeys]], closed: list | None = None) -> tuple[SessionState, list]:
     state, done = SessionState(session_id="s"), []
     for i, (mid, role, scopes) in enumerate(events):
         m = msg("s", mid, role, f"text {mid}", i, scopes=scopes)
         tr = apply_message(state, m, TurnPart(message_id=mid, role=role, timestamp=m.timestamp, text=m.content),
-                           now=float(i))
+                           now=float(i), tokens=5)
         state, done = tr.state, done + tr.completed
+        if closed is not None:
+            closed += tr.closed
     return state, done
 
 
@@ -55,3 +57,19 @@ def test_scopes_conflict() -> None:
     assert scopes_conflict(ScopeKeys(group="a"), ScopeKeys(group="b"))
     assert scopes_conflict(ScopeKeys(group="a"), ScopeKeys(user="bob"))  # the group replaces bob's scopes
     assert not scopes_conflict(ScopeKeys(group="a"), ScopeKeys()) and not scopes_conflict(ScopeKeys(), ScopeKeys(group="a"))
+
+
+def test_a_segment_holds_one_persons_conversation() -> None:
+    """The session close stage writes a segment's summary, preferences and notes to the memory
+    of the segment's scopes: a segment that went on across another user's turn put the first
+    user's conversation into the second user's memory (scopes merged, the later user winning)."""
+    closed: list = []
+    state, _ = feed([("a1", "user", ALICE), ("r1", "assistant", ScopeKeys()), ("a2", "user", ALICE),
+                     ("b1", "user", BOB), ("r2", "assistant", ScopeKeys()),
+                     ("x1", "user", ScopeKeys()), ("a3", "user", ALICE)], closed)
+    assert [(c.reason, c.scopes.user, [line.message_id for line in c.transcript]) for c in closed] == [
+        ("scope_change", "alice", ["a1", "r1", "a2"]),
+        ("scope_change", "bob", ["b1", "r2", "x1"]),  # a message naming nobody joins the open segment
+    ]
+    assert state.segment.scopes.user == "alice" and [line.message_id for line in state.segment.transcript] == ["a3"]
+    assert [c.segment for c in closed] == [0, 1] and state.segment.index == 2
