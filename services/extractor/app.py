@@ -62,6 +62,7 @@ from engram.service import (
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
+from schemas.validation import error_locations
 from services.extractor.deltas import build_node_deltas, delta_message_id
 from services.extractor.pipeline import deltas_for_existing_episode, extract_episode
 from services.extractor.preprocessing import ExtractionSettings, instructions_for_episode, validate_at_startup
@@ -157,7 +158,7 @@ class Extractor:
         try:
             episode = Episode.model_validate_json(raw.data)
         except ValidationError as exc:
-            await self._dead_letter(raw, "schema", "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10]))
+            await self._dead_letter(raw, "schema", error_locations(exc, 10))
             EPISODES.labels(outcome="dead_lettered").inc()
             await msg.ack()
             return

@@ -79,6 +79,7 @@ from schemas.messages import (
     GraphGroupsRequest,
     GraphGroupsResponse,
 )
+from schemas.validation import error_locations
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY, safe_entity_name
 from services.recall import purge
 
@@ -576,7 +577,7 @@ async def answer(
     try:
         request = model.model_validate_json(body)
     except ValidationError as exc:
-        reason = "bad_request: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:5])
+        reason = "bad_request: " + error_locations(exc, 5)
         ADMIN_REQUESTS.labels(op=op, status="error").inc()
         return error(status="error", reason=reason)  # type: ignore[call-arg]
     try:

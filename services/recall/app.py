@@ -33,6 +33,7 @@ from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
 from engram.tokens import token_counter
 from schemas import RecallRequest, RecallResponse, subjects
+from schemas.validation import error_locations
 from services.extractor.app import NoRerank
 from services.recall.admin import register_admin
 from services.recall.merge import drop_covered_facts, fit_budget, groups_for, merge, query_text
@@ -166,7 +167,7 @@ class Recall:
         try:
             request = RecallRequest.model_validate_json(body)
         except ValidationError as exc:
-            reason = "bad_request: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:5])
+            reason = "bad_request: " + error_locations(exc, 5)
             return self._done(RecallResponse(degraded=True, reason=reason), "bad_request", started)
         try:
             response = await asyncio.wait_for(self.recall(request), timeout=request.timeout_ms / 1000)

@@ -58,6 +58,7 @@ from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import subjects
 from schemas.memory import CloseReason, SessionSegmentClosed, memory_group_for
+from schemas.validation import error_locations
 from services.sessions import requests
 from services.sessions.close import ClosedSegment, FactsOutcome, SummaryOutcome, close_segment
 from services.sessions.store import MemoryStore
@@ -146,7 +147,7 @@ class SessionCloser:
         try:
             event = SessionSegmentClosed.model_validate_json(raw.data)
         except ValidationError as exc:
-            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in exc.errors()[:10])
+            detail = error_locations(exc, 10)
             await self._dead_letter(raw, "schema", detail)
             MESSAGES.labels(outcome="dead_lettered").inc()
             await msg.ack()

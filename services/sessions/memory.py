@@ -43,6 +43,7 @@ from schemas.memory import (
     UserPreference,
     memory_group_for,
 )
+from schemas.validation import error_locations
 
 log = logging.getLogger("engram.sessions.memory")
 
@@ -138,7 +139,7 @@ OPERATIONS: dict[str, Operation] = {
 
 def bad_request_reason(exc: ValidationError) -> str:
     """Where the request is wrong, by field and error type only (the input is content)."""
-    return "bad_request: " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['type']}" for e in exc.errors()[:5])
+    return "bad_request: " + error_locations(exc, 5, root="body")
 
 
 async def answer(subject: str, body: bytes, store: Store, prefix: str) -> tuple[MemoryResponse, str]:

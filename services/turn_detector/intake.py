@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from engram.secrets import scrub_secrets
 from schemas import ChatMessage, SessionClosed, SessionIdle
+from schemas.validation import error_locations
 from services.turn_detector.noise import NoiseSettings, filter_noise, reduce_tool_output
 from services.turn_detector.pairing import TurnPart
 
@@ -45,7 +46,7 @@ def parse_subject(subject: str) -> tuple[EventKind, str] | Rejected:
 
 def _validation_detail(exc: ValidationError) -> str:
     # Field locations and error types only: pydantic's messages may quote the input value.
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['type']}" for e in exc.errors()[:10])
+    return error_locations(exc, 10)
 
 
 def parse_event(subject: str, payload: bytes, *, max_bytes: int) -> Event | Rejected:
