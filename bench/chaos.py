@@ -56,6 +56,7 @@ import nats.js.errors  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench import _drain  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.llm_simulator import LLMSimulator  # noqa: E402
 from engram.embedded import ManagedProcess, free_port, http_ok, start_falkordb, start_nats  # noqa: E402
@@ -152,19 +153,10 @@ class Stack:
 
 # --- observing the pipeline ----------------------------------------------------------------
 async def consumer_state(js) -> dict[tuple[str, str], tuple[int, int, int]]:  # noqa: ANN001
-    """(stream, durable) -> (delivered stream seq, pending, ack pending)."""
-    out = {}
-    for stream in STREAMS:
-        try:
-            for c in await js.consumers_info(stream):
-                out[(stream, c.name)] = (c.delivered.stream_seq or 0, c.num_pending or 0, c.num_ack_pending or 0)
-        except nats.js.errors.NotFoundError:
-            pass
-    return out
+    return await _drain.consumer_state(js, STREAMS)
 
 
-def busy(state: dict) -> bool:
-    return any(pending or ack_pending for _, pending, ack_pending in state.values())
+busy = _drain.busy
 
 
 async def connect(stack: Stack):  # noqa: ANN201
@@ -175,27 +167,11 @@ async def connect(stack: Stack):  # noqa: ANN201
                               connect_timeout=2, allow_reconnect=True, error_cb=quiet)
 
 
-async def wait_drained(stack: Stack, js, expect_episodes: int | None, timeout: float) -> float:  # noqa: ANN001
+async def wait_drained(js, expect_episodes: int | None, timeout: float) -> float:  # noqa: ANN001
     """Seconds until every consumer had nothing pending for 5 s in a row (and, when known, the
     episode stream holds ``expect_episodes``)."""
-    started = time.monotonic()
-    quiet_since = None
-    while time.monotonic() - started < timeout:
-        try:
-            state = await consumer_state(js)
-            episodes = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages
-        except Exception:  # noqa: BLE001 - NATS restarting
-            await asyncio.sleep(0.5)
-            continue
-        done = not busy(state) and (expect_episodes is None or episodes >= expect_episodes)
-        if done:
-            quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since >= 5:
-                return time.monotonic() - started
-        else:
-            quiet_since = None
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"pipeline not drained after {timeout:.0f} s: {await consumer_state(js)}")
+    return await _drain.wait_drained(js, STREAMS, timeout=timeout, expect_episodes=expect_episodes, quiet_s=5.0,
+                                     tolerate_errors=True)
 
 
 # --- faults --------------------------------------------------------------------------------
@@ -335,7 +311,7 @@ async def replay(stack: Stack, args: argparse.Namespace, faults: list[Fault], ex
             print(f"  {fault.at_s:6.1f}s {fault.kind} {fault.target}: recovered in {fault.recovery_s:.1f} s"
                   f"{'' if fault.busy else ' (pipeline was idle)'}", file=sys.stderr)
         report = await publisher
-        await wait_drained(stack, js, expect_episodes, args.timeout)
+        await wait_drained(js, expect_episodes, args.timeout)
         elapsed = time.monotonic() - started
         episodes, total = await read_episodes(js)
         if total != len(episodes):

@@ -38,6 +38,7 @@ from prometheus_client import REGISTRY  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._drain import wait_drained  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import Event, publish_events, read_locomo  # noqa: E402
@@ -113,20 +114,6 @@ def histogram_quantile(q: float, before: dict[float, float], after: dict[float, 
     return None
 
 
-async def drained(js, expect_episodes: int, timeout: float) -> None:  # noqa: ANN001
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        episodes = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages
-        busy = False
-        for stream in (subjects.STREAM_IN, subjects.STREAM_EPISODES):
-            for c in await js.consumers_info(stream):
-                busy = busy or bool(c.num_pending or c.num_ack_pending)
-        if episodes >= expect_episodes and not busy:
-            return
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"not drained after {timeout:.0f} s")
-
-
 async def main(args: argparse.Namespace) -> int:
     require_locomo(LOCOMO)
     logging.getLogger("faststream").setLevel(logging.ERROR)
@@ -161,7 +148,8 @@ async def main(args: argparse.Namespace) -> int:
                     expect = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages
                 if time.monotonic() - started > args.timeout:
                     raise RuntimeError("turn-detector not drained")
-            await drained(js, expect, args.timeout - (time.monotonic() - started))
+            await wait_drained(js, (subjects.STREAM_IN, subjects.STREAM_EPISODES), expect_episodes=expect,
+                               timeout=args.timeout - (time.monotonic() - started))
             elapsed = time.monotonic() - started
             episodes = expect
             try:

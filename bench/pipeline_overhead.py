@@ -46,6 +46,7 @@ from graphiti_core.nodes import EpisodeType  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench._drain import wait_drained  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, load  # noqa: E402
 from engram import tracing  # noqa: E402
@@ -84,15 +85,8 @@ async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sess
     events = [e.model_copy(update={"session_id": f"r{rnd}-{e.session_id}"}) for e in events]
     started = time.perf_counter()
     await publish_events(js, events)
-    while True:
-        done = (await js.stream_info(subjects.STREAM_EPISODES)).state.messages - before >= turns
-        infos = await js.consumers_info(subjects.STREAM_EPISODES)
-        idle = all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.name.startswith("extractor_"))
-        if done and idle:
-            break
-        if time.perf_counter() - started > timeout:
-            raise RuntimeError(f"round {rnd}: not all {turns} turns extracted after {timeout:.0f}s")
-        await asyncio.sleep(0.02)
+    await wait_drained(js, [subjects.STREAM_EPISODES], timeout=timeout, expect_episodes=before + turns, poll_s=0.02,
+                       durable_prefix="extractor_")
     elapsed = time.perf_counter() - started
     dead = await dead_letters(js) - dead_before
     await nc.close()

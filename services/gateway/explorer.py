@@ -55,7 +55,7 @@ from schemas.messages import (
 )
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
-from services.gateway.models import GROUP_ID_PATTERN, MAX_GROUP_ID, EntityEdgeResult
+from services.gateway.models import GROUP_ID_PATTERN, MAX_GROUP_ID, EntityEdgeResult, EntityNodeSummary
 from services.gateway.settings import GatewaySettings
 
 MAX_FACTS = 500
@@ -86,15 +86,6 @@ PathGroupId = Annotated[str, Path(pattern=GROUP_ID_PATTERN, min_length=1, max_le
 
 class GroupsResult(BaseModel):
     group_ids: list[str]
-
-
-class EntityResult(BaseModel):
-    uuid: str
-    name: str
-    group_id: str
-    labels: list[str] = Field(default_factory=list)
-    created_at: datetime | None = None
-    summary: str = ""
 
 
 class ExplorerFact(EntityEdgeResult):
@@ -209,12 +200,13 @@ def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -
         """Every group that holds a node."""
         return GroupsResult(group_ids=(await ask(subjects.GRAPH_GROUPS, GraphGroupsRequest(), GraphGroupsResponse)).group_ids)
 
-    @router.get("/entities/{group_id}", response_model=list[EntityResult], tags=["explorer"])
-    async def entities(group_id: PathGroupId, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EntityResult]:
+    @router.get("/entities/{group_id}", response_model=list[EntityNodeSummary], tags=["explorer"])
+    async def entities(group_id: PathGroupId, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                       ) -> list[EntityNodeSummary]:
         """The group's newest ``limit`` entities with their summaries."""
         answer = await ask(subjects.GRAPH_ENTITIES, GraphEntitiesRequest(group_id=group_id, limit=limit),
                            GraphEntitiesResponse)
-        return [EntityResult(**e.model_dump(include=set(EntityResult.model_fields))) for e in answer.entities]
+        return [EntityNodeSummary(**e.model_dump(include=set(EntityNodeSummary.model_fields))) for e in answer.entities]
 
     @router.get("/facts/{group_id}", response_model=list[ExplorerFact], tags=["explorer"])
     async def facts(group_id: PathGroupId, last_n: Annotated[int, Query(ge=1, le=1000)] = 50) -> list[ExplorerFact]:

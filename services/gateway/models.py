@@ -133,8 +133,8 @@ class AddEntityNodeRequest(_In):
     summary: str = Field("", max_length=100_000)
 
 
-class EntityNodeResult(BaseModel):
-    """The saved node, as upstream returns it, without ``name_embedding`` (a vector nobody reads)."""
+class EntityNodeSummary(BaseModel):
+    """An entity node with its summary (the memory explorer's entity list)."""
 
     uuid: str
     name: str
@@ -142,6 +142,11 @@ class EntityNodeResult(BaseModel):
     labels: list[str] = Field(default_factory=list)
     created_at: datetime | None = None
     summary: str = ""
+
+
+class EntityNodeResult(EntityNodeSummary):
+    """The saved node, as upstream returns it, without ``name_embedding`` (a vector nobody reads)."""
+
     attributes: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -1,13 +1,13 @@
 """Isolation under load (issue 16, item 4): 50 groups ingested at once, and no recall, search or
 explorer view of one group ever returns an item of another.
 
-The services run in-process on one event loop in a background thread (turn-detector, extractor
-with the offline rules model and the hashing embedder, recall, the gateway under uvicorn on a
-loopback port), against the suite's real NATS JetStream and FalkorDB. 50 conversations are
-published concurrently (one ``engram.ingest.publish_events`` per conversation, gathered): half
-write to a group the client names (``ScopeKeys(group=...)``, as the gateway's REST clients do),
-half to their session's derived group (``ScopeKeys(session=True)``, recall asked by
-``scopes.session``). Every conversation names people, a company and a project no other group
+The services run in-process on one event loop in a background thread (tests/support/stack.py:
+turn-detector, extractor with the offline rules model and the hashing embedder, recall, the
+gateway under uvicorn on a loopback port), against the suite's real NATS JetStream and FalkorDB.
+50 conversations are published concurrently (one ``engram.ingest.publish_events`` per
+conversation, gathered): half write to a group the client names (``ScopeKeys(group=...)``, as
+the gateway's REST clients do), half to their session's derived group
+(``ScopeKeys(session=True)``, recall asked by ``scopes.session``). Every conversation names people, a company and a project no other group
 names, and all of them talk about the same things ("Paris", "the deploy", "the pipeline"), so
 a search that leaked across groups would find the other groups' turns and facts.
 
@@ -28,8 +28,9 @@ and a shared session where two users (each naming their own ``scopes.user``) spe
 reply must leave each user's words in that user's memory only.
 
 ``ENGRAM_ISOLATION_EXAMPLES`` sets the number of examples (default 40, CI); the figures of the
-last full run are in docs/reliability.md ("Isolation"). Not covered here: the sessions service's
-``/context`` and ``/memory/*`` routes (user notes and preferences; a separate store).
+last full run are in docs/reliability.md ("Isolation"). The sessions service's ``/context`` and
+``/memory/*`` views (user notes, preferences, session summaries; a separate store) are the
+subject of tests/services/test_memory_isolation.py, on the same stack.
 """
 
 from __future__ import annotations
@@ -37,54 +38,28 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
-from typing import Any, TypeVar
 
-import httpx
-import nats
 import pytest
-import uvicorn
 from falkordb.asyncio import FalkorDB
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram.embedded import free_port
 from engram.ingest import publish_events
-from engram.models.rules_llm import RulesExtractorClient
-from engram.settings import EngramSettings, TurnDetectorSettings
 from schemas import ChatMessage, RecallRequest, RecallResponse, ScopeKeys, SessionClosed, subjects
 from schemas.messages import RecallScopes
-from services.extractor import app as ex_app
-from services.gateway import app as gw_app
-from services.gateway.settings import GatewaySettings
-from services.recall import app as recall_app
-from services.turn_detector import app as td_app
+from tests.support.names import SHARED_WORDS, unique_names
+from tests.support.stack import IsolationStack
 
 pytestmark = pytest.mark.slow
 
 GROUPS = 50
 EXAMPLES = int(os.environ.get("ENGRAM_ISOLATION_EXAMPLES", "40"))
 T0 = datetime(2026, 3, 1, 9, tzinfo=timezone.utc)
-# Words every group uses: the bait for a search that crosses groups.
-SHARED_WORDS = ["Paris", "deploy", "pipeline", "spring", "failed", "fix", "Berlin", "release", "coffee", "team"]
-T = TypeVar("T")
-
-
-def unique_names(n: int, seed: int = 16) -> list[str]:
-    """``n`` distinct made-up names (consonant-vowel syllables), none a substring of another."""
-    rng = random.Random(seed)
-    out: list[str] = []
-    while len(out) < n:
-        name = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(3)).capitalize()
-        if not any(name.lower() in o.lower() or o.lower() in name.lower() for o in out):
-            out.append(name)
-    return out
 
 
 @dataclass
@@ -160,73 +135,6 @@ async def read_group(db: FalkorDB, group: str) -> GroupTruth:
             into.add(uuid_)
             truth.texts.append(text or "")
     return truth
-
-
-class IsolationStack:
-    """turn-detector, extractor, recall and the gateway on one loop in a background thread:
-    hypothesis drives a synchronous test function; the services keep running between examples."""
-
-    def __init__(self, nats_url: str, graph_url: str, data_dir: Path, prefix: str) -> None:
-        self.settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=data_dir, partitions=2,
-                                       group_prefix=prefix,
-                                       # turns end on the next user message or the close, never on an
-                                       # idle gap that a loaded machine can open between two publishes
-                                       turn=TurnDetectorSettings(idle_timeout_s=3600))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="engram-isolation", daemon=True)
-        self.services: list[Any] = []
-        self.nc: Any = None
-        self.http: httpx.AsyncClient | None = None
-        self._server: uvicorn.Server | None = None
-        self._server_task: asyncio.Task[None] | None = None
-
-    def run(self, coro: Awaitable[T], timeout: float = 120.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
-
-    def start(self) -> IsolationStack:
-        self.thread.start()
-        self.run(self._start(), timeout=180)
-        return self
-
-    def stop(self) -> None:
-        try:
-            self.run(self._stop(), timeout=120)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(30)
-
-    async def _start(self) -> None:
-        s = self.settings
-        # no engram streams left over from other tests of the session: their backlog is not ours
-        nc = await nats.connect(s.nats_url)
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            await js.delete_stream(info.config.name)
-        await nc.close()
-        self.services = [td_app.build(s), ex_app.build(s, llm=RulesExtractorClient()), recall_app.build(s)]
-        for service in self.services:
-            await service.start()
-        self.nc = await nats.connect(s.nats_url)
-        port = free_port()
-        self._server = uvicorn.Server(uvicorn.Config(gw_app.build(s, GatewaySettings()).asgi(), host="127.0.0.1",
-                                                     port=port, log_level="warning", access_log=False, lifespan="on"))
-        self._server_task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._server_task.done():
-                self._server_task.result()
-            await asyncio.sleep(0.02)
-        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
-
-    async def _stop(self) -> None:
-        if self.http is not None:
-            await self.http.aclose()
-        if self._server is not None and self._server_task is not None:
-            self._server.should_exit = True
-            await asyncio.wait_for(self._server_task, 30)
-        if self.nc is not None:
-            await self.nc.close()
-        for service in reversed(self.services):
-            await service.stop()
 
 
 @dataclass
