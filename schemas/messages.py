@@ -328,10 +328,13 @@ class GraphEpisodesResponse(_Model):
 
 class GraphEdgeRequest(_Model):
     """Request on ``engram.graph.edge.get`` and ``engram.graph.edge.delete``. An edge uuid names
-    no group: on FalkorDB every graph is searched."""
+    no group: without ``group_id`` every graph is searched (on FalkorDB one query per group, so
+    the cost grows with the number of groups); with it, only that group's."""
 
     schema_version: Literal[1] = 1
     uuid: str = GRAPH_UUID
+    group_id: str | None = Field(None, pattern=TOKEN_PATTERN,
+                                 description="Look in this group only; an edge of another group is not_found.")
 
 
 class GraphFact(_Model):

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -45,6 +46,15 @@ def falkordb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Manage
     proc = start_falkordb(tmp_path_factory.mktemp("falkordb"))
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def sim() -> Iterator[Any]:
+    """An OpenAI-compatible LLM simulator (bench/llm_simulator.py) on a random loopback port."""
+    from bench.llm_simulator import LLMSimulator
+
+    with LLMSimulator() as simulator:
+        yield simulator
 
 
 @pytest.fixture

@@ -220,7 +220,8 @@ def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -
 
         async def one(uuid: str) -> GraphFact | None:
             async with limit:
-                answer = await ask(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=uuid), GraphEdgeResponse)
+                answer = await ask(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=uuid, group_id=group_id),
+                                   GraphEdgeResponse)
             return answer.edge if answer.status == "ok" else None  # deleted since the episode listed it
 
         fetched = [f for f in await asyncio.gather(*(one(u) for u in uuids)) if f is not None and f.group_id == group_id]

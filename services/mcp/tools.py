@@ -167,7 +167,8 @@ class EngramTools:
         answer = await self._recall(query, group_ids, max(max_nodes * 2, 10))
         ranked: dict[str, dict] = {}
         for item in answer.items:
-            edge = (await self._ask(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=item.uuid), GraphEdgeResponse)).edge
+            request = GraphEdgeRequest(uuid=item.uuid, group_id=item.group_id)  # one graph read, not one per group
+            edge = (await self._ask(subjects.GRAPH_EDGE_GET, request, GraphEdgeResponse)).edge
             if edge is None:
                 continue
             for node_uuid in (edge.source_node_uuid, edge.target_node_uuid):

@@ -120,6 +120,10 @@ Q_ENTITIES_NEWEST = (
     f"MATCH (n:Entity) WHERE n.group_id = $group_id RETURN {ENTITY_FIELDS} ORDER BY n.created_at DESC LIMIT $limit"
 )
 Q_EDGE = f"MATCH (a:Entity)-[r:RELATES_TO {{uuid: $uuid}}]->(b:Entity) RETURN {EDGE_FIELDS} LIMIT 1"
+Q_EDGE_IN_GROUP = (
+    f"MATCH (a:Entity)-[r:RELATES_TO {{uuid: $uuid}}]->(b:Entity) WHERE r.group_id = $group_id "
+    f"RETURN {EDGE_FIELDS} LIMIT 1"
+)
 Q_EPISODE_GROUP = (
     "MATCH (e:Episodic {uuid: $uuid}) RETURN e.group_id AS group_id, "
     f"e.{MESSAGE_IDS_PROPERTY} AS message_ids LIMIT 1"
@@ -448,9 +452,20 @@ class GraphAdmin:
             for r in rows
         ])
 
+    async def _find_edge(self, db: _Backend, req: GraphEdgeRequest) -> tuple[str | None, dict[str, Any]] | None:
+        """The edge in ``req.group_id``'s graph only, when named (one query), else in any graph."""
+        if req.group_id is None:
+            return await self._find(db, Q_EDGE, uuid=req.uuid)
+        names = await db.group_names()
+        if names is not None and req.group_id not in names:
+            return None
+        graph = req.group_id if names is not None else None  # Neo4j: one database, filtered below
+        rows = await db.read(graph, Q_EDGE_IN_GROUP, uuid=req.uuid, group_id=req.group_id)
+        return (graph, rows[0]) if rows else None
+
     async def get_edge(self, req: GraphEdgeRequest) -> GraphEdgeResponse:
         async with self._backend() as db:
-            hit = await self._find(db, Q_EDGE, uuid=req.uuid)
+            hit = await self._find_edge(db, req)
         if hit is None:
             return GraphEdgeResponse(status="not_found")
         _, r = hit
@@ -464,7 +479,7 @@ class GraphAdmin:
 
     async def delete_edge(self, req: GraphEdgeRequest) -> GraphDeleteResponse:
         async with self._backend() as db:
-            hit = await self._find(db, Q_EDGE, uuid=req.uuid)
+            hit = await self._find_edge(db, req)
             if hit is None:
                 return GraphDeleteResponse(status="not_found")
             found_in, row = hit

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -24,12 +23,6 @@ from bench.llm_simulator import (
 
 ENTITIES = {"type": "json_schema", "json_schema": {"name": "ExtractedEntities", "schema": {}}}
 PROMPT = [{"role": "user", "content": "<CURRENT MESSAGE>\nuser(Ada): I moved the API from Flask to FastAPI.\n</CURRENT MESSAGE>"}]
-
-
-@pytest.fixture
-def sim() -> Iterator[LLMSimulator]:
-    with LLMSimulator() as simulator:
-        yield simulator
 
 
 def sdk(sim: LLMSimulator, **kw) -> openai.AsyncOpenAI:  # noqa: ANN003

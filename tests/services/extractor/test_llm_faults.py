@@ -38,22 +38,17 @@ from bench.llm_simulator import (
     truncated,
 )
 from engram.dlq import replay_dead_letters
-from engram.models.factory import EmbedderSettings, LLMSettings, build_llm
+from engram.models.factory import EmbedderSettings
 from engram.models.openai_compat import llm_stats
 from engram.settings import EngramSettings, TurnDetectorSettings
 from schemas import Episode, EpisodeMessage, subjects
 from services.extractor import app as ex_app
 from tests.services.turn_detector.helpers import read_all, wait_for
+from tests.support.llm import simulator_client
 
 CONTENT = "user(Ada): I moved the API from Flask to FastAPI and pinned pydantic in pyproject.toml.\n" \
           "assistant: Good call, FastAPI validates requests with pydantic."
 AT = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-
-
-@pytest.fixture
-def sim() -> Any:
-    with LLMSimulator() as simulator:
-        yield simulator
 
 
 @dataclass
@@ -124,8 +119,7 @@ class Harness:
 @contextlib.asynccontextmanager
 async def extractor(sim: LLMSimulator, nats_url: str, graph_url: str, tmp_path: Path, *, timeout_s: float = 5.0,
                     max_retries: int = 2, max_deliveries: int = 2, embed_on_sim: bool = False) -> AsyncIterator[Harness]:
-    llm = build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim", requests_per_second=1000,
-                                timeout_s=timeout_s, max_retries=max_retries))
+    llm = simulator_client(sim, timeout_s=timeout_s, max_retries=max_retries)
     settings = EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=tmp_path, partitions=1,
                               turn=TurnDetectorSettings(max_deliveries=max_deliveries))
     embedder = EmbedderSettings(provider="openai", base_url=sim.base_url, model="sim-embed", dim=256) if embed_on_sim else None

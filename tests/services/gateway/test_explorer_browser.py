@@ -126,7 +126,9 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
 
         async def audited() -> dict | None:  # the third turn's change to Ada is skipped, and audited
             log = (await http.get(f"/summary-log/{group}", headers=auth)).json()
-            return log if any(a["node_name"] == "Ada" for a in log["audits"]) else None
+            # the gate publishes a skip's audit, then its decision: wait for both
+            skipped = any((d["node_name"], d["decision"]) == ("Ada", "skipped") for d in log["decisions"])
+            return log if skipped and any(a["node_name"] == "Ada" for a in log["audits"]) else None
 
         async def closed() -> list | None:
             r = await http.get("/memory/sessions", params={"session": group}, headers=auth)

@@ -6,6 +6,7 @@ engram_message_ids, MENTIONS, RELATES_TO with their ``episodes`` lists."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -153,6 +154,44 @@ async def test_edge_get_searches_every_group_and_unknown_is_not_found(setup) -> 
     assert got.edge.created_at is not None
     missing = await admin.get_edge(GraphEdgeRequest(uuid="not_a_real_uuid"))
     assert missing.status == "not_found" and missing.edge is None
+
+
+async def test_edge_get_in_a_named_group_reads_that_group_only(setup) -> None:  # noqa: ANN001
+    """With ``group_id`` the lookup is one read of that group's graph (the explorer's /facts asks
+    up to 500 edges: a scan of every graph per edge grew with the number of groups), and an edge
+    of another group is not_found there: no way to reach it through the wrong group."""
+    admin, graph, group, url = setup
+    other = group + "_other"
+    await write_turn(graph, other, TURN_2, 1)
+    await write_turn(graph, group, TURN_1, 1)
+    mine = (await rows(url, group, "MATCH ()-[r:RELATES_TO]->() RETURN r.uuid LIMIT 1"))[0][0]
+    theirs = (await rows(url, other, "MATCH ()-[r:RELATES_TO]->() RETURN r.uuid LIMIT 1"))[0][0]
+    reads: list[str | None] = []
+    connect = admin._backend
+
+    @contextlib.asynccontextmanager
+    async def counted():  # noqa: ANN202 - every graph the handler reads
+        async with connect() as db:
+            read = db.read
+
+            async def read_counted(graph_name, query, /, **params):  # noqa: ANN001, ANN003, ANN202
+                reads.append(graph_name)
+                return await read(graph_name, query, **params)
+
+            db.read = read_counted
+            yield db
+
+    admin._backend = counted
+    got = await admin.get_edge(GraphEdgeRequest(uuid=mine, group_id=group))
+    assert got.status == "ok" and got.edge is not None and got.edge.group_id == group
+    assert reads == [group]
+    assert (await admin.get_edge(GraphEdgeRequest(uuid=theirs, group_id=group))).status == "not_found"
+    assert (await admin.get_edge(GraphEdgeRequest(uuid=mine, group_id="no_such_group"))).status == "not_found"
+    assert (await admin.delete_edge(GraphEdgeRequest(uuid=theirs, group_id=group))).status == "not_found"
+    assert (await admin.get_edge(GraphEdgeRequest(uuid=theirs))).status == "ok"  # still there
+    reads.clear()
+    await admin.get_edge(GraphEdgeRequest(uuid=mine))
+    assert len(reads) >= 2, reads  # without a group: every graph (the cost the group spares)
 
 
 async def test_edge_delete_removes_the_fact_and_its_references(setup) -> None:  # noqa: ANN001

@@ -32,19 +32,13 @@ from bench.llm_simulator import (
     slow,
     truncated,
 )
-from engram.models.factory import LLMSettings, build_llm
 from engram.models.openai_compat import llm_stats
 from schemas import subjects
 from schemas.memory import FALLBACK_SUMMARY
 from tests.services.sessions.helpers import ENGLISH, segment
 from tests.services.sessions.test_app import service
 from tests.services.turn_detector.helpers import read_all
-
-
-@pytest.fixture
-def sim() -> Any:
-    with LLMSimulator() as simulator:
-        yield simulator
+from tests.support.llm import simulator_client
 
 
 def steps(step: str, outcome: str) -> float:
@@ -52,8 +46,7 @@ def steps(step: str, outcome: str) -> float:
 
 
 def client(sim: LLMSimulator, timeout_s: float) -> Any:
-    return build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim", requests_per_second=1000,
-                                 timeout_s=timeout_s, max_retries=1))
+    return simulator_client(sim, timeout_s=timeout_s, max_retries=1)
 
 
 TRANSIENT: dict[str, list[Fault]] = {

@@ -10,25 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bench.llm_simulator import LLMSimulator, invalid_json, server_error
-from engram.models.factory import LLMSettings, build_llm
 from schemas import subjects
 from services.summary_gate.gate import GateSettings
 from tests.services.summary_gate.helpers import group_of, new_session, pipeline
 from tests.services.turn_detector.helpers import read_all, wait_for
-
-
-@pytest.fixture
-def sim() -> Any:
-    with LLMSimulator() as simulator:
-        yield simulator
+from tests.support.llm import simulator_client
 
 
 def gate_llm(sim: LLMSimulator) -> Any:
-    return build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim", requests_per_second=1000,
-                                 timeout_s=2.0, max_retries=1))
+    return simulator_client(sim, timeout_s=2.0, max_retries=1)
 
 
 async def test_a_transient_fault_on_the_refresh_still_summarises(sim: LLMSimulator, clean_nats: str,
