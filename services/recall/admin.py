@@ -177,6 +177,14 @@ def _strings(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
 
 
+def _sendable(value: Any) -> bool:
+    """False for a string with a NUL: FalkorDB reads a query's parameters as a C string, so a NUL
+    ends the query ("Invalid input at end of input") and the request failed as a backend error.
+    No stored uuid can hold one (it could not have been written), so such a lookup finds nothing
+    (found by tests/fuzz: a valid edge or episode uuid may be any string)."""
+    return not isinstance(value, str) or "\x00" not in value
+
+
 def _first_int(rows: list[dict[str, Any]]) -> int:
     return int(rows[0]["n"]) if rows and rows[0].get("n") is not None else 0
 
@@ -402,6 +410,8 @@ class GraphAdmin:
 
     async def _find(self, db: _Backend, query: str, **params: Any) -> tuple[str | None, dict[str, Any]] | None:
         """(group, first row) of the first graph where ``query`` returns a row; Neo4j: (None, row)."""
+        if not all(map(_sendable, params.values())):
+            return None
         names = await db.group_names()
         if names is None:
             rows = await db.read(None, query, **params)
@@ -454,7 +464,7 @@ class GraphAdmin:
 
     async def _find_edge(self, db: _Backend, req: GraphEdgeRequest) -> tuple[str | None, dict[str, Any]] | None:
         """The edge in ``req.group_id``'s graph only, when named (one query), else in any graph."""
-        if req.group_id is None:
+        if req.group_id is None or not _sendable(req.uuid):
             return await self._find(db, Q_EDGE, uuid=req.uuid)
         names = await db.group_names()
         if names is not None and req.group_id not in names:
@@ -550,7 +560,7 @@ class GraphAdmin:
                 # FalkorDB 4.16.3 segfaults (Index_BuildQueryTree) on this IN lookup when a listed
                 # uuid is a fulltext stopword ("a", "is"): such a string names no node engram or
                 # graphiti made (uuid4s), so it is left out (found by tests/fuzz, regression test)
-                uuids = [u for u in dict.fromkeys(req.uuids) if safe_entity_name(u)]
+                uuids = [u for u in dict.fromkeys(req.uuids) if safe_entity_name(u) and _sendable(u)]
                 rows = await db.read(req.group_id, Q_ENTITIES_BY_UUID, group_id=req.group_id, uuids=uuids)
                 order = {u: i for i, u in enumerate(req.uuids)}
                 rows.sort(key=lambda r: order.get(r["uuid"], len(order)))

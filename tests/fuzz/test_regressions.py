@@ -257,3 +257,52 @@ def test_a_field_name_with_a_line_break_does_not_break_the_dead_letter(stack: St
     letter = stack.run(publish_and_wait(stack, f"engram.episode.{group}", body))
     assert letter is not None and letter[subjects.HDR_DLQ_REASON] == "schema"
     assert "Nats-Rollup" not in letter
+
+
+def test_a_nul_in_any_string_of_a_valid_request_is_answered_not_a_backend_error(stack: Stack) -> None:
+    """FalkorDB reads a query's parameters as a C string: a NUL in one ends the query ("Invalid
+    input at end of input"), so a valid ``engram.graph.edge.get`` or ``episode.delete`` whose uuid
+    held one answered ``backend_error: ResponseError`` (found by the full fuzz run). Every request
+    door, with a NUL in each identifier and text field, is answered with a result, ``not_found``
+    or a ``bad_request``, never a backend error, and the database still answers."""
+    import json
+
+    group, user = token(), f"{token()}@example.com"
+    nul = "a\x00b"
+    scopes = {"user": user}
+    requests = [
+        (subjects.GRAPH_ENTITY_SAVE, {"group_id": group, "name": "Lisbon", "uuid": "lisbon-1"}),
+        (subjects.GRAPH_EDGE_GET, {"uuid": nul}),
+        (subjects.GRAPH_EDGE_GET, {"uuid": nul, "group_id": group}),
+        (subjects.GRAPH_EDGE_DELETE, {"uuid": nul}),
+        (subjects.GRAPH_EDGE_DELETE, {"uuid": nul, "group_id": group}),
+        (subjects.GRAPH_EPISODE_DELETE, {"uuid": nul}),
+        (subjects.GRAPH_ENTITIES, {"group_id": group, "uuids": [nul, "lisbon-1"]}),
+        (subjects.GRAPH_ENTITY_SAVE, {"group_id": group, "name": "Lis\x00bon", "uuid": "lisbon-2", "summary": nul}),
+        (subjects.GRAPH_ENTITY_SAVE, {"group_id": group, "name": "Porto", "uuid": nul}),
+        (subjects.RECALL, {"query": "Where is Lis\x00bon?", "group_ids": [group]}),
+        (subjects.CONTEXT, {"scopes": scopes, "query": "Lis\x00bon"}),
+        (subjects.MEMORY_NOTE_SAVE, {"scopes": scopes, "text": "Lives in Lis\x00bon."}),
+        (subjects.MEMORY_NOTE_DELETE, {"scopes": scopes, "uuid": nul}),
+        (subjects.MEMORY_PREFERENCE_SET, {"scopes": scopes, "key": "ci\x00ty", "value": "Lis\x00bon"}),
+        (subjects.MEMORY_PREFERENCE_GET, {"scopes": scopes, "key": "ci\x00ty"}),
+        (subjects.MEMORY_PREFERENCE_REMOVE, {"scopes": scopes, "key": "ci\x00ty"}),
+        (subjects.MEMORY_NOTES_LIST, {"scopes": scopes}),
+    ]
+
+    async def ask_all() -> list[dict[str, Any]]:
+        out = []
+        for subject, body in requests:
+            reply = await stack.nc.request(subject, json.dumps(body).encode(), timeout=30)
+            out.append(json.loads(reply.data))
+        out.append(json.loads((await stack.nc.request(subjects.GRAPH_GROUPS, b"{}", timeout=30)).data))
+        return out
+
+    answers = stack.run(ask_all())
+    failed = [(subject, a.get("reason")) for (subject, _), a in zip(requests, answers)
+              if str(a.get("reason") or "").startswith("backend_error") or a.get("degraded")]
+    assert not failed, failed
+    assert answers[0]["status"] == "ok", answers[0]
+    found = answers[6]
+    assert found["status"] == "ok" and [e["uuid"] for e in found["entities"]] == ["lisbon-1"], found
+    assert answers[-1]["status"] == "ok" and group in answers[-1]["group_ids"], answers[-1]
