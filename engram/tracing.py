@@ -11,11 +11,15 @@ the gateway) has one TracerProvider named ``engram-<service>``:
   publishes the turn's Episodes under it (:func:`attached`), so the extractor, the summary-gate
   and (for a close) the sessions service continue the turn's trace even when another event
   completed the turn;
-* graphiti gets a real tracer (:func:`graphiti_tracer`), so its own spans (``graphiti.llm.generate``,
-  search phases) appear, through :class:`ContentSafeTracer`: graphiti puts exception text in span
-  status and events, and an LLM or validation error can quote the conversation;
+* graphiti gets a real tracer (engram/graphiti_tracing.py: ``graphiti_tracer``), so its own spans
+  (``graphiti.llm.generate``, search phases) appear, through ``ContentSafeTracer``: graphiti puts
+  exception text in span status and events, and an LLM or validation error can quote the
+  conversation;
 * engram's AccountingLLMClient adds one ``engram.llm.call`` span per LLM call with prompt name,
   model and token counts (engram/models/accounting.py).
+
+This module does not import graphiti-core (1.7 s of imports): the turn-detector, the gateway and
+the CLI use it, and a restarted service is back sooner without it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from graphiti_core.tracer import NoOpTracer, Tracer, TracerSpan
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -95,31 +98,12 @@ def attached(traceparent: str | None) -> Generator[None, None, None]:
         otel_context.detach(token)
 
 
-# --- graphiti ----------------------------------------------------------------------------------
+# --- span attributes ---------------------------------------------------------------------------
 SAFE_STRING_ATTRIBUTES = frozenset({
     "llm.provider", "model.size", "prompt.name", "llm.model", "llm.client", "engram.stage", "exception.type",
 })
 """String-valued graphiti/engram span attributes known to hold no content. Any other string
 attribute is dropped (numbers and booleans are kept: counts, sizes, flags)."""
-
-
-class _ContentSafeSpan(TracerSpan):
-    def __init__(self, span: Any) -> None:
-        self._span = span
-
-    def add_attributes(self, attributes: dict[str, Any]) -> None:
-        self._span.set_attributes(safe_attributes(attributes))
-
-    def set_status(self, status: str, description: str | None = None) -> None:
-        # graphiti passes str(exception) as the description: the status alone
-        if status == "error":
-            self._span.set_status(trace.StatusCode.ERROR)
-        elif status == "ok":
-            self._span.set_status(trace.StatusCode.OK)
-
-    def record_exception(self, exception: Exception) -> None:
-        # the type only: the message and traceback may quote the prompt or the answer
-        self._span.set_attribute("exception.type", type(exception).__name__)
 
 
 def safe_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,54 +112,6 @@ def safe_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
         k: v for k, v in attributes.items()
         if v is not None and (isinstance(v, (bool, int, float)) or (isinstance(v, str) and k in SAFE_STRING_ATTRIBUTES))
     }
-
-
-class ContentSafeTracer(Tracer):
-    """A graphiti Tracer on an OpenTelemetry tracer that strips whatever could carry content.
-
-    Not graphiti's own OpenTelemetryTracer: besides passing exception text on, its ``start_span``
-    catches an exception raised *inside* the span and yields again, which turns every exception of
-    the traced code into ``RuntimeError: generator didn't stop after throw()`` (graphiti-core
-    0.31.1), and the extractor's retry and dead-letter decisions depend on exception types."""
-
-    def __init__(self, otel: Any, span_prefix: str = "graphiti") -> None:
-        self.otel = otel  # also used for engram's own spans (llm_span)
-        self.span_prefix = span_prefix
-
-    @contextmanager
-    def start_span(self, name: str) -> Generator[TracerSpan, None, None]:
-        with self.otel.start_as_current_span(f"{self.span_prefix}.{name}", record_exception=False,
-                                             set_status_on_exception=False) as span_:
-            safe = _ContentSafeSpan(span_)
-            try:
-                yield safe
-            except BaseException as exc:
-                safe.record_exception(exc)  # type: ignore[arg-type]
-                safe.set_status("error")
-                raise
-
-
-def graphiti_tracer(service: str) -> Tracer:
-    """A content-safe graphiti tracer on ``service``'s provider; NoOpTracer when tracing is off."""
-    tracer = otel_tracer(service)
-    if tracer is None:
-        return NoOpTracer()
-    return ContentSafeTracer(tracer)
-
-
-@contextmanager
-def llm_span(tracer: Tracer, attributes: Mapping[str, Any]) -> Generator[Any, None, None]:
-    """An ``engram.llm.call`` span (current, so graphiti's llm.generate nests in it) on the
-    OpenTelemetry tracer behind a :class:`ContentSafeTracer`; yields None when tracing is off.
-    Only :func:`safe_attributes` of ``attributes`` are set."""
-    otel = getattr(tracer, "otel", None)
-    if otel is None:
-        yield None
-        return
-    with otel.start_as_current_span("engram.llm.call", kind=trace.SpanKind.CLIENT,
-                                    attributes=safe_attributes(attributes), record_exception=False,
-                                    set_status_on_exception=False) as span_:
-        yield span_
 
 
 def start_turn_span(service: str, name: str, attributes: Mapping[str, Any] | None = None) -> Any | None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from prometheus_client import Counter, Histogram
 
 from engram.models.delegating import DelegatingLLMClient, Forward
-from engram.tracing import llm_span
+from engram.graphiti_tracing import llm_span
 from engram.tokens import token_counter
 
 LLM_CALLS = Counter("engram_llm_calls_total", "LLM calls by pipeline stage and graphiti prompt.", ["stage", "prompt"])

@@ -46,7 +46,7 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq, tracing
+from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
@@ -101,7 +101,7 @@ class Extractor:
         self.extraction = ExtractionSettings()
         self.llm = llm or build_llm(LLMSettings())
         # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/tracing.py)
-        self.tracer = tracing.graphiti_tracer("extractor")
+        self.tracer = graphiti_tracing.graphiti_tracer("extractor")
         self.llm.set_tracer(self.tracer)
         embedder_settings = embedder_settings or EmbedderSettings()
         self.embedder = build_embedder(embedder_settings)

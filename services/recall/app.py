@@ -26,7 +26,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engram import tracing
+from engram import graphiti_tracing
 from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, build_embedder, is_semantic, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
@@ -210,7 +210,7 @@ class Recall:
             return []  # nothing written to this scope yet
         driver = await self.graph.driver(group)
         clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
-                                  cross_encoder=NoRerank(), tracer=tracing.graphiti_tracer("recall"))
+                                  cross_encoder=NoRerank(), tracer=graphiti_tracing.graphiti_tracer("recall"))
         return await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
                                   episode_weight=self.options.episode_weight, episodes=episodes,
                                   episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,

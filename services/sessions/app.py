@@ -48,7 +48,7 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq, tracing
+from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
 from engram.pipeline_metrics import BacklogMonitor
 from engram.models.accounting import AccountingLLMClient
@@ -118,7 +118,7 @@ class SessionCloser:
         self.settings = settings
         self.broker = broker
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
-        self.llm.set_tracer(tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/tracing.py)
+        self.llm.set_tracer(graphiti_tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/graphiti_tracing.py)
         self.graphs = GraphDrivers(settings)
         self.store = MemoryStore(self.graphs)
         self.clock = clock

@@ -27,7 +27,6 @@ decision is never lost or counted twice in the stream.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -42,7 +41,7 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq, tracing
+from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.accounting import AccountingLLMClient
@@ -105,7 +104,7 @@ class SummaryGate:
         self.settings = settings
         self.broker = broker
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
-        self.llm.set_tracer(tracing.graphiti_tracer("summary-gate"))  # LLM spans, no content (engram/tracing.py)
+        self.llm.set_tracer(graphiti_tracing.graphiti_tracer("summary-gate"))  # LLM spans, no content (engram/graphiti_tracing.py)
         self.embedder = embedder or build_embedder(EmbedderSettings())
         # the drift threshold is per embedder too (gate.DRIFT_THRESHOLDS, bench/summary_gate.py)
         self.gate = (gate or GateSettings()).for_embedder(embedder_kind(self.embedder))

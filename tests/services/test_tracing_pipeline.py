@@ -17,7 +17,7 @@ import nats
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engram import tracing
+from engram import graphiti_tracing, tracing
 from engram.ingest import publish_events
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
@@ -142,7 +142,7 @@ def test_graphiti_span_attributes_are_filtered() -> None:
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = tracing.ContentSafeTracer(provider.get_tracer("t"))
+    tracer = graphiti_tracing.ContentSafeTracer(provider.get_tracer("t"))
     with tracer.start_span("llm.generate") as span:
         span.add_attributes({"prompt.name": "extract_nodes", "max_tokens": 10, "query": "my quokka", "cache.hit": False})
         span.set_status("error", "ValueError: could not parse 'my quokka'")
@@ -283,7 +283,7 @@ async def test_llm_call_span_has_prompt_model_and_tokens_and_no_error_text() -> 
     provider.add_span_processor(SimpleSpanProcessor(memory))
     otel = provider.get_tracer("t")
     llm = AccountingLLMClient(Scripted(LLMConfig(model="big-model", small_model="small-model"), cache=False), stage="unit")
-    llm.set_tracer(tracing.ContentSafeTracer(otel))
+    llm.set_tracer(graphiti_tracing.ContentSafeTracer(otel))
     await llm.generate_response([Message(role="system", content="s"), Message(role="user", content="how are you " * 20)],
                                 model_size=ModelSize.small, prompt_name="demo.ask")
     with pytest.raises(ValueError):
