@@ -464,8 +464,10 @@ class GraphAdmin:
 
     async def _find_edge(self, db: _Backend, req: GraphEdgeRequest) -> tuple[str | None, dict[str, Any]] | None:
         """The edge in ``req.group_id``'s graph only, when named (one query), else in any graph."""
-        if req.group_id is None or not _sendable(req.uuid):
+        if req.group_id is None:
             return await self._find(db, Q_EDGE, uuid=req.uuid)
+        if not _sendable(req.uuid):
+            return None
         names = await db.group_names()
         if names is not None and req.group_id not in names:
             return None
