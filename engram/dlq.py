@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter
 
-from engram.secrets import scrub_secrets
+from engram.secrets import scrub_json, scrub_secrets
 from schemas import subjects
 
 DLQ_MESSAGES = Counter(
@@ -105,24 +105,11 @@ def scrub_payload(payload: bytes) -> bytes:
     text = payload.decode("utf-8", errors="replace")
     try:
         document = json.loads(text)
-        scrubbed, changed = _scrub_json(document)
+        scrubbed, counts = scrub_json(document)
     except (ValueError, RecursionError):
         # not JSON, or nested deeper than the parser or the walk goes (hostile input): as text
         return scrub_secrets(text).text.encode("utf-8")
-    return json.dumps(scrubbed, ensure_ascii=False).encode("utf-8") if changed else payload
-
-
-def _scrub_json(value: Any) -> tuple[Any, bool]:
-    if isinstance(value, str):
-        result = scrub_secrets(value)
-        return result.text, result.text != value
-    if isinstance(value, list):
-        items = [_scrub_json(v) for v in value]
-        return [v for v, _ in items], any(c for _, c in items)
-    if isinstance(value, dict):
-        pairs = {k: _scrub_json(v) for k, v in value.items()}
-        return {k: v for k, (v, _) in pairs.items()}, any(c for _, c in pairs.values())
-    return value, False
+    return json.dumps(scrubbed, ensure_ascii=False).encode("utf-8") if counts else payload
 
 
 def _is_transport_header(name: str) -> bool:

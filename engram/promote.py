@@ -48,7 +48,8 @@ def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
     label = promotion.kind.replace("_", " ")
     # Rendered like a chat turn ("user (<name>): text", services/turn_detector/pairing.py), so
     # every extractor reads it the same way; the kind travels in source_description.
-    speaker = f"user ({promotion.author})" if promotion.author else "user"
+    author = scrub_secrets(promotion.author).text if promotion.author else None
+    speaker = f"user ({author})" if author else "user"
     # Scrubbed like every chat turn: a promotion skips the turn-detector, which is where chat
     # messages lose their secrets, and goes straight into the episode stream and the graph.
     content = f"{speaker}: {scrub_secrets(promotion.text.strip()).text}"
@@ -62,7 +63,7 @@ def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
         session_id=PROMOTION_SESSION,
         reference_time=at,
         content=content,
-        messages=[EpisodeMessage(message_id=f"{PROMOTION_SESSION}:{digest}", role="user", name=promotion.author, timestamp=at)],
+        messages=[EpisodeMessage(message_id=f"{PROMOTION_SESSION}:{digest}", role="user", name=author, timestamp=at)],
         kind=promotion.kind,
         completed_by="promotion",
         source_description=f"engram promotion ({label})",

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 SECRET_KINDS: tuple[str, ...] = (
@@ -300,6 +301,71 @@ def _locate_aws_secret(match: re.Match[str]) -> SecretSpan | None:
     return match.start("value"), match.end("value"), "aws_secret_access_key"
 
 
+# An AWS secret access key told in prose ("use AKIA... with secret wJalr...", "the secret key is
+# wJalr..."): 40 base64 characters with both cases and a digit, '/' or '+' (a git SHA is lowercase
+# hex, a word has no digit), with "secret"/"aws"/"credential" or an access key id close before it,
+# or an access key id close after it. The window is bounded, so each candidate costs O(1).
+_AWS_SECRET_SHAPE = re.compile(r"(?<![A-Za-z0-9/+=])(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])")
+_AWS_SECRET_BEFORE = re.compile(r"(?i)secret|aws|credential|\[REDACTED:aws_access_key_id\]|(?:AKIA|ASIA)[A-Z0-9]{16}")
+_AWS_SECRET_AFTER = re.compile(r"\[REDACTED:aws_access_key_id\]|(?:AKIA|ASIA)[A-Z0-9]{16}")
+_AWS_SECRET_WINDOW = 80
+
+
+def _locate_aws_secret_in_prose(match: re.Match[str]) -> SecretSpan | None:
+    value = match.group("value")
+    if not (any(c.isupper() for c in value) and any(c.islower() for c in value)
+            and any(c.isdigit() or c in "/+" for c in value)):
+        return None
+    text = match.string
+    before = text[max(0, match.start() - _AWS_SECRET_WINDOW) : match.start()]
+    after = text[match.end() : match.end() + _AWS_SECRET_WINDOW]
+    if _AWS_SECRET_BEFORE.search(before) is None and _AWS_SECRET_AFTER.search(after) is None:
+        return None
+    return match.start("value"), match.end("value"), "aws_secret_access_key"
+
+
+# ``.env`` / shell style ``NAME=value`` whose UPPER_CASE name ends in a word that says secret
+# (``SIGNING_KEY``, ``SMTP_CREDENTIALS``, ``export DB_PASS=...``): the generic assignment rule
+# below needs a longer telling name (``api_key``, ``*_secret_key``), because a lowercase
+# ``key=value`` in prose or code is rarely a secret; an upper-case env name ending in KEY is.
+_ENV_ASSIGNMENT = re.compile(
+    r"(?<![A-Za-z0-9_.\-$])(?P<key>[A-Z][A-Z0-9_]{0,80})[ \t]*=(?!=)[ \t]*"
+    r"(?:\"(?P<dq>[^\"\r\n]{1,1024})\"|'(?P<sq>[^'\r\n]{1,1024})'|(?P<bare>[^\s\"'`,;&]{1,256}))"
+)
+_ENV_SECRET_WORDS = frozenset({"KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "PWD", "PASSPHRASE",
+                               "CREDENTIAL", "CREDENTIALS", "APIKEY", "SECRETKEY", "PRIVATEKEY", "AUTH"})
+_ENV_NOT_SECRET = frozenset({"PUBLIC_KEY", "PUBLISHABLE_KEY", "SORT_KEY", "PRIMARY_KEY", "FOREIGN_KEY",
+                             "PARTITION_KEY", "CACHE_KEY", "ROUTING_KEY", "SHARD_KEY", "HOTKEY"})
+
+
+def _env_kind(key: str) -> str | None:
+    last = key.rstrip("_").rsplit("_", 1)[-1]
+    if last not in _ENV_SECRET_WORDS or any(key.endswith(name) for name in _ENV_NOT_SECRET):
+        return None
+    return assignment_kind(key) or ("password" if last in ("PASS", "PWD") else "secret")
+
+
+def _locate_env_assignment(match: re.Match[str]) -> SecretSpan | None:
+    key = match.group("key")
+    kind = _env_kind(key)
+    if kind is None:
+        return None
+    for group in ("dq", "sq"):
+        if match.group(group) is not None:
+            value = match.group(group)
+            if not _is_literal_secret(value, key=key, kind=kind, quoted=True, weak_context=False):
+                return None
+            return match.start(group), match.end(group), kind
+    text = match.string
+    start, scanned_end = match.start("bare"), match.end("bare")
+    end = _strip_bare_punctuation(text, start, scanned_end)
+    if not _is_literal_secret(text[start:end], key=key, kind=kind, quoted=False, weak_context=False):
+        return None
+    if scanned_end - start == _MAX_SCANNED_VALUE:
+        end = _extend(_BARE_VALUE_REST, text, scanned_end, lambda rest: rest.rstrip(_BARE_TRAILING_PUNCTUATION))
+    return start, end, kind
+
+
 # ADO.NET / ODBC: ``Server=x;User Id=y;Password=p w;`` or ``PWD={p;w}``. Values may hold spaces.
 _CONNECTION_PASSWORD = re.compile(
     r"(?i)(?<![A-Za-z0-9_.\-])(?:password|pwd)[ \t]*=(?!=)[ \t]*"
@@ -441,10 +507,12 @@ def _locate_assignment(match: re.Match[str]) -> SecretSpan | None:
 
 _KEYED_RULES: tuple[_Rule, ...] = (
     _Rule(_AWS_SECRET_ASSIGNMENT, _locate_aws_secret),
+    _Rule(_AWS_SECRET_SHAPE, _locate_aws_secret_in_prose),
     _Rule(_CONNECTION_PASSWORD, _locate_connection_password),
     _Rule(_URL_USERINFO, _locate_url_password),
     _Rule(_AUTH_HEADER, _locate_auth_header),
     _Rule(_ASSIGNMENT, _locate_assignment),
+    _Rule(_ENV_ASSIGNMENT, _locate_env_assignment),
 )
 
 
@@ -454,7 +522,7 @@ _KEYED_RULES: tuple[_Rule, ...] = (
 # and without this shortcut is identical.
 _TRIGGER = re.compile(
     r"(?i)sk-|gh[pousr]_|github_pat_|glpat-|xox|sk_|rk_|aiza|hf_|npm_|akia|asia|eyj|-----begin"
-    r"|secret|key|pass|pwd|token|://|bearer|basic|authoriz"
+    r"|secret|key|pass|pwd|token|://|bearer|basic|authoriz|aws|credential|auth"
 )
 
 
@@ -471,3 +539,39 @@ def _scrub_all_rules(text: str) -> ScrubResult:
     for rule in (*_TOKEN_RULES, *_KEYED_RULES):
         scrubbed = _replace_spans(scrubbed, rule, counts)
     return ScrubResult(scrubbed, counts)
+
+
+def scrub_keyed_value(key: str, value: str) -> ScrubResult:
+    """A value stored under a name (a preference, a metadata field, a JSON member): redacted whole
+    when the name says it holds a secret and the value looks like a literal one (a preference
+    ``aws_secret_access_key`` -> ``wJalr...``, whose value alone has no context), else scrubbed as
+    text like any other."""
+    kind = assignment_kind(key) or _env_kind(key.upper().replace("-", "_").replace(".", "_"))
+    if kind == "secret" and re.sub(r"[_.\-]", "", key.lower()).endswith("secretaccesskey"):
+        kind = "aws_secret_access_key"
+    stripped = value.strip()
+    if kind is not None and stripped and _is_literal_secret(stripped, key=key, kind=kind, quoted=True,
+                                                            weak_context=False):
+        return ScrubResult(placeholder(kind), {kind: 1})
+    return scrub_secrets(value)
+
+
+def scrub_json(value: Any, key: str | None = None) -> tuple[Any, dict[str, int]]:
+    """Secrets scrubbed from a decoded JSON document, string by string, each member's value judged
+    with its name (:func:`scrub_keyed_value`); the structure is kept, so the result is still valid
+    JSON of the same shape. Returns the document and the counts by kind (empty: unchanged)."""
+    counts: dict[str, int] = {}
+
+    def walk(item: Any, name: str | None) -> Any:
+        if isinstance(item, str):
+            result = scrub_keyed_value(name, item) if name else scrub_secrets(item)
+            for kind, n in result.counts.items():
+                counts[kind] = counts.get(kind, 0) + n
+            return result.text
+        if isinstance(item, list):
+            return [walk(v, name) for v in item]
+        if isinstance(item, dict):
+            return {k: walk(v, k if isinstance(k, str) else None) for k, v in item.items()}
+        return item
+
+    return walk(value, key), counts

@@ -67,6 +67,7 @@ from services.extractor.deltas import build_node_deltas, delta_message_id
 from services.extractor.pipeline import deltas_for_existing_episode, extract_episode
 from services.extractor.preprocessing import ExtractionSettings, instructions_for_episode, validate_at_startup
 from services.extractor.restatement import similarity_threshold
+from services.extractor.scrub import scrubbed_episode
 
 STAGE = "extractor"
 log = logging.getLogger("engram.extractor")
@@ -169,6 +170,7 @@ class Extractor:
             EPISODES.labels(outcome="dead_lettered").inc()
             await msg.ack()
             return
+        episode = scrubbed_episode(episode)
         heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
             async with self.capacity:

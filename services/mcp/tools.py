@@ -79,10 +79,10 @@ def text_episode(group_id: str, name: str, body: str, source: str, source_descri
         session_id=group_id,
         reference_time=at,
         content=content,
-        messages=[EpisodeMessage(message_id=turn_id, role="user", name=name or None, timestamp=at)],
+        messages=[EpisodeMessage(message_id=turn_id, role="user", name=scrub_secrets(name).text or None, timestamp=at)],
         # "promotion": the one completion that means "published whole, not completed by the turn-detector"
         completed_by="promotion",
-        source_description=(source_description or f"mcp add_memory ({source})")[:512],
+        source_description=scrub_secrets(source_description or f"mcp add_memory ({source})").text[:512],
     )
 
 
@@ -269,5 +269,5 @@ class EngramTools:
 
     async def remove_user_preference(self, scopes: MemoryScopes, key: str) -> dict:
         answer = await self._memory(subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=scopes, key=key),
-                                    f"preference {key}")
+                                    "preference")  # not the key: it is user text, and the MCP SDK logs tool errors
         return answer.preference.model_dump(mode="json") if answer.preference else {}

@@ -59,6 +59,7 @@ from engram.graph import (
     query_rows,
     vector_index_options,
 )
+from engram.secrets import scrub_secrets
 from engram.service import jetstream, message_itself
 from schemas import subjects
 from schemas.messages import (
@@ -588,7 +589,9 @@ class GraphAdmin:
                                            "only stopwords/pronouns")
         if self.embedder is None:
             raise RuntimeError("no embedder configured for entity names")
-        node = EntityNode(uuid=req.uuid, name=req.name, group_id=req.group_id, summary=req.summary)
+        # Scrubbed before the embedder sees the name or the graph stores either (REST /entity-node).
+        node = EntityNode(uuid=req.uuid, name=scrub_secrets(req.name).text, group_id=req.group_id,
+                          summary=scrub_secrets(req.summary).text)
         await node.generate_name_embedding(self.embedder)
         await node.save(await self.graph.driver(req.group_id))
         return GraphEntityNodeResponse(node=GraphEntity(

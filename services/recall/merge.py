@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
+from engram.secrets import scrub_secrets
 from engram.temporal import ground
 from schemas import RecallItem, RecallRequest, subjects
 
@@ -34,10 +35,13 @@ def groups_for(request: RecallRequest, prefix: str) -> list[tuple[str | None, st
 
 
 def query_text(request: RecallRequest) -> str:
-    """The search query: the explicit query, else the last few recent messages."""
+    """The search query: the explicit query, else the last few recent messages; scrubbed of
+    secrets, because the graph keeps what it is asked (FalkorDB logs each query with its
+    parameters in a saved key) and nothing stored holds a secret to be found by one anyway."""
     if request.query and request.query.strip():
-        return request.query.strip()
-    return "\n".join(m.content for m in request.recent_messages[-RECENT_MESSAGES_IN_QUERY:]).strip()
+        return scrub_secrets(request.query.strip()).text
+    text = "\n".join(m.content for m in request.recent_messages[-RECENT_MESSAGES_IN_QUERY:]).strip()
+    return scrub_secrets(text).text
 
 
 def _words(text: str) -> frozenset[str]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from engram.secrets import scrub_keyed_value, scrub_secrets
 from schemas import subjects
 from schemas.memory import (
     DeleteUserNoteRequest,
@@ -76,7 +77,9 @@ def group_of(scopes: MemoryScopes, prefix: str) -> str:
 
 async def save_note(store: Store, prefix: str, request: SaveUserNoteRequest) -> MemoryResponse:
     group = group_of(request.scopes, prefix)
-    note = await store.add_note(group, request.text, source=request.source, session_id=request.session_id)
+    # Scrubbed here, where every door (NATS, REST, MCP) arrives: an agent's note is stored text.
+    text = scrub_secrets(request.text).text
+    note = await store.add_note(group, text, source=request.source, session_id=request.session_id)
     return MemoryResponse(group_id=group, note=note)
 
 
@@ -94,8 +97,10 @@ async def delete_note(store: Store, prefix: str, request: DeleteUserNoteRequest)
 
 async def set_preference(store: Store, prefix: str, request: SetUserPreferenceRequest) -> MemoryResponse:
     group = group_of(request.scopes, prefix)
-    preference = await store.set_preference(group, request.key, request.value, source=request.source,
-                                            session_id=request.session_id)
+    # The value is judged with its key: ``aws_secret_access_key`` -> ``wJalr...`` has no other context.
+    key = scrub_secrets(request.key).text
+    value = scrub_keyed_value(request.key, request.value).text
+    preference = await store.set_preference(group, key, value, source=request.source, session_id=request.session_id)
     return MemoryResponse(group_id=group, preference=preference)
 
 
@@ -107,7 +112,7 @@ async def get_preferences(store: Store, prefix: str, request: GetUserPreferences
 
 async def remove_preference(store: Store, prefix: str, request: RemoveUserPreferenceRequest) -> MemoryResponse:
     group = group_of(request.scopes, prefix)
-    ended = await store.remove_preference(group, request.key)
+    ended = await store.remove_preference(group, scrub_secrets(request.key).text)  # keys are stored scrubbed
     if ended is None:
         return MemoryResponse(status="not_found", reason="no current value for this key", group_id=group)
     return MemoryResponse(group_id=group, preference=ended)

@@ -29,6 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 from engram import dlq, tracing
 from engram.epochs import SessionEpochs
 from engram.pipeline_metrics import BacklogMonitor
+from engram.secrets import scrub_secrets
 from engram.service import ServiceApp, jetstream, make_broker, message_itself, subscribe_partitions
 from engram.settings import EngramSettings
 from engram.tokens import token_counter
@@ -179,8 +180,9 @@ class TurnDetector:
         return True
 
     def _transition(self, state: SessionState, event: Event, *, count: bool = True,
-                    published_at: datetime | None = None, trace_parent: str | None = None) -> Transition:
-        """Apply one event (pure pairing plus the message's scrub/filter), with metrics.
+                    published_at: datetime | None = None, trace_parent: str | None = None) -> tuple[Transition, int]:
+        """Apply one event (pure pairing plus the message's scrub/filter), with metrics; also the
+        number of secrets the event's texts held (the raw input holding them is erased at once).
         ``published_at``/``trace_parent``: the message's JetStream time and trace context
         (default: those of the message being handled).
 
@@ -189,11 +191,13 @@ class TurnDetector:
         handled minutes after it arrived) pairs the same turns (bench/chaos.py compares)."""
         published_at = published_at or _PUBLISHED_AT.get()
         now = published_at.timestamp() if published_at is not None else self.clock()
+        secrets = 0
         if isinstance(event, ChatMessage):
             prepared = prepare_part(event, self.noise)
+            secrets = sum(prepared.secrets.values())
             result = apply_message(
                 state,
-                event,
+                prepared.message,
                 prepared.part,
                 now=now,
                 include_system=self.turn.include_system,
@@ -211,6 +215,8 @@ class TurnDetector:
                     metrics.REDUCTIONS.labels(kind=kind).inc()
         elif isinstance(event, SessionClosed):
             result = apply_close(state, now=now, closed_at=event.closed_at)
+            # its reason is never stored, but its raw input is: erase it at once if it holds a secret
+            secrets = sum(scrub_secrets(event.reason).counts.values()) if event.reason else 0
         else:
             result = apply_idle(state, now=now, idle_timeout_s=idle_timeout_for(state, self.turn.idle_timeout_s),
                                 idle_close_s=self.segments.idle_close_s)
@@ -218,7 +224,7 @@ class TurnDetector:
         if count:
             for ended in result.closed:
                 metrics.SEGMENTS_CLOSED.labels(reason=ended.reason).inc()
-        return result
+        return result, secrets
 
     async def _load(self, session_id: str, partition: int, seq: int) -> tuple[SessionState, int]:
         """Checkpoint from KV, then the session's events after it that were applied in memory
@@ -240,8 +246,8 @@ class TurnDetector:
                 break
             event = parse_event(stored.subject or "", stored.data or b"", max_bytes=self.turn.max_message_bytes)
             if not isinstance(event, Rejected):
-                result = self._transition(state, event, count=False, published_at=stored.time,
-                                          trace_parent=(stored.headers or {}).get("traceparent"))
+                result, _ = self._transition(state, event, count=False, published_at=stored.time,
+                                             trace_parent=(stored.headers or {}).get("traceparent"))
                 state = result.state
                 state.last_seq = stored.seq
                 state.outbox = list(result.completed)
@@ -263,13 +269,16 @@ class TurnDetector:
                 await self._publish_effects(state.outbox, state if state.idle_scheduled_for else None,
                                             state.closed_outbox)
             return "redelivered"
-        result = self._transition(state, event)
+        result, secrets = self._transition(state, event)
         new = result.state
         schedule = new.idle_scheduled_for not in (None, state.idle_scheduled_for)
         new.last_seq = seq
         new.outbox = list(result.completed)
         new.closed_outbox = list(result.closed)
-        if result.completed or result.closed or schedule or not isinstance(event, ChatMessage):
+        # A message that held a secret is checkpointed at once (its scrubbed form is in the
+        # checkpoint), so its raw input, the only copy of the secret, can be erased now instead of
+        # waiting for the turn to complete and the retention delay to pass.
+        if result.completed or result.closed or schedule or secrets or not isinstance(event, ChatMessage):
             # Checkpoint first, publish second. The compare-and-set proves the state we computed
             # from was the latest; publishing first could put a turn built from a stale state
             # on the stream under the right episode id, and the server would then drop the
@@ -278,7 +287,7 @@ class TurnDetector:
             new_revision = await self.store.persist(partition, new, revision)
             await self._publish_effects(result.completed, new if schedule else None, result.closed)
             if self.eraser is not None:
-                self.eraser.checkpointed(event.session_id, seq, new_revision)
+                self.eraser.checkpointed(event.session_id, seq, new_revision, at_once=bool(secrets))
             for turn in result.completed:
                 metrics.TURNS.labels(completed_by=turn.completed_by).inc()
         else:

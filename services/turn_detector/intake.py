@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from engram.secrets import scrub_secrets
+from engram.secrets import scrub_json, scrub_secrets
 from schemas import ChatMessage, SessionClosed, SessionIdle
 from schemas.validation import error_locations
 from services.turn_detector.noise import NoiseSettings, filter_noise, reduce_tool_output
@@ -98,12 +98,31 @@ def _classify_rejection(kind: str, payload: bytes) -> Rejected:
 class PreparedPart:
     part: TurnPart
     secrets: Counter[str]
+    message: ChatMessage  # the message with its other stored texts scrubbed (name, source, metadata)
 
 
 def prepare_part(message: ChatMessage, noise: NoiseSettings) -> PreparedPart:
     """Scrub secrets, then reduce noise (in that order, so truncation cannot cut a secret in
-    half and hide it from the scrubber)."""
+    half and hide it from the scrubber). The speaker's name (it goes into the prompt), the
+    source description and the metadata are scrubbed too: every text of a message that engram
+    keeps or prompts, whatever door the message came through."""
     scrubbed = scrub_secrets(message.content)
+    secrets = Counter(scrubbed.counts)
+    extras: dict[str, object] = {}
+    for field in ("name", "source_description"):
+        value = getattr(message, field)
+        if value:
+            result = scrub_secrets(value)
+            if result.counts:
+                secrets.update(result.counts)
+                extras[field] = result.text
+    if message.metadata:
+        metadata, counts = scrub_json(message.metadata)
+        if counts:
+            secrets.update(counts)
+            extras["metadata"] = metadata
+    if extras:
+        message = message.model_copy(update=extras)
     if message.role == "tool":
         filtered = reduce_tool_output(scrubbed.text, noise)
     else:
@@ -115,8 +134,8 @@ def prepare_part(message: ChatMessage, noise: NoiseSettings) -> PreparedPart:
         name=message.name,
         timestamp=message.timestamp,
         text=filtered.text,
-        secrets_scrubbed=sum(scrubbed.counts.values()),
+        secrets_scrubbed=sum(secrets.values()),
         reductions=list(filtered.reductions),
         late=False,
     )
-    return PreparedPart(part, Counter(scrubbed.counts))
+    return PreparedPart(part, secrets, message)

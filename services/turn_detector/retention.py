@@ -53,12 +53,18 @@ class InputEraser:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
-    def checkpointed(self, session_id: str, upto_seq: int, kv_revision: int) -> None:
-        """The session's checkpoint at ``kv_revision`` covers its input up to ``upto_seq``."""
+    def checkpointed(self, session_id: str, upto_seq: int, kv_revision: int, *, at_once: bool = False) -> None:
+        """The session's checkpoint at ``kv_revision`` covers its input up to ``upto_seq``.
+        ``at_once``: that input held a secret (scrubbed in the checkpoint): erase it now, whatever
+        the retention, so a secret rests on disk only while its message waits to be processed."""
         previous = self._due.pop(session_id, None)
         at = previous.at if previous else self.clock() + self.retention_s  # the oldest data decides
+        if at_once:
+            at = min(at, self.clock())
         self._due[session_id] = _Due(at, max(upto_seq, previous.upto_seq if previous else 0), kv_revision)
-        if self.retention_s == 0 or len(self._due) > self.max_pending:
+        if at_once:
+            self._due.move_to_end(session_id, last=False)  # erase_due stops at the first entry not due
+        if self.retention_s == 0 or at_once or len(self._due) > self.max_pending:
             self._wake.set()
 
     def start(self) -> None:

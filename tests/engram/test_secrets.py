@@ -64,6 +64,13 @@ POSITIVES: list[tuple[str, str, str]] = [
     (f"aws_secret_access_key = {_fake(40, B64)}", "aws_secret_access_key", _fake(40, B64)),
     (f'"SecretAccessKey": "{_fake(40, B64)}",', "aws_secret_access_key", _fake(40, B64)),
     (f"export AWS_SECRET_ACCESS_KEY={_fake(40, B64)}", "aws_secret_access_key", _fake(40, B64)),
+    # issue 23: the secret access key told in prose, next to "secret" or to its key id (redacted first)
+    (f"the S3 export uses secret {_fake(40, B64)} from now on", "aws_secret_access_key", _fake(40, B64)),
+    (f"AWS creds for the export: {_fake(40, B64)}", "aws_secret_access_key", _fake(40, B64)),
+    # .env style: an UPPER_CASE name whose last word says key, secret, token, password, credentials
+    (f"SIGNING_KEY={_fake(32)}", "secret", _fake(32)),
+    (f"export SMTP_CREDENTIALS='{_fake(24)}'", "secret", _fake(24)),
+    (f"DEPLOY_AUTH={_fake(20)}", "secret", _fake(20)),
     (f"git clone with ghp_{_fake(36)}", "github_token", _fake(36)),
     (f"token gho_{_fake(36)}", "github_token", _fake(36)),
     (f"ghu_{_fake(36)} and", "github_token", _fake(36)),
@@ -189,6 +196,12 @@ NEGATIVES: list[str] = [
     "API_KEY=YOUR_API_KEY",
     'api_key = "your-api-key-here"',
     "Tokens: 1,234 used of 8,000",
+    "secret sauce: commit 3f2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a is the fix",  # hex SHA, one case
+    "AWS said the bucket policy is documented in ThisIsAVeryLongCamelCaseIdentifierName",  # no digit
+    "PUBLIC_KEY=ssh-ed25519AAAAC3NzaC1lZDI1NTE5",
+    "SORT_KEY=created_at",
+    "API_KEY=${API_KEY}",
+    "MONKEY=banana42",
     "安全なパスワードを使ってください。",
     "",
 ]
@@ -379,6 +392,27 @@ def test_trigger_shortcut_never_changes_the_result(text: str) -> None:
     from engram.secrets import _scrub_all_rules
 
     assert scrub_secrets(text) == _scrub_all_rules(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"use this key: AKIA{_fake(16, UPPER)} with secret {_fake(40, B64)}",
+        f"key id AKIA{_fake(16, UPPER)}\nand {_fake(40, B64)}",
+        f"{_fake(40, B64)} / AKIA{_fake(16, UPPER)}",
+        f"aws_access_key_id=AKIA{_fake(16, UPPER)} aws_secret_access_key={_fake(40, B64)}",
+    ],
+)
+def test_the_secret_access_key_that_travels_with_a_key_id_is_redacted_too(text: str) -> None:
+    """Issue 23: "use this key: AKIA... with secret wJalr..." kept the 40-character secret."""
+    result = scrub_secrets(text)
+    assert _fake(40, B64) not in result.text and _fake(16, UPPER) not in result.text
+    assert result.counts == {"aws_access_key_id": 1, "aws_secret_access_key": 1}
+
+
+def test_a_40_character_word_without_context_is_left_alone() -> None:
+    text = f"the build id is {_fake(40, B64)} for today"
+    assert scrub_secrets(text) == ScrubResult(text, {})
 
 
 def test_a_later_rule_running_into_an_earlier_placeholder_counts_one_secret() -> None:
