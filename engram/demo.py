@@ -258,7 +258,8 @@ def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) ->
     log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
     plain(console, f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engram.cli", "up", "--data-dir", str(settings.data_dir)],
+        # -P: not the working directory's engram/ (a checkout) instead of the installed one (supervisor.py)
+        [sys.executable, "-P", "-m", "engram.cli", "up", "--data-dir", str(settings.data_dir)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     try:
