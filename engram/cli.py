@@ -639,11 +639,24 @@ def ingest(
 
 
 DLQ_COLUMNS = ("seq", "stage", "reason", "detail", "subject", "time", "bytes")
+DLQ_STAGE_HELP = "Only this stage: turn_detector, extractor, summary_gate or sessions."
+
+
+def _known_dlq_stage(value: Optional[str]) -> Optional[str]:
+    # engram.dlq is imported here, not at the top: every other command would pay for its imports
+    from engram.dlq import STAGES
+
+    if value is not None and value not in STAGES:
+        raise typer.BadParameter(f"{value!r} is not a stage that dead-letters; use one of {', '.join(STAGES)}")
+    return value
+
+
+DlqStage = Annotated[Optional[str], typer.Option(help=DLQ_STAGE_HELP, callback=_known_dlq_stage)]
 
 
 @dlq_app.command("list")
 def dlq_list(
-    stage: Annotated[Optional[str], typer.Option(help="Only this stage, e.g. turn_detector.")] = None,
+    stage: DlqStage = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON array of dead letters (for scripts).")] = False,
     data_dir: DataDir = None,
 ) -> None:
@@ -675,7 +688,7 @@ def dlq_list(
 
 @dlq_app.command("replay")
 def dlq_replay(
-    stage: Annotated[Optional[str], typer.Option(help="Only this stage.")] = None,
+    stage: DlqStage = None,
     data_dir: DataDir = None,
 ) -> None:
     """Re-publish dead letters to their original subjects (e.g. after fixing a bug)."""

@@ -20,7 +20,8 @@ Hooks (library, pinned version, private name):
   (:func:`apply_attribute_extraction_preamble`), ``_clean_input`` (:func:`clean_llm_input`) and
   OpenAIGenericClient's ``_strip_code_fences`` (:func:`strip_code_fences`);
 * bm25s 0.3.16: ``scoring._select_idf_scorer`` / ``_select_tfc_scorer``
-  (:func:`bm25_idf_scorer`, :func:`bm25_tfc_scorer`).
+  (:func:`bm25_idf_scorer`, :func:`bm25_tfc_scorer`);
+* nats-py 2.16.0: a ``JetStreamContext``'s connection ``_nc`` (:func:`jetstream_connection`).
 
 Not hooks, though the names start with an underscore: graphiti's ``LLMClient._generate_response``
 is the abstract method its documentation tells an LLMClient subclass to implement (engram's
@@ -172,6 +173,24 @@ def strip_code_fences(client: Any, text: str) -> str:
     """A JSON answer without the markdown fence local servers wrap it in. Why private:
     graphiti-core 0.31.1's ``OpenAIGenericClient._strip_code_fences``."""
     return client._strip_code_fences(text)
+
+
+# --------------------------------------------------------------------------------- nats-py
+
+
+def jetstream_connection(js: Any) -> Any:
+    """The ``nats.aio.client.Client`` a nats-py ``JetStreamContext`` publishes through.
+
+    Why private: nats-py 2.16.0's ``JetStreamContext`` keeps the connection it was made from
+    (``nc.jetstream()``) as ``_nc`` and has no getter. engram/dlq.py sizes a dead letter by the
+    connection's public ``max_payload`` (the server's limit) and is handed only the context by
+    every stage. Raises when the attribute is gone, rather than let a dead letter be sized by a
+    guess.
+    """
+    connection = getattr(js, "_nc", None)
+    if connection is None:
+        raise RuntimeError(f"{type(js).__name__} has no _nc connection (nats-py changed)")
+    return connection
 
 
 # --------------------------------------------------------------------------------- bm25s

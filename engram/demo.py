@@ -21,6 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from engram.bundled import EXAMPLES_DIR
 from engram.cli_support import error_line, plain, print_table
 from engram.datadir_lock import lock_holder
 from engram.ingest import publish_events, read_jsonl, read_locomo
@@ -29,7 +30,8 @@ from engram.status import collect_status, summary_caption, summary_gate_table
 from schemas import Episode, RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "coding-session.jsonl"
+EXAMPLE = EXAMPLES_DIR / "coding-session.jsonl"  # package data: found in a wheel install too
+# beside a source checkout only (LoCoMo is not part of engram): a wheel install skips it or takes --locomo
 DEFAULT_LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
 
 
@@ -256,7 +258,8 @@ def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) ->
     log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
     plain(console, f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engram.cli", "up", "--data-dir", str(settings.data_dir)],
+        # -P: not the working directory's engram/ (a checkout) instead of the installed one (supervisor.py)
+        [sys.executable, "-P", "-m", "engram.cli", "up", "--data-dir", str(settings.data_dir)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     try:

@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter
 
+from engram import compat
 from engram.secrets import scrub_json, scrub_secrets
 from schemas import subjects
 
@@ -29,6 +30,9 @@ DLQ_MESSAGES = Counter(
     "Messages sent to a dead-letter subject, by stage and reason.",
     ["stage", "reason"],
 )
+STAGES = ("turn_detector", "extractor", "summary_gate", "sessions")
+"""The stages that dead-letter (each service's ``STAGE``, the last token of ``engram.dlq.<stage>``):
+what `engram dlq list/replay --stage` accepts."""
 HDR_ORIGINAL_MSG_ID = "Engram-Original-Msg-Id"
 HDR_TRUNCATED = "Engram-Dlq-Truncated"
 """Set when the dead letter keeps only the head of a payload too large to store with its headers:
@@ -91,7 +95,7 @@ async def dead_letter(
 
 
 def _max_payload(js: JetStreamContext) -> int:
-    return int(getattr(getattr(js, "_nc", None), "max_payload", 0) or 1024 * 1024)
+    return int(compat.jetstream_connection(js).max_payload)  # the server's limit, from its INFO
 
 
 def _header_bytes(headers: dict[str, str]) -> int:

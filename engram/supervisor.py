@@ -135,7 +135,9 @@ class Supervisor:
         return env
 
     def _spawn(self, svc: ServiceProcess) -> None:
-        argv = [sys.executable, "-m", "engram.cli", "serve", svc.name]
+        # -P: `-m` would put the working directory first on sys.path, and an engram/ folder there (a
+        # checkout) would shadow the installed engram (a namespace package: the two would merge)
+        argv = [sys.executable, "-P", "-m", "engram.cli", "serve", svc.name]
         log_path = self.data_dir / "logs" / f"{svc.name}.log"
         popen = spawn(svc.name, argv, log_path, env=self._env(svc))
         svc.proc = ManagedProcess(svc.name, popen, svc.url, log_path)

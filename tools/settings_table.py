@@ -44,7 +44,7 @@ FACTORY_DEFAULTS: dict[tuple[str, str], str] = {
     ("EngramSettings", "data_dir"): "`$XDG_DATA_HOME/engram` (`~/.local/share/engram`)",
     ("ExtractionSettings", "project_dir"): "the working directory",
     ("ExtractionSettings", "global_dir"): "`~/.graphiti/templates`",
-    ("ExtractionSettings", "builtin_dir"): "`templates/` of the engram source tree",
+    ("ExtractionSettings", "builtin_dir"): "`engram/templates` of the installed package (the repository's `templates/`)",
 }
 
 

@@ -15,10 +15,14 @@ own ``extraction`` override) takes one of these forms:
 
   1. project  ``<project_dir>/.graphiti/templates/<name>``
   2. global   ``<global_dir>/<name>`` (``~/.graphiti/templates`` by default)
-  3. built-in ``<builtin_dir>/<name>`` (the repository's ``templates/`` directory)
+  3. built-in ``<builtin_dir>/<name>`` (the repository's ``templates/`` directory, shipped in
+     the wheel as ``engram/templates``: engram/bundled.py)
 
-  A name found nowhere logs a warning and means no preprocessing; a template that is found
-  but empty or longer than ``max_template_chars`` is a :class:`TemplateError`;
+  The configured template (the setting) found nowhere is a :class:`TemplateError` at start-up:
+  a missing template never turns preprocessing off quietly (a wheel that shipped without its
+  templates did exactly that). An Episode's override naming a template found nowhere logs a
+  warning and means no preprocessing for that episode. A template that is found but empty or
+  longer than ``max_template_chars`` is a :class:`TemplateError`;
 * any other text -- the prompt itself (inline), stripped.
 
 The preprocessing text and other per-episode hints are joined by a blank line, preprocessing
@@ -36,6 +40,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engram.bundled import TEMPLATES_DIR
 from schemas import ExtractionOverride
 from services.extractor.chunking import ChunkingSettings
 
@@ -44,7 +49,7 @@ log = logging.getLogger("engram.extractor")
 Mode = Literal["prepend", "append"]
 DEFAULT_TEMPLATE = "default-session-turn.md"
 TEMPLATE_SUFFIX = ".md"
-BUILTIN_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+BUILTIN_TEMPLATES_DIR = TEMPLATES_DIR
 
 # Environment variables are always strings, so without this an env value of "false" would
 # become an inline prompt reading "false" rather than switching preprocessing off.
@@ -68,7 +73,8 @@ class ExtractionSettings(BaseSettings):
         description="The user's templates, looked up after the project's.",
     )
     builtin_dir: Path = Field(
-        default_factory=lambda: BUILTIN_TEMPLATES_DIR, description="engram's own templates, looked up last.",
+        default_factory=lambda: BUILTIN_TEMPLATES_DIR,
+        description="engram's own templates (shipped in the package), looked up last.",
     )
     # Cost per turn measured by bench/extraction_cost.py on LoCoMo conv-26 (3 sessions): window 0:
     # 0.29x upstream tokens, 2: 0.30x, 4: 0.32x, 10: 0.34x. A turn already holds both sides of the
@@ -178,17 +184,32 @@ def resolve_preprocessing(value: str | bool | None, settings: ExtractionSettings
 
 
 def validate_at_startup(settings: ExtractionSettings) -> str | None:
-    """Resolve the configured prompt once, when the service starts.
+    """Resolve the configured prompt once, when the service starts, and log what is in use.
 
     A :class:`TemplateError` propagates so a misconfigured service fails at start-up instead of
-    on every episode. The returned text is the ``configured`` argument of
-    :func:`instructions_for_episode`.
+    on every episode; that includes a configured template found in none of the directories
+    (for the default template that means a broken install). The returned text is the
+    ``configured`` argument of :func:`instructions_for_episode`.
     """
-    text = resolve_preprocessing(settings.preprocessing_prompt, settings)
+    value = settings.preprocessing_prompt
+    name = DEFAULT_TEMPLATE if value is True else value.strip() if isinstance(value, str) else ""
+    if name and is_template_name(name):
+        found = resolve_template(name, settings)
+        if found is None:
+            raise TemplateError(
+                f"preprocessing template {name!r} not found in "
+                f"{', '.join(str(d) for d in template_dirs(settings))}: put it in one of them, or set "
+                "ENGRAM_EXTRACTION_PREPROCESSING_PROMPT=false to extract without preprocessing"
+            )
+        text, path = found
+        log.info("extraction preprocessing: template %s from %s, %d characters, mode %s",
+                 name, path, len(text), settings.preprocessing_mode)
+        return text
+    text = resolve_preprocessing(value, settings)
     if text is None:
         log.info("extraction preprocessing: off")
     else:
-        log.info("extraction preprocessing: %d characters, mode %s", len(text), settings.preprocessing_mode)
+        log.info("extraction preprocessing: inline prompt, %d characters, mode %s", len(text), settings.preprocessing_mode)
     return text
 
 

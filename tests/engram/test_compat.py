@@ -299,3 +299,35 @@ async def test_server_version_uses_public_api(nats_url: str) -> None:
         assert version.count(".") >= 2 and version.split(".")[0].isdigit()
     finally:
         await nc.close()
+
+
+# ------------------------------------------------------------------ nats-py: a JetStreamContext's connection
+
+
+async def test_jetstream_connection_is_the_client_it_came_from(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        assert compat.jetstream_connection(js) is nc
+        # what engram/dlq.py reads from it: the server's limit, as the server announced it
+        assert compat.jetstream_connection(js).max_payload == nc._server_info["max_payload"] > 0
+    finally:
+        await nc.close()
+
+
+def test_jetstream_connection_refuses_a_context_without_the_hook() -> None:
+    with pytest.raises(RuntimeError, match="_nc"):
+        compat.jetstream_connection(object())
+
+
+def test_only_compat_reads_a_jetstream_contexts_connection() -> None:
+    """nats-py's private ``_nc`` is read in engram/compat.py only (engram/dlq.py used to read it)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    private = re.compile(r"(?<!self)\._nc\b|[\"']_nc[\"']")
+    readers = [str(path.relative_to(root)) for top in ("engram", "services", "schemas")
+               for path in sorted((root / top).rglob("*.py"))
+               if path.name != "compat.py" and private.search(path.read_text(encoding="utf-8"))]
+    assert readers == []

@@ -149,10 +149,24 @@ def test_resolve_template_miss_is_silent(dirs: Dirs, caplog: pytest.LogCaptureFi
     assert caplog.records == []
 
 
-def test_missing_configured_template_at_startup_is_none(dirs: Dirs, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert validate_at_startup(dirs.settings(preprocessing_prompt="gone.md")) is None
-    assert any("gone.md" in r.getMessage() for r in caplog.records)
+@pytest.mark.parametrize("value", ["gone.md", True])
+def test_missing_configured_template_fails_startup(dirs: Dirs, value: str | bool) -> None:
+    """A configured template found nowhere stops the extractor with what to do; it used to log a
+    warning and extract without preprocessing, which is how a wheel without its templates/
+    quietly lost the default template (issue 23)."""
+    name = "gone.md" if value == "gone.md" else DEFAULT_TEMPLATE
+    with pytest.raises(TemplateError, match="not found") as err:
+        validate_at_startup(dirs.settings(preprocessing_prompt=value))
+    message = str(err.value)
+    assert name in message and str(dirs.builtin) in message and "ENGRAM_EXTRACTION_PREPROCESSING_PROMPT=false" in message
+
+
+def test_startup_logs_which_template_is_in_use(dirs: Dirs, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(dirs.builtin, DEFAULT_TEMPLATE, "builtin default")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert validate_at_startup(dirs.settings()) == "builtin default"
+    [line] = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert f"template {DEFAULT_TEMPLATE} from {path}," in line and "mode prepend" in line
 
 
 def test_inline_prompt_is_used_stripped(dirs: Dirs) -> None:
@@ -241,7 +255,7 @@ def test_settings_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert s.max_template_chars == 8000
     assert s.project_dir == tmp_path
     assert s.global_dir == tmp_path / "home" / ".graphiti" / "templates"
-    assert s.builtin_dir == REPO / "templates"
+    assert s.builtin_dir == (REPO / "engram" / "templates").resolve() == REPO / "templates"
 
 
 @pytest.mark.parametrize(
@@ -389,7 +403,7 @@ def test_builtin_default_template(tmp_path: Path) -> None:
     found = resolve_template(DEFAULT_TEMPLATE, s)
     assert found is not None
     text, path = found
-    assert path == REPO / "templates" / DEFAULT_TEMPLATE
+    assert path.resolve() == REPO / "templates" / DEFAULT_TEMPLATE  # through the engram/templates link
     assert text.strip() and len(text) <= 2500 <= s.max_template_chars
     for hint in ("File", "Tool", "Error", "Decision", "Concept"):
         assert f"**{hint}**" in text, hint
