@@ -91,7 +91,7 @@ async def test_an_episode_shows_what_its_extraction_cost(clean_nats, falkordb_se
             js = nc.jetstream()
             (stored,) = await read_all(js, subjects.STREAM_EPISODES)
             before = already_present()
-            await js.publish(stored.subject, stored.data, stream=subjects.STREAM_EPISODES,
+            await js.publish(subjects.episode(group), stored.data, stream=subjects.STREAM_EPISODES,
                              headers={subjects.HDR_MSG_ID: f"{episode['uuid']}-redelivered"})
         finally:
             await nc.close()
