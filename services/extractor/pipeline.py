@@ -298,16 +298,20 @@ def extraction_cost(llm_calls: dict[str, int], llm_tokens: dict[str, dict[str, i
 
 def stored_extraction_cost(llm_calls: Any, input_tokens: Any, output_tokens: Any, stage_ms: Any) -> ExtractionCost | None:
     """The ExtractionCost read back from an Episodic node's properties; None when none was
-    recorded (or what is stored does not parse: a cost is informational, never a failed read)."""
+    recorded. What does not parse is left out (stage times that are not a JSON object of numbers:
+    no stage times; counts that are not numbers: no cost): a cost is informational, never a
+    failed read."""
     if llm_calls is None:
         return None
     try:
         stages = json.loads(stage_ms) if isinstance(stage_ms, str) else {}
-        return ExtractionCost(
-            llm_calls=int(llm_calls), input_tokens=int(input_tokens or 0), output_tokens=int(output_tokens or 0),
-            stage_ms={str(k): float(v) for k, v in stages.items()} if isinstance(stages, dict) else {},
-        )
+        stage_times = {str(k): float(v) for k, v in stages.items()} if isinstance(stages, dict) else {}
     except (TypeError, ValueError):
+        stage_times = {}
+    try:
+        return ExtractionCost(llm_calls=int(llm_calls), input_tokens=int(input_tokens or 0),
+                              output_tokens=int(output_tokens or 0), stage_ms=stage_times)
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
 
 
