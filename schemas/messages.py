@@ -306,6 +306,22 @@ class GraphEpisodesRequest(_Model):
     last_n: int = Field(10, ge=1, le=1000)
 
 
+class ExtractionCost(_Model):
+    """What extracting one episode cost, as the extractor recorded it on the episode's graph node
+    when it stored the episode. A redelivery of an episode already stored costs nothing and leaves
+    this as it was. Calls made through a graphiti ``llm_runtime`` bypass engram's accounting and
+    are not in it."""
+
+    llm_calls: int = Field(ge=0, description="LLM calls made to extract the episode (all graphiti prompts).")
+    input_tokens: int = Field(ge=0, description="Prompt tokens of those calls (cl100k count of the messages sent).")
+    output_tokens: int = Field(ge=0, description="Answer tokens of those calls (cl100k count of the structured answers).")
+    stage_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="Milliseconds per extraction stage: lookup, previous_episodes, extract (or extract_nodes and "
+        "extract_edges), resolve_nodes, resolve_edges, embed, save, and total (the whole extraction).",
+    )
+
+
 class GraphEpisode(_Model):
     uuid: str
     name: str
@@ -317,6 +333,9 @@ class GraphEpisode(_Model):
     valid_at: AwareDatetime | None = Field(None, description="When the turn happened (its first message).")
     entity_edges: list[str] = Field(default_factory=list, description="uuids of the facts this episode wrote or touched.")
     message_ids: list[str] = Field(default_factory=list, description="Source message ids (provenance).")
+    extraction: ExtractionCost | None = Field(
+        None, description="What extracting it cost; null when not recorded (stored before engram recorded costs, "
+        "or the extractor was stopped between storing the episode and recording its cost).")
 
 
 class GraphEpisodesResponse(_Model):

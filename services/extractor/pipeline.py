@@ -36,7 +36,9 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    own text (``engram_embedding`` on the Episodic node: recall's dense search over past turns);
 8. save with ``build_episodic_edges`` + ``add_nodes_and_edges_bulk`` in two steps -- new
    entity nodes and all touched entity edges first, then the EpisodicNode and its MENTIONS
-   edges -- so the episode node, the idempotency marker, is written only after its facts.
+   edges -- so the episode node, the idempotency marker, is written only after its facts;
+   then its source message ids, turn embedding and extraction cost (LLM calls, tokens, stage
+   times: ``schemas.messages.ExtractionCost``) as properties of the Episodic node, in one write.
 
 Partial / known gaps:
 
@@ -104,6 +106,7 @@ from engram.compat import driver_database, normalize_name_exact
 from engram.models.accounting import AccountingLLMClient
 from engram.tokens import CountTokens, token_counter
 from schemas import Episode, NodeDelta
+from schemas.messages import ExtractionCost
 from services.extractor.chunking import ChunkingSettings, assign_pairs, chunk_json, chunk_messages, chunk_text, should_chunk
 from services.extractor.deltas import build_node_deltas
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
@@ -260,6 +263,14 @@ MESSAGE_IDS_PROPERTY = "engram_message_ids"
 
 EMBEDDING_PROPERTY = "engram_embedding"
 
+# What extracting the episode cost (schemas.messages.ExtractionCost), on its Episodic node: plain
+# properties like the two above (graphiti reads Episodic nodes field by field and ignores them);
+# the stage times as a JSON object in a string, since neither FalkorDB nor Neo4j stores a map.
+LLM_CALLS_PROPERTY = "engram_llm_calls"
+INPUT_TOKENS_PROPERTY = "engram_input_tokens"
+OUTPUT_TOKENS_PROPERTY = "engram_output_tokens"
+STAGE_MS_PROPERTY = "engram_stage_ms"
+
 
 async def embed_episode(embedder: Any, episode: Episode) -> list[float] | None:
     """The embedding of the turn's text, as stored text (an e5 model's ``passage:`` side), for
@@ -273,21 +284,61 @@ async def embed_episode(embedder: Any, episode: Episode) -> list[float] | None:
     return [float(x) for x in vector] if vector else None
 
 
-async def record_episode_properties(driver: Any, episode: Episode, vector: list[float] | None = None) -> None:
-    """Store the episode's source message ids (recall's provenance) and, when given, the turn's
-    embedding (recall's dense search over past turns) on its Episodic node.
+def extraction_cost(llm_calls: dict[str, int], llm_tokens: dict[str, dict[str, int]],
+                    timings: dict[str, float]) -> ExtractionCost:
+    """The cost of one extraction run: calls and tokens summed over prompts, stage times without
+    their ``_ms`` suffix (the ``stage`` label of ``engram_extractor_stage_seconds``)."""
+    return ExtractionCost(
+        llm_calls=sum(llm_calls.values()),
+        input_tokens=sum(t.get("input", 0) for t in llm_tokens.values()),
+        output_tokens=sum(t.get("output", 0) for t in llm_tokens.values()),
+        stage_ms={name.removesuffix("_ms"): round(ms, 1) for name, ms in timings.items()},
+    )
 
-    graphiti's EpisodicNode has neither field, so plain properties (FalkorDB: a vecf32, 4 bytes
-    a dimension); idempotent."""
-    vector_set = ""
+
+def stored_extraction_cost(llm_calls: Any, input_tokens: Any, output_tokens: Any, stage_ms: Any) -> ExtractionCost | None:
+    """The ExtractionCost read back from an Episodic node's properties; None when none was
+    recorded. What does not parse is left out (stage times that are not a JSON object of numbers:
+    no stage times; counts that are not numbers: no cost): a cost is informational, never a
+    failed read."""
+    if llm_calls is None:
+        return None
+    try:
+        stages = json.loads(stage_ms) if isinstance(stage_ms, str) else {}
+        stage_times = {str(k): float(v) for k, v in stages.items()} if isinstance(stages, dict) else {}
+    except (TypeError, ValueError):
+        stage_times = {}
+    try:
+        return ExtractionCost(llm_calls=int(llm_calls), input_tokens=int(input_tokens or 0),
+                              output_tokens=int(output_tokens or 0), stage_ms=stage_times)
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
+async def record_episode_properties(driver: Any, episode: Episode, vector: list[float] | None = None,
+                                    cost: ExtractionCost | None = None) -> None:
+    """Store the episode's source message ids (recall's provenance), when given the turn's
+    embedding (recall's dense search over past turns) and what extracting it cost, on its
+    Episodic node, in one query.
+
+    graphiti's EpisodicNode has none of these fields, so plain properties (FalkorDB: a vecf32,
+    4 bytes a dimension); idempotent. Without ``cost`` the recorded cost is left as it is: a
+    redelivery of a stored episode costs nothing and must not overwrite the first run's cost."""
+    extra = ""
     if vector:
         is_falkor = getattr(driver, "provider", None) == GraphProvider.FALKORDB
-        vector_set = f", e.{EMBEDDING_PROPERTY} = " + ("vecf32($vector)" if is_falkor else "$vector")
+        extra += f", e.{EMBEDDING_PROPERTY} = " + ("vecf32($vector)" if is_falkor else "$vector")
+    if cost is not None:
+        extra += (f", e.{LLM_CALLS_PROPERTY} = $llm_calls, e.{INPUT_TOKENS_PROPERTY} = $input_tokens, "
+                  f"e.{OUTPUT_TOKENS_PROPERTY} = $output_tokens, e.{STAGE_MS_PROPERTY} = $stage_ms")
     await driver.execute_query(
         f"MATCH (e:Episodic {{uuid: $uuid}}) WHERE e.group_id = $group_id SET e.{MESSAGE_IDS_PROPERTY} = $ids"
-        + vector_set,
+        + extra,
         uuid=episode.episode_id, group_id=episode.group_id, ids=[m.message_id for m in episode.messages],
         vector=vector,
+        llm_calls=cost.llm_calls if cost else None, input_tokens=cost.input_tokens if cost else None,
+        output_tokens=cost.output_tokens if cost else None,
+        stage_ms=json.dumps(cost.stage_ms, separators=(",", ":")) if cost else None,
     )
 
 
@@ -667,9 +718,12 @@ async def extract_episode(
     # Facts first, the episode (the idempotency marker) last; existing nodes are not re-written.
     await add_nodes_and_edges_bulk(run.driver, [], [], new_nodes, entity_edges, run.embedder)
     await add_nodes_and_edges_bulk(run.driver, [episode_node], episodic_edges, [], [], run.embedder)
-    await record_episode_properties(run.driver, episode, episode_vector)
+    # The cost goes on the node with the message ids, in one write, so it is measured up to here:
+    # save and total leave out this last small write.
     timings["save_ms"] = _ms(start)
     timings["total_ms"] = _ms(total)
+    cost = extraction_cost(counting.calls, counting.tokens, timings)
+    await record_episode_properties(run.driver, episode, episode_vector, cost)
 
     result = ExtractionResult(
         episode_id=episode.episode_id,

@@ -106,6 +106,7 @@ def episode_result(episode: GraphEpisode) -> EpisodeResult:
         uuid=episode.uuid, name=episode.name, group_id=episode.group_id, created_at=episode.created_at,
         source=episode.source, source_description=episode.source_description, content=episode.content,
         valid_at=episode.valid_at, entity_edges=episode.entity_edges, message_ids=episode.message_ids,
+        extraction=episode.extraction,
     )
 
 

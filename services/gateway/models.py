@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.messages import MESSAGE_ID_PATTERN
+from schemas.messages import MESSAGE_ID_PATTERN, ExtractionCost
 from schemas.subjects import SESSION_ID_PATTERN
 
 GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
@@ -110,6 +110,9 @@ class EpisodeResult(BaseModel):
     valid_at: datetime | None = None
     entity_edges: list[str] = Field(default_factory=list)
     message_ids: list[str] = Field(default_factory=list, description="engram: ids of the source messages.")
+    extraction: ExtractionCost | None = Field(
+        None, description="engram: what extracting this episode cost (LLM calls, tokens, milliseconds per stage), "
+        "recorded by the extractor when it stored the episode; null when not recorded.")
 
 
 class EntityEdgeResult(BaseModel):

@@ -130,7 +130,8 @@ class EngramTools:
             # services/turn_detector/pairing.py turn_id_for: session id (+ epoch after a delete) + first message id
             turn_id = f"{group_id}@{epoch}:{chat.message_id}" if epoch else f"{group_id}:{chat.message_id}"
             return {
-                "message": "Message stored durably; it becomes part of a turn, then an episode and facts",
+                "message": ("Message stored durably; it becomes part of a turn, then an episode and facts"
+                            if report.stored else "Message already stored (same message id); nothing new was added"),
                 "stored": bool(report.stored), "duplicate": bool(report.duplicates),
                 "group_id": group_id, "message_id": chat.message_id,
                 "turn_id": turn_id, "episode_id": episode_id_for(group_id, turn_id),
@@ -148,7 +149,8 @@ class EngramTools:
             raise ToolFailed(exc.detail) from exc
         except Exception as exc:  # noqa: BLE001 - not known to be stored
             raise ToolFailed(f"the message broker did not confirm the episode ({type(exc).__name__}); retry") from exc
-        return {"message": "Episode stored durably; extraction writes its entities and facts",
+        return {"message": ("Episode already stored (same episode id); nothing new was added" if ack.duplicate
+                            else "Episode stored durably; extraction writes its entities and facts"),
                 "stored": not ack.duplicate, "duplicate": bool(ack.duplicate), "group_id": group_id,
                 "turn_id": episode.turn_id, "episode_id": episode.episode_id}
 

@@ -81,7 +81,15 @@ from schemas.messages import (
     GraphGroupsResponse,
 )
 from schemas.validation import error_locations
-from services.extractor.pipeline import MESSAGE_IDS_PROPERTY, safe_entity_name
+from services.extractor.pipeline import (
+    INPUT_TOKENS_PROPERTY,
+    LLM_CALLS_PROPERTY,
+    MESSAGE_IDS_PROPERTY,
+    OUTPUT_TOKENS_PROPERTY,
+    STAGE_MS_PROPERTY,
+    safe_entity_name,
+    stored_extraction_cost,
+)
 from services.recall import purge
 
 log = logging.getLogger("engram.recall.admin")
@@ -101,7 +109,9 @@ ADMIN_REQUESTS = Counter(
 EPISODE_FIELDS = (
     "e.uuid AS uuid, e.name AS name, e.group_id AS group_id, e.content AS content, e.source AS source, "
     "e.source_description AS source_description, e.created_at AS created_at, e.valid_at AS valid_at, "
-    f"e.entity_edges AS entity_edges, e.{MESSAGE_IDS_PROPERTY} AS message_ids"
+    f"e.entity_edges AS entity_edges, e.{MESSAGE_IDS_PROPERTY} AS message_ids, "
+    f"e.{LLM_CALLS_PROPERTY} AS llm_calls, e.{INPUT_TOKENS_PROPERTY} AS input_tokens, "
+    f"e.{OUTPUT_TOKENS_PROPERTY} AS output_tokens, e.{STAGE_MS_PROPERTY} AS stage_ms"
 )
 EDGE_FIELDS = (
     "r.uuid AS uuid, r.name AS name, r.fact AS fact, r.group_id AS group_id, a.uuid AS source_node_uuid, "
@@ -459,6 +469,8 @@ class GraphAdmin:
                 source_description=r.get("source_description") or "", created_at=as_utc(r.get("created_at")),
                 valid_at=as_utc(r.get("valid_at")), entity_edges=_strings(r.get("entity_edges")),
                 message_ids=_strings(r.get("message_ids")),
+                extraction=stored_extraction_cost(r.get("llm_calls"), r.get("input_tokens"), r.get("output_tokens"),
+                                                  r.get("stage_ms")),
             )
             for r in rows
         ])

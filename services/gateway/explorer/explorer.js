@@ -156,6 +156,21 @@ function showEntity(uuid) {
   $("entity-section").scrollIntoView({ block: "nearest" });
 }
 
+// What extracting the episode cost, as the extractor recorded it (GET /episodes: `extraction`).
+function costLine(episode) {
+  const cost = episode.extraction;
+  if (!cost) return "extraction cost not recorded";
+  const n = (value) => Math.round(value).toLocaleString("en-US");
+  const stages = cost.stage_ms || {};
+  // extract (one combined pass) or extract_nodes + extract_edges (separate and chunked modes)
+  const extracting = Object.keys(stages).filter((name) => name.startsWith("extract"));
+  const parts = [`${n(cost.llm_calls)} LLM call${cost.llm_calls === 1 ? "" : "s"}`,
+    `${n(cost.input_tokens)} in / ${n(cost.output_tokens)} out tokens`];
+  if (extracting.length) parts.push(`extract ${n(extracting.reduce((sum, name) => sum + stages[name], 0))} ms`);
+  if (stages.total !== undefined) parts.push(`total ${n(stages.total)} ms`);
+  return parts.join(" · ");
+}
+
 function renderEpisodes(episodes) {
   $("episodes").replaceChildren(...(episodes.length ? episodes.map((episode) => el("li", { class: "episode", "data-uuid": episode.uuid },
     el("div", { class: "meta" }, `${when(episode.valid_at || episode.created_at)} · ${episode.source}`
@@ -163,6 +178,7 @@ function renderEpisodes(episodes) {
     el("pre", {}, episode.content),
     el("div", { class: "meta" }, `source messages: ${(episode.message_ids || []).join(", ") || "none recorded"}`
       + ` · ${episode.entity_edges.length} facts`),
+    el("div", { class: "meta cost" }, costLine(episode)),
     el("button", {
       type: "button", class: "delete",
       onclick: () => remove("episode", episode.name || episode.uuid, "DELETE", `episode/${seg(episode.uuid)}`, loadGroup),

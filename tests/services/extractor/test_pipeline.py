@@ -384,3 +384,27 @@ async def test_source_message_ids_are_stored_on_the_episode_node(env: Env) -> No
     again = await env.run(ep)
     assert again.already_present and len(env.llm.calls) == calls
     assert await env.scalar("MATCH (e:Episodic {uuid: $u}) RETURN e.engram_message_ids AS ids", u=ep.episode_id) == ["s1:t1-m"]
+
+
+async def test_extraction_cost_is_stored_on_the_episode_and_kept_on_redelivery(env: Env) -> None:
+    """Issue 23 item 6: what one turn cost is on its Episodic node, and a redelivery (no LLM call)
+    neither zeroes nor rewrites it, also after a crash that lost the other properties."""
+    ep = env.episode("s1:t1", EP1_TEXT, T1)
+    result = await env.run(ep)
+    query = ("MATCH (e:Episodic {uuid: $u}) RETURN [e.engram_llm_calls, e.engram_input_tokens, "
+             "e.engram_output_tokens, e.engram_stage_ms] AS cost")
+    calls, tokens_in, tokens_out, stage_ms = await env.scalar(query, u=ep.episode_id)
+    assert calls == result.llm_call_count == len(env.llm.calls) > 0
+    assert tokens_in == sum(t["input"] for t in result.llm_tokens.values()) > 0
+    assert tokens_out == sum(t["output"] for t in result.llm_tokens.values()) > 0
+    stages = json.loads(stage_ms)
+    assert {"lookup", "previous_episodes", "extract", "resolve_nodes", "resolve_edges", "embed", "save", "total"} <= set(stages)
+    assert stages["total"] >= stages["extract"] >= 0 and stages["total"] > 0
+
+    first = await env.scalar(query, u=ep.episode_id)
+    again = await env.run(ep)
+    assert again.already_present and len(env.llm.calls) == calls
+    assert await env.scalar(query, u=ep.episode_id) == first, "a redelivery must not overwrite the recorded cost"
+    await env.driver.execute_query("MATCH (e:Episodic) REMOVE e.engram_message_ids")  # a crash before they were written
+    await env.run(ep)
+    assert await env.scalar(query, u=ep.episode_id) == first

@@ -111,6 +111,33 @@ async def test_episodes_newest_first_with_provenance(setup) -> None:  # noqa: AN
     assert [e.uuid for e in only.episodes] == [second.episode_id]
 
 
+async def test_episodes_carry_their_extraction_cost_or_none(setup) -> None:  # noqa: ANN001
+    """Issue 23 item 6: the cost the extractor recorded on the node; none for an episode stored
+    without one (before costs were recorded); stage times that do not parse are left out, not an error."""
+    admin, graph, group, url = setup
+    first = await write_turn(graph, group, TURN_1, 1)
+    second = await write_turn(graph, group, TURN_2, 2)
+    (stored,) = await rows(url, group, "MATCH (e:Episodic {uuid: $u}) RETURN [e.engram_llm_calls, "
+                           "e.engram_input_tokens, e.engram_output_tokens]", u=second.episode_id)
+    got = {e.uuid: e for e in (await admin.episodes(GraphEpisodesRequest(group_id=group))).episodes}
+    cost = got[second.episode_id].extraction
+    assert cost is not None and [cost.llm_calls, cost.input_tokens, cost.output_tokens] == stored[0]
+    assert cost.llm_calls > 0 and cost.input_tokens > 0 and cost.stage_ms["total"] > 0
+
+    db = _falkor(url)
+    try:
+        g = db.select_graph(group)
+        await g.query("MATCH (e:Episodic {uuid: $u}) REMOVE e.engram_llm_calls, e.engram_input_tokens, "
+                      "e.engram_output_tokens, e.engram_stage_ms", {"u": first.episode_id})
+        await g.query("MATCH (e:Episodic {uuid: $u}) SET e.engram_stage_ms = 'not json'", {"u": second.episode_id})
+    finally:
+        await db.aclose()
+    got = {e.uuid: e for e in (await admin.episodes(GraphEpisodesRequest(group_id=group))).episodes}
+    assert got[first.episode_id].extraction is None
+    kept = got[second.episode_id].extraction
+    assert kept is not None and kept.llm_calls == cost.llm_calls and kept.stage_ms == {}, kept
+
+
 async def test_episodes_of_an_unknown_group_are_empty_and_create_no_graph(setup) -> None:  # noqa: ANN001
     admin, _, group, url = setup
     got = await admin.episodes(GraphEpisodesRequest(group_id=group))
