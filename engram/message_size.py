@@ -23,6 +23,10 @@ message's characters never outnumber its JSON bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
 from schemas import ChatMessage
 
 ENGRAM_NATS_MAX_PAYLOAD = 8 * 1024 * 1024
@@ -31,12 +35,13 @@ HEADER_ROOM = 4096
 against max_payload too."""
 
 
-def message_bytes(message: ChatMessage) -> int:
-    """The size of ``message`` as published (its JSON, UTF-8)."""
+def message_bytes(message: BaseModel) -> int:
+    """The size of ``message`` (a ChatMessage, or an Episode MCP's add_memory publishes whole) as
+    published: its JSON, UTF-8."""
     return len(message.model_dump_json().encode())
 
 
-def oversize_reason(message: ChatMessage, max_bytes: int, server_max_payload: int | None = None) -> str | None:
+def oversize_reason(message: BaseModel, max_bytes: int, server_max_payload: int | None = None) -> str | None:
     """Why ``message`` is too big to store, naming the limit; None when it fits. Never quotes the
     content. ``server_max_payload``: the connected NATS server's max_payload, when known."""
     size = message_bytes(message)
@@ -45,6 +50,15 @@ def oversize_reason(message: ChatMessage, max_bytes: int, server_max_payload: in
     if server_max_payload and size + HEADER_ROOM > server_max_payload:
         return (f"message is {size} bytes, too big for this NATS server's max_payload of {server_max_payload} bytes "
                 f"(engram's own NATS configuration sets max_payload: {ENGRAM_NATS_MAX_PAYLOAD})")
+    return None
+
+
+def first_oversize(messages: Sequence[ChatMessage], max_bytes: int, server_max_payload: int | None = None) -> str | None:
+    """The reason the first too-big message of a request is refused ("message 2: ..."), or None."""
+    for i, message in enumerate(messages):
+        reason = oversize_reason(message, max_bytes, server_max_payload)
+        if reason:
+            return f"message {i + 1}: {reason}" if len(messages) > 1 else reason
     return None
 
 
