@@ -569,8 +569,9 @@ def ingest(
 ) -> None:
     """Publish a transcript (one message per line, or LoCoMo JSON) into engram.
 
-    A JSONL line that is not a valid message is reported with its line number and reason and
-    left out; the other lines are imported and the exit code is 3. With --strict nothing is
+    A JSONL line that is not a valid message, or holds one larger than engram takes
+    (ENGRAM_TURN_MAX_MESSAGE_BYTES, or the NATS server's max_payload), is reported with its line
+    number and reason and left out; the other lines are imported and the exit code is 3. With --strict nothing is
     published when any line is invalid (exit 2). Ingesting the same file again is safe: what
     engram already has is not stored twice."""
     from pydantic import ValidationError
@@ -588,8 +589,10 @@ def ingest(
         raise _bad_parameter(exc, {}) from exc
     settings = _settings(data_dir)
     skipped: list[SkippedLine] = []
+    linenos: dict[tuple[str, str], int] = {}
     try:
-        events = read_transcript(path, fmt, scopes, sample or (), skipped=skipped)  # type: ignore[arg-type]
+        events = read_transcript(path, fmt, scopes, sample or (), skipped=skipped,  # type: ignore[arg-type]
+                                 max_bytes=settings.turn.max_message_bytes, linenos=linenos)
     except TranscriptError as exc:
         raise CliError(f"cannot read transcript: {exc}", code=2) from exc
     for line in skipped:
@@ -602,6 +605,12 @@ def ingest(
                        + (f" for sample(s) {', '.join(sample)}" if sample else ""))
 
     sent = 0
+    too_big: list[SkippedLine] = []
+
+    def left_out(message: ChatMessage, reason: str) -> None:  # larger than the server's max_payload
+        line = SkippedLine(linenos.get((message.session_id, message.message_id), 0), reason)
+        too_big.append(line)
+        plain(err, f"{path}:{line.lineno}: skipped: {reason}", style="yellow")
 
     def advance(progress: Progress, task: object) -> None:
         nonlocal sent
@@ -623,7 +632,8 @@ def ingest(
                           console=err, transient=False) as progress:
                 task = progress.add_task("publish", total=len(events))
                 try:
-                    return await publish_events(nc.jetstream(), events, lambda: advance(progress, task))
+                    return await publish_events(nc.jetstream(), events, lambda: advance(progress, task),
+                                                too_big=left_out)
                 except Exception as exc:  # noqa: BLE001 - said in one line, with how to resume
                     raise CliError(f"publishing stopped after {sent} of {len(events)} events: {explain(exc)}; running "
                                    "the same ingest again is safe (what engram already has is not stored twice)") from exc
@@ -632,6 +642,7 @@ def ingest(
     plain(console,
           f"published {report.messages}, already present {report.duplicates} messages "  # type: ignore[attr-defined]
           f"in {report.sessions} sessions ({report.closes} session closes)")  # type: ignore[attr-defined]
+    skipped += too_big
     if skipped:
         error_line(err, f"{path}: skipped {len(skipped)} invalid {'line' if len(skipped) == 1 else 'lines'} (listed "
                         "above); every other line was imported (use --strict to refuse the file instead)")

@@ -107,14 +107,19 @@ DURABLE_APPENDFSYNC = "always"
 extractor acks an episode only after graphiti's writes returned, so they must be on disk then."""
 
 
+MAX_PAYLOAD = "8MB"
+"""The largest message the embedded nats-server takes (its default is 1 MB): engram/message_size.py
+(ENGRAM_NATS_MAX_PAYLOAD) explains the size; deploy/nats/nats.conf and the k8s config set the same."""
+
+
 def nats_config(run_dir: Path, *, sync_interval: str = DURABLE_SYNC_INTERVAL, include: Path | None = None) -> Path:
-    """The embedded nats-server's config file: the JetStream sync policy, plus ``include`` (e.g.
+    """The embedded nats-server's config file: the JetStream sync policy, max_payload, plus ``include`` (e.g.
     the authorization block of engram/auth.py). nats-server resolves includes relative to the
     including file, so the path is written relative to ``run_dir``."""
     if not re.fullmatch(r"always|\d+(ms|s|m|h)", sync_interval):
         raise ValueError(f"sync_interval {sync_interval!r}: 'always' or a duration like 1s, 2m")
     # quoted: unquoted, nats-server's config reads "2m" as 2 million (a size suffix)
-    lines = [f'jetstream {{ sync_interval: "{sync_interval}" }}']
+    lines = [f'jetstream {{ sync_interval: "{sync_interval}" }}', f"max_payload: {MAX_PAYLOAD}"]
     if include is not None:
         lines.append(f'include "{os.path.relpath(include.resolve(), run_dir.resolve())}"')
     path = run_dir / "nats-server.conf"

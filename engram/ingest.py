@@ -6,6 +6,10 @@ server drops a repeated Nats-Msg-Id inside the duplicate window, and the turn-de
 repeated message id after it. The Nats-Msg-Id is :func:`schemas.subjects.message_dedupe_id` of
 (session, scopes, message id, session epoch): the same file ingested into another workspace or
 user is stored again, and one ingested again after its group was deleted is stored too.
+
+A message larger than engram's cap (ENGRAM_TURN_MAX_MESSAGE_BYTES) or than the NATS server's
+max_payload is named and left out like an invalid line; the rest of the file goes in
+(engram/message_size.py).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+import sys
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -24,6 +29,7 @@ import nats.js.errors
 from dateutil import parser as dateparser
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from engram.message_size import oversize_reason, server_max_payload
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 
 Event = ChatMessage | SessionClosed
@@ -93,13 +99,16 @@ def line_problem(exc: Exception) -> str:
 
 
 def read_jsonl(
-    path: Path, scopes: ScopeKeys, close_sessions: bool = True, skipped: list[SkippedLine] | None = None
+    path: Path, scopes: ScopeKeys, close_sessions: bool = True, skipped: list[SkippedLine] | None = None,
+    max_bytes: int | None = None, linenos: dict[tuple[str, str], int] | None = None,
 ) -> Iterator[Event]:
     """One message per line: {session_id, role, content, timestamp, message_id?, name?, metadata?}.
 
-    A line that is not a valid message raises :class:`TranscriptError`, or, when a ``skipped``
-    list is given, is recorded there (line number and reason) and left out; the other lines are
-    read as if it were not there (message ids derive from line numbers, so they do not shift).
+    A line that is not a valid message, or whose message is larger than ``max_bytes`` (as JSON;
+    engram/message_size.py), raises :class:`TranscriptError`, or, when a ``skipped`` list is
+    given, is recorded there (line number and reason) and left out; the other lines are read as
+    if it were not there (message ids derive from line numbers, so they do not shift).
+    ``linenos``, when given, maps each message's (session id, message id) to its line number.
     """
     last_time: dict[str, datetime] = {}
     now = datetime.now(timezone.utc)
@@ -109,12 +118,17 @@ def read_jsonl(
                 continue
             try:
                 message = _jsonl_message(json.loads(line), lineno, path, scopes, now)
+                too_big = oversize_reason(message, max_bytes) if max_bytes else None
+                if too_big:
+                    raise TranscriptError(too_big)
             except (KeyError, ValueError, TypeError, OverflowError) as exc:
                 if skipped is None:
                     raise TranscriptError(f"{path}:{lineno}: {line_problem(exc)}") from exc
                 skipped.append(SkippedLine(lineno, line_problem(exc)))
                 continue
             last_time[message.session_id] = message.timestamp
+            if linenos is not None:
+                linenos[(message.session_id, message.message_id)] = lineno
             yield message
     if close_sessions:
         for session, ts in last_time.items():
@@ -220,14 +234,15 @@ def read_locomo(
 
 
 def read_transcript(
-    path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterable[str] = (), skipped: list[SkippedLine] | None = None
+    path: Path, fmt: Format, scopes: ScopeKeys, samples: Iterable[str] = (), skipped: list[SkippedLine] | None = None,
+    max_bytes: int | None = None, linenos: dict[tuple[str, str], int] | None = None,
 ) -> list[Event]:
-    """Every event of a transcript file. JSONL lines that are not messages go to ``skipped`` when
-    it is given (else :class:`TranscriptError`); a LoCoMo file is one JSON document, read whole
-    or refused with :class:`TranscriptError`."""
+    """Every event of a transcript file. JSONL lines that are not messages, or hold one larger
+    than ``max_bytes``, go to ``skipped`` when it is given (else :class:`TranscriptError`); a
+    LoCoMo file is one JSON document, read whole or refused with :class:`TranscriptError`."""
     if fmt == "jsonl":
         try:
-            return list(read_jsonl(path, scopes, skipped=skipped))
+            return list(read_jsonl(path, scopes, skipped=skipped, max_bytes=max_bytes, linenos=linenos))
         except UnicodeDecodeError as exc:
             raise TranscriptError(f"{path}: not UTF-8 text (byte {exc.start}): a JSONL transcript is UTF-8") from exc
     try:
@@ -256,6 +271,8 @@ class IngestReport:
     """Messages the server already had (re-sent within its duplicate window)."""
     retried: int = 0
     """Events whose publish failed transiently (NATS unreachable or restarting) and was retried."""
+    too_big: int = 0
+    """Messages left out because they exceed the NATS server's max_payload (see ``publish_events``)."""
 
 
 async def _each(events: Iterable[Event] | AsyncIterable[Event]) -> AsyncIterator[Event]:
@@ -268,25 +285,30 @@ async def _each(events: Iterable[Event] | AsyncIterable[Event]) -> AsyncIterator
 
 
 async def publish_events(js, events: Iterable[Event] | AsyncIterable[Event], progress=None,  # noqa: ANN001
-                         retry_s: float = PUBLISH_RETRY_S) -> IngestReport:
+                         retry_s: float = PUBLISH_RETRY_S,
+                         too_big: Callable[[ChatMessage, str], None] | None = None) -> IngestReport:
     """Publish in order, awaiting each PubAck (so per-session order and durability hold); a
     publish that fails transiently (NATS restarting, no JetStream leader yet) is retried for up
     to ``retry_s`` before the next message goes out, so order holds across an outage too.
+    A message larger than the server's max_payload (a NATS not configured as engram's: 1 MB by
+    default) is handed to ``too_big`` with the reason and left out, the rest goes on; without
+    ``too_big`` it stops the publishing with a :class:`TranscriptError` naming the limit.
     With tracing on (ENGRAM_OTEL_ENDPOINT), each turn's messages carry one trace (engram/tracing.py)."""
     from engram.tracing import TurnSpans
 
     turns = TurnSpans("ingest", "engram.ingest.turn")
     try:
-        return await _publish_events(js, events, progress, turns, retry_s)
+        return await _publish_events(js, events, progress, turns, retry_s, too_big)
     finally:
         turns.end()
 
 
 async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], progress, turns,  # noqa: ANN001
-                          retry_s: float) -> IngestReport:  # noqa: ANN001
+                          retry_s: float, too_big: Callable[[ChatMessage, str], None] | None) -> IngestReport:
     report = IngestReport()
     sessions: set[str] = set()
     epochs = await _epochs(js)
+    max_payload = server_max_payload(getattr(js, "_nc", None))
     session_epoch: dict[str, int] = {}
     last_id: dict[str, str] = {}
 
@@ -296,6 +318,16 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
             bool(stored_any) and isinstance(exc, nats.js.errors.NoStreamResponseError))
 
     async for event in _each(events):
+        if isinstance(event, ChatMessage) and max_payload:
+            reason = oversize_reason(event, sys.maxsize, max_payload)  # engram's cap: checked when read
+            if reason:
+                if too_big is None:
+                    raise TranscriptError(f"session {event.session_id} message {event.message_id}: {reason}")
+                too_big(event, reason)
+                report.too_big += 1
+                if progress is not None:
+                    progress()
+                continue
         if event.session_id not in session_epoch:
             session_epoch[event.session_id] = await epochs.get(event.session_id) if epochs else 0
         subject, msg_id = subject_and_id(event, session_epoch[event.session_id], last_id.get(event.session_id, ""))

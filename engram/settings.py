@@ -27,8 +27,14 @@ class TurnDetectorSettings(BaseSettings):
 
     idle_timeout_s: float = Field(120.0, gt=0, description="A turn with no new message for this long is complete.")
     include_system: bool = Field(False, description="Keep system messages in turns (excluded by default).")
-    max_message_bytes: int = Field(256 * 1024, gt=0, description="Larger raw messages are dead-lettered.")
-    max_turn_chars: int = Field(48_000, gt=0, description="Hard cap of one turn's rendered content.")
+    max_message_bytes: int = Field(
+        2 * 1024 * 1024, gt=0,
+        description="Hard cap of one message's JSON: publishers refuse a larger one naming this limit (ingest skips "
+        "the line, the gateway answers 413), the turn-detector dead-letters one sent anyway (engram/message_size.py).")
+    max_turn_chars: int = Field(
+        4 * 1024 * 1024, gt=0,
+        description="Hard cap of one turn's rendered content (two messages of ENGRAM_TURN_MAX_MESSAGE_BYTES kept "
+        "whole); beyond it the turn's end is replaced by a marker saying how many characters were dropped.")
     recent_ids_kept: int = Field(64, ge=1, description="Message ids remembered per session for dedupe.")
     max_deliveries: int = Field(5, ge=1, description="Delivery attempts before a message is dead-lettered.")
     input_retention_s: float = Field(

@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from engram.epochs import SessionEpochs
+from engram.message_size import server_max_payload
 from engram.tracing import TurnSpans
 from engram.service import jetstream
 from engram.settings import EngramSettings
@@ -78,6 +79,13 @@ class Bus:
             return self.broker.connection
         except Exception as exc:  # noqa: BLE001 - faststream's IncorrectState before connect/after stop
             raise BusError(503, "not connected to NATS") from exc
+
+    def max_payload(self) -> int | None:
+        """The connected NATS server's max_payload (None when not connected: the publish says so)."""
+        try:
+            return server_max_payload(self._client())
+        except BusError:
+            return None
 
     def jetstream(self) -> Any:
         """The JetStream context (BusError 503 when not connected)."""

@@ -19,6 +19,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import BaseModel
 
 from engram import tracing
+from engram.message_size import first_oversize
 from engram.promote import Promotion, publish_promotion
 from engram.settings import EngramSettings
 from schemas import RecallItem, RecallResponse, subjects
@@ -133,10 +134,9 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         """
         messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc),
                                          idle_timeout_s=gateway.idle_timeout_s)
-        for i, message in enumerate(messages):
-            if len(message.model_dump_json().encode()) > max_bytes:
-                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-                                    f"message {i + 1} is larger than {max_bytes} bytes (ENGRAM_TURN_MAX_MESSAGE_BYTES)")
+        too_big = first_oversize(messages, max_bytes, bus.max_payload())
+        if too_big:  # the limit is named in the body (engram/message_size.py)
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big)
         try:
             with tracing.attached(http.headers.get("traceparent")):  # the turn spans become children of the caller's span
                 await bus.publish_messages(request.group_id, messages)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from engram.message_size import oversize_reason
 from engram.promote import Promotion, publish_promotion
 from engram.secrets import scrub_secrets
 from engram.settings import EngramSettings
@@ -119,9 +120,9 @@ class EngramTools:
             message = Message(content=episode_body, uuid=uuid, name=name, role_type=role, role=role_name,
                               source_description=source_description)
             (chat,) = mapping.chat_messages(group_id, [message], at, idle_timeout_s=self.mcp.idle_timeout_s)
-            if len(chat.model_dump_json().encode()) > self.settings.turn.max_message_bytes:
-                raise ToolFailed(f"the message is larger than {self.settings.turn.max_message_bytes} bytes "
-                                 "(ENGRAM_TURN_MAX_MESSAGE_BYTES)")
+            too_big = oversize_reason(chat, self.settings.turn.max_message_bytes, self.bus.max_payload())
+            if too_big:  # names the limit (engram/message_size.py)
+                raise ToolFailed(f"not stored: {too_big}")
             try:
                 report = await self.bus.publish_messages(group_id, [chat])
                 epoch = await self.bus.epochs.get(group_id) if self.bus.epochs is not None else 0
@@ -139,6 +140,9 @@ class EngramTools:
                             "completed turn); an assistant reply joins the open turn, whose ids its first message gave",
             }
         episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at)
+        too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())
+        if too_big:
+            raise ToolFailed(f"not stored: {too_big}")
         try:
             ack = await self.bus.jetstream().publish(
                 subjects.episode(group_id), episode.model_dump_json().encode(), timeout=self.mcp.publish_timeout_s,

@@ -76,7 +76,8 @@ class TurnDetector:
         self.settings = settings
         self.turn = settings.turn
         self.broker = broker
-        self.noise = NoiseSettings()
+        # the text cap follows the byte cap: a message accepted is kept whole (noise.py rule 5)
+        self.noise = NoiseSettings(max_chars=max(64, self.turn.max_message_bytes))
         sessions = settings.session
         self.segments = SegmentPolicy(
             token_limit=sessions.token_limit, idle_close_s=sessions.idle_close_s,

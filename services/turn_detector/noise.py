@@ -19,7 +19,11 @@ Rules, applied in this order (each one only rewrites the lines it matched):
    (passed/warning/exit code/total ...) and its last lines; each gap becomes
    ``[... N lines dropped]`` and over-long kept lines are cut.
 5. ``size_capped`` -- anything still longer than ``max_chars`` keeps its head and tail around
-   ``[... truncated N chars]``; the result is never longer than ``max_chars``.
+   ``[... truncated N chars]``; the result is never longer than ``max_chars``. This is a hard
+   cap, not a summary: the default (2 MiB of characters) equals ENGRAM_TURN_MAX_MESSAGE_BYTES's
+   default and the service sets it to that setting, so a message engram accepted (its JSON within
+   the byte cap, and characters never outnumber bytes) is kept whole, however long; the
+   extractor chunks a long episode for the LLM (services/extractor/chunking.py).
 
 Short ordinary prose matches none of the rules and comes back byte-identical.
 
@@ -55,7 +59,7 @@ class NoiseSettings:
     max_code_block_lines: int = 30  # fenced code blocks longer than this keep a head
     code_head_lines: int = 12
     max_tool_output_chars: int = 1500  # tool output longer than this is reduced to its outcome
-    max_chars: int = 16000  # hard cap for one message after filtering
+    max_chars: int = 2 * 1024 * 1024  # hard cap for one message after filtering (rule 5)
     collapse_repeats_min: int = 3  # >= this many consecutive near-identical status lines collapse
 
     def __post_init__(self) -> None:

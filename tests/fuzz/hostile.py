@@ -39,8 +39,8 @@ from services.sessions import memory as memory_ops
 EXAMPLES = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "12"))
 CANARY = "zqxcanary"
 """Put into every generated content field: it must never show up in a log line."""
-NATS_MAX_PAYLOAD = 1024 * 1024  # nats-server's default max_payload (engram's embedded server keeps it)
-TD_MAX_BYTES = 256 * 1024  # ENGRAM_TURN_MAX_MESSAGE_BYTES default: larger inputs are "oversize"
+NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # max_payload of engram's embedded nats-server (engram/embedded.py)
+TD_MAX_BYTES = 2 * 1024 * 1024  # ENGRAM_TURN_MAX_MESSAGE_BYTES default: larger inputs are "oversize"
 RUN = uuid.uuid4().hex[:6]
 POOL_SESSIONS = [f"fz{RUN}s{i}" for i in range(3)]
 POOL_GROUPS = [f"fz{RUN}g{i}" for i in range(3)]

@@ -298,7 +298,7 @@ def test_size_cap_is_exact_at_the_boundary() -> None:
 
 def test_reductions_are_reported_in_order_applied() -> None:
     text = PY_TRACE + "\n" + "\n".join(f"tick {i}" for i in range(5)) + "\n" + _code_block(40) + "\n" + "z" * 20000
-    result = filter_noise(text, role="user")
+    result = filter_noise(text, role="user", settings=NoiseSettings(max_chars=16000))
     assert result.reductions == ("stack_trace", "repeats_collapsed", "code_truncated", "size_capped")
 
 
@@ -388,3 +388,22 @@ def test_single_line_shortcut_never_changes_the_result(text: str, role: str) -> 
 
     small = NoiseSettings(max_tool_output_chars=100, max_chars=2000)
     assert filter_noise(text, role=role, settings=small) == _apply_all_rules(text, role, small)
+
+
+def test_a_long_message_is_kept_whole_below_the_hard_cap() -> None:
+    """Issue 23: a 50,000-character paste kept its head and tail only (16,000-character cut);
+    now text up to the hard cap (2 MiB of characters) is kept whole, middle included."""
+    text = ("Some long pasted prose, sentence after sentence. " * 500)[:25_000]
+    text = text + " QUOKKAMIDDLE " + text
+    result = filter_noise(text, role="user")
+    assert result.text == text and "QUOKKAMIDDLE" in result.text and result.reductions == ()
+
+
+def test_text_above_the_hard_cap_says_how_much_was_dropped() -> None:
+    cap = NoiseSettings().max_chars
+    text = "x" * (cap + 5000)
+    result = filter_noise(text, role="user")
+    assert result.reductions == ("size_capped",) and len(result.text) <= cap
+    marker = re.search(r"\[\.\.\. truncated (\d+) chars\]", result.text)
+    kept = len(result.text) - len(marker.group(0)) - 2 if marker else 0  # the marker sits on a line of its own
+    assert marker and int(marker.group(1)) == len(text) - kept

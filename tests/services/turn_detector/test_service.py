@@ -161,7 +161,7 @@ BAD_INPUTS = [
     ("session_mismatch", json.dumps({"message_id": "m2", "session_id": "other", "role": "user", "content": "x",
                                      "timestamp": "2026-01-01T00:00:00Z"}).encode(), "s7"),
     ("unsupported_version", json.dumps({"schema_version": 99, "message_id": "m3"}).encode(), "s7"),
-    ("oversize", b"{" + b" " * (300 * 1024) + b"}", "s7"),
+    ("oversize", b"{" + b" " * TurnDetectorSettings().max_message_bytes + b"}", "s7"),  # above the cap
 ]
 
 
