@@ -1,5 +1,6 @@
-"""Preprocessing prompts: template hierarchy, value forms, start-up validation, combination
-order and per-episode overrides. Pure: temporary directories only, no broker or graph."""
+"""Preprocessing prompts: template hierarchy, value forms, start-up validation, placement by
+mode (before graphiti's instructions or in its custom-instructions section) and per-episode
+overrides. Pure: temporary directories only, no broker or graph."""
 
 from __future__ import annotations
 
