@@ -521,7 +521,8 @@ def doctor(
 @app.command()
 def promote(
     text: Annotated[str, typer.Argument(help="The decision, lesson, preference or procedure, in plain words.")],
-    kind: Annotated[str, typer.Option(help="decision | lesson_learned | preference | procedure")] = "decision",
+    kind: Annotated[str, typer.Option(help="decision | lesson_learned | preference | procedure | task_update | "
+                                           "repo_state (the last two: --workspace only)")] = "decision",
     workspace: Annotated[Optional[str], typer.Option(help="Store in this workspace's scope (its key).")] = None,
     user: Annotated[Optional[str], typer.Option(help="Store in this user's scope (its key).")] = None,
     rationale: Annotated[Optional[str], typer.Option(help="Why (kept with it).")] = None,

@@ -1,7 +1,10 @@
 """Promotion: store a decision, lesson learned, preference or procedure in the workspace or
-user scope (seed 003), straight into the episode stream -- it is already a finished "turn", so
-it skips the turn-detector and is extracted like any episode, with the canonical relation
-vocabulary in its extraction instructions.
+user scope, or a task update or repository state in the workspace scope (seed 003's episode
+kinds), straight into the episode stream -- it is already a finished "turn", so it skips the
+turn-detector and is extracted like any episode, with the canonical relation vocabulary in its
+extraction instructions. A task update or repository state is a status at a point in time: its
+instructions ask for the status as of that time, so a later update invalidates the earlier
+status rather than standing beside it.
 
 The episode id is deterministic (group + kind + text), so promoting the same thing twice stores
 it once. Used by `engram promote` and the gateway's POST /promote.
@@ -13,14 +16,16 @@ import hashlib
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from engram.secrets import scrub_secrets
 from schemas import Episode, EpisodeMessage, ExtractionOverride, subjects
 from schemas.ids import episode_id_for
 from schemas.relations import vocabulary_text
 
-PromotionKind = Literal["decision", "lesson_learned", "preference", "procedure"]
+PromotionKind = Literal["decision", "lesson_learned", "preference", "procedure", "task_update", "repo_state"]
+WORKSPACE_ONLY_KINDS = frozenset({"task_update", "repo_state"})
+"""A task's or a repository's state belongs to the workspace it is about (seed 003)."""
 PROMOTION_SESSION = "promotion"
 
 INSTRUCTIONS = (
@@ -28,16 +33,41 @@ INSTRUCTIONS = (
     "subject, what was decided, learned, preferred or prescribed, and the reason when given. "
     "Relation names, when one fits: {vocabulary}."
 )
+STATUS_INSTRUCTIONS = (
+    "This episode is a {kind} promoted to long-term memory, not a chat turn: the state at the time "
+    "it was recorded. Extract {what}, each as a fact that holds from that time; a state that "
+    "contradicts an earlier one replaces it. Relation names, when one fits: {vocabulary}."
+)
+STATUS_SUBJECTS = {
+    "task_update": "the task, its current status, its plan, what it depends on or is blocked by, and what was done",
+    "repo_state": "the repository, its branch and commit, whether it has uncommitted changes, and the key commands "
+                  "and their outcome",
+}
+
+
+def instructions_for(kind: PromotionKind) -> str:
+    """The extraction instructions of a promoted ``kind``."""
+    label = kind.replace("_", " ")
+    if kind in STATUS_SUBJECTS:
+        return STATUS_INSTRUCTIONS.format(kind=label, what=STATUS_SUBJECTS[kind], vocabulary=vocabulary_text())
+    return INSTRUCTIONS.format(kind=label, vocabulary=vocabulary_text())
 
 
 class Promotion(BaseModel):
     kind: PromotionKind
-    text: str = Field(min_length=1, max_length=8000, description="The decision, lesson, preference or procedure.")
+    text: str = Field(min_length=1, max_length=8000, description="The decision, lesson, preference, procedure, task "
+                      "update (plan, status, blockers) or repository state (branch, commit, dirty, key commands).")
     scope: Literal["workspace", "user"] = "workspace"
     key: str = Field(min_length=1, max_length=512, description="The workspace or user key (hashed into the group id).")
     rationale: str | None = Field(None, max_length=4000)
     author: str | None = Field(None, max_length=256)
     at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _workspace_only(self) -> Promotion:
+        if self.kind in WORKSPACE_ONLY_KINDS and self.scope != "workspace":
+            raise ValueError(f"kind {self.kind} is about a workspace: store it in the workspace scope")
+        return self
 
 
 def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
@@ -67,9 +97,7 @@ def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
         kind=promotion.kind,
         completed_by="promotion",
         source_description=f"engram promotion ({label})",
-        extraction=ExtractionOverride(
-            preprocessing_prompt=INSTRUCTIONS.format(kind=label, vocabulary=vocabulary_text()), preprocessing_mode="append"
-        ),
+        extraction=ExtractionOverride(preprocessing_prompt=instructions_for(promotion.kind), preprocessing_mode="append"),
     )
 
 

@@ -9,7 +9,7 @@ models by ``python -m schemas.export``; tests/schemas/test_drift.py fails when t
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
@@ -50,6 +50,28 @@ class ScopeKeys(_Model):
     )
 
 
+MAX_EXTRACTION_INSTRUCTIONS_CHARS = 8000
+"""Longest per-message or per-episode extraction instructions (the extractor's default
+ENGRAM_EXTRACTION_MAX_TEMPLATE_CHARS): they are sent with every extraction prompt of the episode."""
+
+
+class ExtractionOverride(_Model):
+    """Per-episode extraction instructions that replace the configured preprocessing prompt
+    (ENGRAM_EXTRACTION_PREPROCESSING_PROMPT) for this episode only."""
+
+    preprocessing_prompt: Annotated[str, Field(max_length=MAX_EXTRACTION_INSTRUCTIONS_CHARS)] | bool | None = Field(
+        None,
+        description="None: the configured prompt; False: no preprocessing; True: the default template; "
+        "'<name>.md' (no whitespace): a template of the extractor's template directories; other text: the "
+        "instructions themselves. User text: secret-scrubbed before it is stored or prompted, never logged.",
+    )
+    preprocessing_mode: Literal["prepend", "append"] | None = Field(
+        None, description="Where the text goes in graphiti's extraction prompts: 'prepend' before graphiti's "
+        "instructions, 'append' in graphiti's custom-instructions section after them. None: the extractor's "
+        "ENGRAM_EXTRACTION_PREPROCESSING_MODE.",
+    )
+
+
 class ChatMessage(_Model):
     """One chat message as an agent publishes it on ``engram.in.message.<session_id>``."""
 
@@ -71,6 +93,11 @@ class ChatMessage(_Model):
         description="Complete the open turn after this many seconds without a new message in the session, "
         "instead of the turn-detector's ENGRAM_TURN_IDLE_TIMEOUT_S (the session's latest message decides). "
         "For publishers that send no session close and may end on a user message, e.g. the REST gateway.",
+    )
+    extraction: ExtractionOverride | None = Field(
+        None, description="Extraction instructions for the turn this message joins (Graphiti's "
+        "custom_extraction_instructions). A turn of several messages takes the first one given, in message "
+        "order (normally the user message that opened the turn); the others are ignored.",
     )
 
     _utc = field_validator("timestamp")(_as_utc)
@@ -103,13 +130,6 @@ class EpisodeMessage(_Model):
     role: Role
     name: str | None = None
     timestamp: AwareDatetime
-
-
-class ExtractionOverride(_Model):
-    """Per-episode extraction instructions that replace the configured preprocessing prompt."""
-
-    preprocessing_prompt: str | bool | None = None
-    preprocessing_mode: Literal["prepend", "append"] = "prepend"
 
 
 class EpisodeStats(_Model):

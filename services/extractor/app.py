@@ -65,7 +65,12 @@ from schemas import Episode, NodeDelta, subjects
 from schemas.validation import error_locations
 from services.extractor.deltas import build_node_deltas, delta_message_id
 from services.extractor.pipeline import deltas_for_existing_episode, extract_episode
-from services.extractor.preprocessing import ExtractionSettings, instructions_for_episode, validate_at_startup
+from services.extractor.preprocessing import (
+    ExtractionSettings,
+    PrependingLLMClient,
+    instructions_for_episode,
+    validate_at_startup,
+)
 from services.extractor.restatement import similarity_threshold
 from services.extractor.scrub import scrubbed_episode
 
@@ -145,11 +150,13 @@ class Extractor:
             await self.puller.stop(self.stop_grace_s)
         await self.graph.close()
 
-    async def _clients(self, group_id: str) -> GraphitiClients:
-        """The graphiti clients for ``group_id`` with its driver's indices built (engram/graph.py)."""
+    async def _clients(self, group_id: str, prefix: str = "") -> GraphitiClients:
+        """The graphiti clients for ``group_id`` with its driver's indices built (engram/graph.py).
+        ``prefix``: preprocessing text put before graphiti's instructions (mode ``prepend``)."""
         driver = await self.graph.driver(group_id)
+        llm = PrependingLLMClient(self.llm, prefix) if prefix else self.llm
         return GraphitiClients(
-            driver=driver, llm_client=self.llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=self.tracer
+            driver=driver, llm_client=llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=self.tracer
         )
 
     async def handle(self, msg: Any) -> None:
@@ -190,10 +197,10 @@ class Extractor:
 
 
     async def _process(self, episode: Episode) -> str:
-        clients = await self._clients(episode.group_id)
         instructions = instructions_for_episode(episode.extraction, self.configured_prompt, self.extraction)
+        clients = await self._clients(episode.group_id, instructions.before_graphiti)
         result = await extract_episode(
-            clients, episode, custom_instructions=instructions, previous_window=self.previous_window,
+            clients, episode, custom_instructions=instructions.graphiti_custom, previous_window=self.previous_window,
             chunking=self.extraction.chunking if self.extraction.chunking_enabled else None,
             restatement_similarity=self.restatement_similarity,
         )

@@ -25,22 +25,36 @@ own ``extraction`` override) takes one of these forms:
   longer than ``max_template_chars`` is a :class:`TemplateError`;
 * any other text -- the prompt itself (inline), stripped.
 
-The preprocessing text and other per-episode hints are joined by a blank line, preprocessing
-first (``prepend``) or last (``append``). Everything here is pure apart from reading template
-files and logging.
+``preprocessing_mode`` places the text in graphiti's extraction prompts (those that take
+``custom_extraction_instructions``: extract_nodes.*, extract_edges.edge and the combined
+extract_nodes_and_edges.extract_message):
+
+* ``append`` (default) -- graphiti's own place: ``custom_extraction_instructions``, which graphiti
+  puts after its instructions (the combined prompt: a ``<CUSTOM INSTRUCTIONS>`` section, with the
+  rule that they win over graphiti's own when they conflict). What engram always did.
+* ``prepend`` -- before graphiti's instructions: the text opens the prompt's user message, inside
+  ``<PREPROCESSING INSTRUCTIONS>`` tags, and graphiti's instructions follow (and so refine it);
+  graphiti's custom-instructions section stays empty.
+
+graphiti has no argument for the second place, so :class:`PrependingLLMClient` puts it there on
+the way to the model. Everything else here is pure apart from reading template files and logging.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from graphiti_core.llm_client.config import ModelSize
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram.bundled import TEMPLATES_DIR
+from engram.models.delegating import DelegatingLLMClient
+from engram.secrets import scrub_secrets
 from schemas import ExtractionOverride
 from services.extractor.chunking import ChunkingSettings
 
@@ -65,7 +79,11 @@ class ExtractionSettings(BaseSettings):
         DEFAULT_TEMPLATE,
         description="None/False: off; True: the default template; '<name>.md': a template; other text: inline.",
     )
-    preprocessing_mode: Mode = Field("prepend", description="Preprocessing before ('prepend') or after other hints.")
+    preprocessing_mode: Mode = Field(
+        "append", description="Where the preprocessing text goes in graphiti's extraction prompts: 'append' in "
+        "graphiti's custom-instructions section after its instructions (they win on conflict); 'prepend' at the "
+        "start of the prompt, before graphiti's instructions (services/extractor/preprocessing.py).",
+    )
     max_template_chars: int = Field(8000, gt=0, description="Longer templates or inline prompts are rejected.")
     project_dir: Path = Field(default_factory=Path.cwd, description="Holds the project's ./.graphiti/templates/.")
     global_dir: Path = Field(
@@ -213,39 +231,125 @@ def validate_at_startup(settings: ExtractionSettings) -> str | None:
     return text
 
 
-def combine_instructions(preprocessing: str | None, hints: str | None, mode: Mode) -> str:
-    """The ``custom_extraction_instructions`` text: preprocessing and hints joined by a blank line.
+PREFIX_OPEN = "<PREPROCESSING INSTRUCTIONS>"
+PREFIX_CLOSE = "</PREPROCESSING INSTRUCTIONS>"
+EXTRACTION_PROMPTS = frozenset({
+    "extract_nodes.extract_message", "extract_nodes.extract_text", "extract_nodes.extract_json",
+    "extract_edges.edge", "extract_nodes_and_edges.extract_message",
+})
+"""graphiti's prompts that take ``custom_extraction_instructions``: the ones a prefix goes into."""
 
-    ``prepend`` puts preprocessing first, ``append`` last; empty parts are left out and two
-    empty parts give "".
-    """
+
+@dataclass(frozen=True)
+class EpisodeInstructions:
+    """Where one episode's preprocessing text goes: at most one of the two is non-empty."""
+
+    before_graphiti: str = ""
+    """``prepend``: opens the user message of each extraction prompt (:class:`PrependingLLMClient`)."""
+    graphiti_custom: str = ""
+    """``append``: graphiti's ``custom_extraction_instructions``."""
+
+
+def place_instructions(preprocessing: str | None, mode: Mode) -> EpisodeInstructions:
+    """The preprocessing text placed by ``mode``; no text places nothing."""
     if mode not in ("prepend", "append"):
         raise ValueError(f"unknown preprocessing_mode {mode!r}: expected 'prepend' or 'append'")
-    pre = (preprocessing or "").strip()
-    other = (hints or "").strip()
-    parts = [pre, other] if mode == "prepend" else [other, pre]
-    return "\n\n".join(part for part in parts if part)
+    text = (preprocessing or "").strip()
+    if mode == "prepend":
+        return EpisodeInstructions(before_graphiti=text)
+    return EpisodeInstructions(graphiti_custom=text)
+
+
+class OverrideError(TemplateError):
+    """An Episode's own ``extraction`` override that cannot be used. Redelivery cannot fix it: the
+    episode is dead-lettered at once (engram/service.py); the message never quotes the override."""
+
+    dead_letter_reason = "extraction_override"
+
+
+def _override_text(value: str | bool, settings: ExtractionSettings) -> str | None:
+    # User text: scrubbed before it reaches a prompt (the turn-detector scrubbed it already for chat
+    # messages; raw Episode publishers may not have), and no error or log line quotes it.
+    if isinstance(value, str):
+        value = scrub_secrets(value).text
+        if is_template_name(value):
+            try:
+                found = resolve_template(value.strip(), settings)
+            except TemplateError:
+                raise OverrideError("the episode's extraction override names an unusable template "
+                                    "(unsafe name, or an empty, unreadable or oversized file)") from None
+            if found is None:
+                log.warning("the episode's extraction template was not found; extracting without preprocessing")
+                return None
+            return found[0]
+    try:
+        return resolve_preprocessing(value, settings)
+    except TemplateError:
+        raise OverrideError(f"the episode's extraction override is empty or longer than max_template_chars="
+                            f"{settings.max_template_chars}") from None
 
 
 def instructions_for_episode(
     override: ExtractionOverride | None,
     configured: str | None,
     settings: ExtractionSettings,
-    hints: str | None = None,
-) -> str:
-    """Extraction instructions for one Episode.
+) -> EpisodeInstructions:
+    """Extraction instructions for one Episode, placed by the preprocessing mode.
 
     ``configured`` is the text :func:`validate_at_startup` resolved. An Episode's ``extraction``
     override replaces it: ``preprocessing_prompt`` None keeps the configured text, False turns
-    preprocessing off for this episode, any other value is resolved like the setting (so it may
-    raise :class:`TemplateError`). The override's mode applies only when it was set explicitly,
-    because the schema gives it a default that cannot otherwise be told from a choice.
+    preprocessing off for this episode, any other value is resolved like the setting (an unusable
+    one raises :class:`OverrideError`). The override's ``preprocessing_mode``, when given, replaces
+    ENGRAM_EXTRACTION_PREPROCESSING_MODE.
     """
     preprocessing = configured
     mode: Mode = settings.preprocessing_mode
     if override is not None:
         if override.preprocessing_prompt is not None:
-            preprocessing = resolve_preprocessing(override.preprocessing_prompt, settings)
-        if "preprocessing_mode" in override.model_fields_set:
+            preprocessing = _override_text(override.preprocessing_prompt, settings)
+        if override.preprocessing_mode is not None:
             mode = override.preprocessing_mode
-    return combine_instructions(preprocessing, hints, mode)
+    return place_instructions(preprocessing, mode)
+
+
+def with_prefix(messages: list[Any], prefix: str) -> list[Any]:
+    """``messages`` with ``prefix`` (in its tags) opening the first user message; the rest unchanged.
+
+    The input list and its messages are left as they are: graphiti may reuse them (retries).
+    """
+    out = list(messages)
+    for i, message in enumerate(out):
+        if getattr(message, "role", None) == "user":
+            block = f"{PREFIX_OPEN}\n{prefix}\n{PREFIX_CLOSE}\n\n"
+            out[i] = message.model_copy(update={"content": block + message.content})
+            break
+    return out
+
+
+class PrependingLLMClient(DelegatingLLMClient):
+    """``prepend`` mode: puts one episode's preprocessing text before graphiti's instructions in
+    each extraction prompt (:data:`EXTRACTION_PROMPTS`); every other prompt passes unchanged.
+
+    Made per episode around the extractor's shared client, so concurrent episodes never see each
+    other's text.
+    """
+
+    def __init__(self, inner: Any, prefix: str) -> None:
+        super().__init__(inner)
+        self.prefix = prefix
+
+    async def generate_response(  # type: ignore[override]
+        self,
+        messages: list[Any],
+        response_model: Any = None,
+        max_tokens: int | None = None,
+        model_size: ModelSize = ModelSize.medium,
+        group_id: str | None = None,
+        prompt_name: str | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        if prompt_name in EXTRACTION_PROMPTS:
+            messages = with_prefix(messages, self.prefix)
+        return await super().generate_response(
+            messages, response_model, max_tokens, model_size, group_id, prompt_name, **kwargs
+        )

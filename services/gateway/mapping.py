@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from schemas import subjects
-from schemas import ChatMessage, RecallItem, RecallMessage, RecallRequest, ScopeKeys
+from schemas import ChatMessage, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys
 from schemas.messages import GraphEpisode, GraphFact
 from schemas.relations import canonical_relation
 from services.gateway.models import EntityEdgeResult, EpisodeResult, FactResult, Message
@@ -64,8 +64,16 @@ def chat_messages(group_id: str, messages: list[Message], now: datetime,
             source_description=m.source_description or None,
             metadata={"name": m.name} if m.name else {},
             idle_timeout_s=idle_timeout_s,
+            extraction=extraction_override(m.custom_extraction_instructions),
         ))
     return out
+
+
+def extraction_override(custom_extraction_instructions: str | None) -> ExtractionOverride | None:
+    """Graphiti's ``custom_extraction_instructions`` as engram's per-turn override; blank: none
+    (the configured preprocessing prompt stays)."""
+    text = (custom_extraction_instructions or "").strip()
+    return ExtractionOverride(preprocessing_prompt=text) if text else None
 
 
 def search_request(query: str, group_ids: list[str], max_facts: int, timeout_ms: int) -> RecallRequest:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.messages import MESSAGE_ID_PATTERN, ExtractionCost
+from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, ExtractionCost
 from schemas.subjects import SESSION_ID_PATTERN
 
 GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
@@ -50,6 +50,13 @@ class Message(_In):
     role: str | None = Field(None, max_length=256, description="Speaker name, e.g. 'Ada'; may be empty.")
     timestamp: datetime | None = Field(None, description="When it was written (default: now; naive = UTC).")
     source_description: str = Field("", max_length=512)
+    custom_extraction_instructions: str | None = Field(
+        None, max_length=MAX_EXTRACTION_INSTRUCTIONS_CHARS,
+        description="engram extension (Graphiti's add_episode argument of that name): extraction instructions "
+        "for the turn this message joins, replacing engram's configured preprocessing prompt for that turn. A "
+        "turn of several messages uses the first message's that has one. A bare '<name>.md' names a template "
+        "of the extractor (see docs/settings.md). Secret-scrubbed before it is stored or sent to the model.",
+    )
 
 
 class AddMessagesRequest(_In):

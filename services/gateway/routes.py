@@ -147,8 +147,8 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     @router.post("/promote", status_code=status.HTTP_202_ACCEPTED, response_model=PromoteResult, tags=["ingest"],
                  responses={503: {"description": "The broker did not confirm the promotion: retry."}})
     async def promote(promotion: Promotion) -> PromoteResult:
-        """Store a decision, lesson_learned, preference or procedure in the workspace or user scope
-        (seed 003). It is extracted like a turn, with the canonical relation vocabulary; promoting
+        """Store a decision, lesson_learned, preference or procedure in the workspace or user scope,
+        or a task_update or repo_state in the workspace scope (seed 003). It is extracted like a turn, with the canonical relation vocabulary; promoting
         the same text twice stores it once."""
         try:
             episode = await publish_promotion(bus.jetstream(), promotion, settings.group_prefix)

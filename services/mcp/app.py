@@ -26,11 +26,11 @@ from prometheus_client import Counter, Histogram
 from pydantic import Field
 
 from engram.compat import route_unmatched_http
-from engram.promote import Promotion, PromotionKind
+from engram.promote import WORKSPACE_ONLY_KINDS, Promotion, PromotionKind
 from engram.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
 from schemas.memory import ContextBudgets, ContextRequest, MemoryScopes
-from schemas.messages import MESSAGE_ID_PATTERN
+from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN
 from schemas.subjects import SESSION_ID_PATTERN
 from services.gateway.bus import Bus
 from services.gateway.models import GroupId, WriteGroupId
@@ -96,12 +96,17 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
                                           "stores nothing new.")] = None,
         role: Literal["user", "assistant", "system"] = "user",
         role_name: Annotated[str | None, Field(max_length=256, description="Speaker name (source='message').")] = None,
+        custom_extraction_instructions: Annotated[str | None, Field(
+            max_length=MAX_EXTRACTION_INSTRUCTIONS_CHARS,
+            description="Extra instructions for extracting entities and facts from this memory (Graphiti's "
+            "argument); they replace engram's configured preprocessing prompt for its episode (a message: for "
+            "the turn it opens).")] = None,
     ) -> dict:
         """Store a memory in group_id. source='message': one chat message of session group_id (role says who
         wrote it); it joins a turn, which becomes an episode. 'text' or 'json': a whole episode. Answers only
         after the broker stored it durably, with the ids it will have."""
         return await _run("add_memory", tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
-                                           role_name))
+                                           role_name, custom_extraction_instructions))
 
     @server.tool()
     async def search_memory_facts(
@@ -184,8 +189,11 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         rationale: Annotated[str | None, Field(max_length=4000)] = None,
         author: Annotated[str | None, Field(max_length=256)] = None,
     ) -> dict:
-        """Keep a decision, lesson_learned, preference or procedure in the workspace or user memory; promoting the
-        same text twice stores it once."""
+        """Keep a decision, lesson_learned, preference or procedure in the workspace or user memory, or a
+        task_update (plan, status, blockers) or repo_state (branch, commit, dirty, key commands) in the workspace
+        memory; promoting the same text twice stores it once."""
+        if kind in WORKSPACE_ONLY_KINDS and scope != "workspace":
+            raise ToolError(f"{kind} is about a workspace: use scope='workspace'")
         promotion = Promotion(kind=kind, text=text, scope=scope, key=key, rationale=rationale, author=author)
         return await _run("promote", tools.promote(promotion))
 

@@ -64,7 +64,7 @@ def _utc_now() -> datetime:
 
 
 def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
-                 uuid: str | None, at: datetime) -> Episode:
+                 uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None) -> Episode:
     """A whole episode (Graphiti's add_memory with source 'text' or 'json'), published straight to
     the episode stream like a promotion: it is a finished text, not a chat message waiting for
     its reply. Its turn id is the client's ``uuid``, else a hash of (name, source, body), so
@@ -72,6 +72,7 @@ def text_episode(group_id: str, name: str, body: str, source: str, source_descri
     key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}".encode()).hexdigest()[:24]
     turn_id = f"{EPISODE_SESSION_PREFIX}:{key}"
     content = scrub_secrets(body.strip()).text  # it skips the turn-detector, where chat messages lose secrets
+    extraction = mapping.extraction_override(scrub_secrets(custom_extraction_instructions or "").text)
     return Episode(
         episode_id=episode_id_for(group_id, turn_id),
         group_id=group_id,
@@ -84,6 +85,7 @@ def text_episode(group_id: str, name: str, body: str, source: str, source_descri
         # "promotion": the one completion that means "published whole, not completed by the turn-detector"
         completed_by="promotion",
         source_description=scrub_secrets(source_description or f"mcp add_memory ({source})").text[:512],
+        extraction=extraction,
     )
 
 
@@ -114,11 +116,13 @@ class EngramTools:
 
     # --- Graphiti's tools -------------------------------------------------------------------
     async def add_memory(self, name: str, episode_body: str, group_id: str, source: str, source_description: str,
-                         uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None) -> dict:
+                         uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None,
+                         custom_extraction_instructions: str | None = None) -> dict:
         at = _utc_now()
         if source == "message":
             message = Message(content=episode_body, uuid=uuid, name=name, role_type=role, role=role_name,
-                              source_description=source_description)
+                              source_description=source_description,
+                              custom_extraction_instructions=custom_extraction_instructions)
             (chat,) = mapping.chat_messages(group_id, [message], at, idle_timeout_s=self.mcp.idle_timeout_s)
             too_big = oversize_reason(chat, self.settings.turn.max_message_bytes, self.bus.max_payload())
             if too_big:  # names the limit (engram/message_size.py)
@@ -139,7 +143,8 @@ class EngramTools:
                 "ids_note": "turn_id and episode_id hold when this message opens a turn (a user message after a "
                             "completed turn); an assistant reply joins the open turn, whose ids its first message gave",
             }
-        episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at)
+        episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at,
+                               custom_extraction_instructions)
         too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())
         if too_big:
             raise ToolFailed(f"not stored: {too_big}")

@@ -8,7 +8,10 @@ Rules (stream arrival order is the conversation order):
 - system messages are dropped unless ``include_system``; kept ones never change the side;
 - an idle timeout or an explicit session close completes the open turn, so the last turn of a
   session is never lost;
-- a message id seen before in the session is a duplicate and changes nothing.
+- a message id seen before in the session is a duplicate and changes nothing;
+- a turn's extraction override (ChatMessage.extraction) is the first one its messages carry, in
+  arrival order -- normally the user message that opened the turn -- secret-scrubbed; a later
+  message's is ignored, as for source_description.
 
 Session segments (seed 004): a publisher's session is cut into segments without the publisher
 noticing. Every accepted message adds its cl100k tokens (counted by the caller) to the open
@@ -34,7 +37,8 @@ from typing import Callable, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ScopeKeys
+from engram.secrets import scrub_secrets
+from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
 from schemas.ids import episode_id_for
 from schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
 from schemas.subjects import _dedupe_digest, session_group, user_group, workspace_group
@@ -64,6 +68,8 @@ class OpenTurn(BaseModel):
     parts: list[TurnPart] = Field(default_factory=list)
     scopes: ScopeKeys = Field(default_factory=ScopeKeys)
     source_description: str | None = None
+    extraction: ExtractionOverride | None = Field(
+        None, description="The turn's extraction override: its first message's that carries one, scrubbed.")
     first_published_at: AwareDatetime | None = Field(
         None, description="Earliest JetStream time of the turn's messages (the freshness histograms' start).")
     trace_parent: str | None = Field(
@@ -84,6 +90,7 @@ class CompletedTurn(BaseModel):
     scopes: ScopeKeys
     completed_by: Literal["next_user", "idle", "session_closed"]
     source_description: str | None = None
+    extraction: ExtractionOverride | None = None
     first_published_at: AwareDatetime | None = None
     trace_parent: str | None = None
 
@@ -198,6 +205,7 @@ def _complete(state: SessionState, how: Literal["next_user", "idle", "session_cl
         scopes=turn.scopes,
         completed_by=how,
         source_description=turn.source_description,
+        extraction=turn.extraction,
         first_published_at=turn.first_published_at,
         trace_parent=turn.trace_parent,
     )
@@ -348,11 +356,22 @@ def apply_message(
         state.scopes_seen.append(message.scopes)
     turn.scopes = _merge_scopes(turn.scopes, message.scopes)
     turn.source_description = turn.source_description or message.source_description
+    if turn.extraction is None and message.extraction is not None:
+        turn.extraction = scrubbed_override(message.extraction)
     return Transition(state, completed, outcome="late" if part.late else "accepted", closed=closed)
 
 
 _DEFAULT_SCOPES = ScopeKeys()
 MAX_SCOPES_SEEN = 16
+
+
+def scrubbed_override(override: ExtractionOverride) -> ExtractionOverride:
+    """``override`` with secrets scrubbed from its text: it is user text, stored in the session's
+    state and the Episode, and sent to the model with every extraction prompt of the turn."""
+    prompt = override.preprocessing_prompt
+    if not isinstance(prompt, str):
+        return override
+    return override.model_copy(update={"preprocessing_prompt": scrub_secrets(prompt).text})
 
 
 def dedupe_key(message: ChatMessage) -> str:
@@ -523,6 +542,7 @@ def episodes_for(turn: CompletedTurn, *, prefix: str, max_chars: int) -> list[Ep
             messages=messages,
             completed_by=turn.completed_by,
             source_description=turn.source_description,
+            extraction=turn.extraction,
             stats=stats,
             first_published_at=turn.first_published_at,
         )

@@ -4,6 +4,7 @@ canonical relation vocabulary and comes back from recall; promoting it twice sto
 from __future__ import annotations
 
 import nats
+import pytest
 
 from engram.models.rules_llm import RulesExtractorClient
 from engram.promote import Promotion, promotion_episode, publish_promotion
@@ -55,3 +56,18 @@ async def test_promoted_decision_is_extracted_and_recalled(clean_nats, falkordb_
         await nc.close()
         await recall.stop()
         await extractor.stop()
+
+
+def test_task_updates_and_repo_states_are_promoted_to_the_workspace_as_states_in_time() -> None:
+    from pydantic import ValidationError
+
+    for kind in ("task_update", "repo_state"):
+        episode = promotion_episode(Promotion(kind=kind, text="auth migration: step 2 of 4 done", key="/repo"), "engram")
+        assert episode.kind == kind and episode.scope == "workspace"
+        instructions = episode.extraction.preprocessing_prompt
+        assert "state at the time" in instructions and "replaces it" in instructions
+        assert all(name in instructions for name in CANONICAL_RELATIONS)
+        with pytest.raises(ValidationError, match="workspace scope"):
+            Promotion(kind=kind, text="x", key="me@example.org", scope="user")
+    decision = promotion_episode(Promotion(kind="decision", text="x", key="/repo"), "engram")
+    assert "state at the time" not in decision.extraction.preprocessing_prompt

@@ -1,5 +1,6 @@
-"""Preprocessing prompts: template hierarchy, value forms, start-up validation, combination
-order and per-episode overrides. Pure: temporary directories only, no broker or graph."""
+"""Preprocessing prompts: template hierarchy, value forms, start-up validation, placement by
+mode (before graphiti's instructions or in its custom-instructions section) and per-episode
+overrides. Pure: temporary directories only, no broker or graph."""
 
 from __future__ import annotations
 
@@ -9,19 +10,28 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from graphiti_core.llm_client.config import ModelSize
+from graphiti_core.prompts.models import Message
 from pydantic import ValidationError
+
+from engram.models.rules_llm import RulesExtractorClient
 
 from schemas import ExtractionOverride
 from services.extractor.preprocessing import (
     DEFAULT_TEMPLATE,
     ExtractionSettings,
+    EXTRACTION_PROMPTS,
+    EpisodeInstructions,
+    OverrideError,
+    PrependingLLMClient,
     TemplateError,
-    combine_instructions,
     instructions_for_episode,
     is_template_name,
+    place_instructions,
     resolve_preprocessing,
     resolve_template,
     validate_at_startup,
+    with_prefix,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -166,7 +176,7 @@ def test_startup_logs_which_template_is_in_use(dirs: Dirs, caplog: pytest.LogCap
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert validate_at_startup(dirs.settings()) == "builtin default"
     [line] = [r.getMessage() for r in caplog.records if r.name == LOGGER]
-    assert f"template {DEFAULT_TEMPLATE} from {path}," in line and "mode prepend" in line
+    assert f"template {DEFAULT_TEMPLATE} from {path}," in line and "mode append" in line
 
 
 def test_inline_prompt_is_used_stripped(dirs: Dirs) -> None:
@@ -251,7 +261,7 @@ def test_settings_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.chdir(tmp_path)
     s = ExtractionSettings()
     assert s.preprocessing_prompt == "default-session-turn.md" == DEFAULT_TEMPLATE
-    assert s.preprocessing_mode == "prepend"
+    assert s.preprocessing_mode == "append"  # graphiti's own place: what engram always did
     assert s.max_template_chars == 8000
     assert s.project_dir == tmp_path
     assert s.global_dir == tmp_path / "home" / ".graphiti" / "templates"
@@ -269,13 +279,13 @@ def test_settings_prompt_from_env(monkeypatch: pytest.MonkeyPatch, env: str, exp
 
 
 def test_settings_other_fields_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ENGRAM_EXTRACTION_PREPROCESSING_MODE", "append")
+    monkeypatch.setenv("ENGRAM_EXTRACTION_PREPROCESSING_MODE", "prepend")
     monkeypatch.setenv("ENGRAM_EXTRACTION_MAX_TEMPLATE_CHARS", "123")
     monkeypatch.setenv("ENGRAM_EXTRACTION_PROJECT_DIR", str(tmp_path / "p"))
     monkeypatch.setenv("ENGRAM_EXTRACTION_GLOBAL_DIR", str(tmp_path / "g"))
     monkeypatch.setenv("ENGRAM_EXTRACTION_BUILTIN_DIR", str(tmp_path / "b"))
     s = ExtractionSettings()
-    assert (s.preprocessing_mode, s.max_template_chars) == ("append", 123)
+    assert (s.preprocessing_mode, s.max_template_chars) == ("prepend", 123)
     assert (s.project_dir, s.global_dir, s.builtin_dir) == (tmp_path / "p", tmp_path / "g", tmp_path / "b")
 
 
@@ -286,112 +296,153 @@ def test_settings_reject_bad_values(monkeypatch: pytest.MonkeyPatch, field: str,
         ExtractionSettings()
 
 
-# --------------------------------------------------------------------------- combination
+# --------------------------------------------------------------------------- placement
 
 
-def test_prepend_puts_preprocessing_first() -> None:
-    assert combine_instructions("PRE", "HINTS", "prepend") == "PRE\n\nHINTS"
+def test_prepend_places_text_before_graphitis_instructions() -> None:
+    assert place_instructions("  PRE\n", "prepend") == EpisodeInstructions(before_graphiti="PRE")
 
 
-def test_append_puts_preprocessing_last() -> None:
-    assert combine_instructions("PRE", "HINTS", "append") == "HINTS\n\nPRE"
+def test_append_places_text_in_graphitis_custom_instructions() -> None:
+    assert place_instructions("PRE", "append") == EpisodeInstructions(graphiti_custom="PRE")
 
 
 @pytest.mark.parametrize("mode", ["prepend", "append"])
-@pytest.mark.parametrize(
-    ("pre", "hints", "expected"),
-    [(None, None, ""), ("", "  ", ""), ("PRE", None, "PRE"), (None, "HINTS", "HINTS"), ("  PRE\n", "", "PRE"),
-     ("", "\nHINTS ", "HINTS")],
-)
-def test_combine_with_missing_parts(mode: str, pre: str | None, hints: str | None, expected: str) -> None:
-    assert combine_instructions(pre, hints, mode) == expected  # type: ignore[arg-type]
+@pytest.mark.parametrize("pre", [None, "", "  \n"])
+def test_no_text_places_nothing(mode: str, pre: str | None) -> None:
+    assert place_instructions(pre, mode) == EpisodeInstructions()  # type: ignore[arg-type]
 
 
-def test_combine_rejects_unknown_mode() -> None:
+def test_place_rejects_unknown_mode() -> None:
     with pytest.raises(ValueError, match="sideways"):
-        combine_instructions("PRE", "HINTS", "sideways")  # type: ignore[arg-type]
+        place_instructions("PRE", "sideways")  # type: ignore[arg-type]
 
 
 _part = st.text(min_size=1).map(str.strip).filter(bool)
 
 
-@given(pre=_part, hints=_part)
-def test_prepend_and_append_mirror_each_other(pre: str, hints: str) -> None:
-    prepended = combine_instructions(pre, hints, "prepend")
-    assert prepended == f"{pre}\n\n{hints}"
-    assert combine_instructions(hints, pre, "append") == prepended
-    assert combine_instructions(pre, hints, "append") == f"{hints}\n\n{pre}"
+@given(pre=_part)
+def test_each_mode_uses_exactly_one_place(pre: str) -> None:
+    prepended, appended = place_instructions(pre, "prepend"), place_instructions(pre, "append")
+    assert (prepended.before_graphiti, prepended.graphiti_custom) == (pre, "")
+    assert (appended.before_graphiti, appended.graphiti_custom) == ("", pre)
 
 
 # --------------------------------------------------------------------------- per-episode override
 
 
 def test_no_override_uses_configured_prompt_and_mode(dirs: Dirs) -> None:
-    s = dirs.settings(preprocessing_mode="append")
-    assert instructions_for_episode(None, "CONFIGURED", s, hints="HINTS") == "HINTS\n\nCONFIGURED"
-    assert instructions_for_episode(None, "CONFIGURED", s) == "CONFIGURED"
-    assert instructions_for_episode(None, None, s, hints="HINTS") == "HINTS"
+    assert instructions_for_episode(None, "CONFIGURED", dirs.settings(preprocessing_mode="append")) == \
+        EpisodeInstructions(graphiti_custom="CONFIGURED")
+    assert instructions_for_episode(None, "CONFIGURED", dirs.settings(preprocessing_mode="prepend")) == \
+        EpisodeInstructions(before_graphiti="CONFIGURED")
+    assert instructions_for_episode(None, None, dirs.settings()) == EpisodeInstructions()
 
 
 def test_override_inline_prompt_replaces_configured(dirs: Dirs) -> None:
     override = ExtractionOverride(preprocessing_prompt="Only decisions, please.")
-    out = instructions_for_episode(override, "CONFIGURED", dirs.settings(), hints="HINTS")
-    assert out == "Only decisions, please.\n\nHINTS"
-    assert "CONFIGURED" not in out
+    out = instructions_for_episode(override, "CONFIGURED", dirs.settings())
+    assert out == EpisodeInstructions(graphiti_custom="Only decisions, please.")
+
+
+def test_override_inline_prompt_is_secret_scrubbed(dirs: Dirs) -> None:
+    key = "sk-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
+    override = ExtractionOverride(preprocessing_prompt=f"Ignore the key {key} in tool output.")
+    out = instructions_for_episode(override, None, dirs.settings()).graphiti_custom
+    assert key not in out and out.startswith("Ignore the key ")
 
 
 def test_override_template_resolves_through_hierarchy(dirs: Dirs) -> None:
     write(dirs.project_templates, "lessons.md", "lesson guidance")
     write(dirs.builtin, "lessons.md", "builtin lesson guidance")
     override = ExtractionOverride(preprocessing_prompt="lessons.md")
-    assert instructions_for_episode(override, "CONFIGURED", dirs.settings()) == "lesson guidance"
+    assert instructions_for_episode(override, "CONFIGURED", dirs.settings()).graphiti_custom == "lesson guidance"
 
 
 def test_override_true_uses_default_template(dirs: Dirs) -> None:
     write(dirs.builtin, DEFAULT_TEMPLATE, "default guidance")
     override = ExtractionOverride(preprocessing_prompt=True)
-    assert instructions_for_episode(override, None, dirs.settings(), hints="H") == "default guidance\n\nH"
+    assert instructions_for_episode(override, None, dirs.settings()).graphiti_custom == "default guidance"
 
 
 def test_override_false_disables_preprocessing(dirs: Dirs) -> None:
     override = ExtractionOverride(preprocessing_prompt=False)
-    assert instructions_for_episode(override, "CONFIGURED", dirs.settings(), hints="HINTS") == "HINTS"
-    assert instructions_for_episode(override, "CONFIGURED", dirs.settings()) == ""
+    assert instructions_for_episode(override, "CONFIGURED", dirs.settings()) == EpisodeInstructions()
 
 
 def test_override_none_prompt_keeps_configured(dirs: Dirs) -> None:
     override = ExtractionOverride(preprocessing_prompt=None)
-    assert instructions_for_episode(override, "CONFIGURED", dirs.settings(), hints="H") == "CONFIGURED\n\nH"
+    assert instructions_for_episode(override, "CONFIGURED", dirs.settings()).graphiti_custom == "CONFIGURED"
 
 
 def test_override_mode_replaces_configured_mode(dirs: Dirs) -> None:
     s = dirs.settings(preprocessing_mode="prepend")
     append = ExtractionOverride(preprocessing_mode="append")
-    assert instructions_for_episode(append, "CONFIGURED", s, hints="H") == "H\n\nCONFIGURED"
+    assert instructions_for_episode(append, "CONFIGURED", s) == EpisodeInstructions(graphiti_custom="CONFIGURED")
     both = ExtractionOverride(preprocessing_prompt="OWN", preprocessing_mode="append")
-    assert instructions_for_episode(both, "CONFIGURED", s, hints="H") == "H\n\nOWN"
+    assert instructions_for_episode(both, "CONFIGURED", s) == EpisodeInstructions(graphiti_custom="OWN")
 
 
-def test_override_without_explicit_mode_keeps_configured_mode(dirs: Dirs) -> None:
-    # The schema's default mode is "prepend"; only an explicit choice may replace "append".
-    s = dirs.settings(preprocessing_mode="append")
+def test_override_without_mode_keeps_configured_mode(dirs: Dirs) -> None:
+    s = dirs.settings(preprocessing_mode="prepend")
     override = ExtractionOverride(preprocessing_prompt="OWN")
-    assert instructions_for_episode(override, "CONFIGURED", s, hints="H") == "H\n\nOWN"
-    explicit = ExtractionOverride.model_validate({"preprocessing_prompt": "OWN", "preprocessing_mode": "prepend"})
-    assert instructions_for_episode(explicit, "CONFIGURED", s, hints="H") == "OWN\n\nH"
+    assert override.preprocessing_mode is None
+    assert instructions_for_episode(override, "CONFIGURED", s) == EpisodeInstructions(before_graphiti="OWN")
 
 
-def test_override_with_unsafe_template_raises(dirs: Dirs) -> None:
+def test_override_with_unsafe_template_is_an_override_error_that_does_not_quote_it(dirs: Dirs) -> None:
     override = ExtractionOverride(preprocessing_prompt="../../etc/x.md")
-    with pytest.raises(TemplateError):
+    with pytest.raises(OverrideError) as raised:
         instructions_for_episode(override, "CONFIGURED", dirs.settings())
+    assert "etc" not in str(raised.value)
+    assert raised.value.dead_letter_reason == "extraction_override"  # dead-lettered at once, not retried
 
 
-def test_override_missing_template_means_no_preprocessing(dirs: Dirs, caplog: pytest.LogCaptureFixture) -> None:
+def test_override_longer_than_the_limit_is_an_override_error(dirs: Dirs) -> None:
+    override = ExtractionOverride(preprocessing_prompt="y" * 60)
+    with pytest.raises(OverrideError, match="max_template_chars=50"):
+        instructions_for_episode(override, None, dirs.settings(max_template_chars=50))
+
+
+def test_override_missing_template_means_no_preprocessing_and_logs_no_name(
+    dirs: Dirs, caplog: pytest.LogCaptureFixture,
+) -> None:
     override = ExtractionOverride(preprocessing_prompt="absent.md")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert instructions_for_episode(override, "CONFIGURED", dirs.settings(), hints="H") == "H"
-    assert any("absent.md" in r.getMessage() for r in caplog.records)
+        assert instructions_for_episode(override, "CONFIGURED", dirs.settings()) == EpisodeInstructions()
+    assert caplog.records and not any("absent" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- prompt prefix
+
+
+def _prompt(system: str, user: str) -> list[Message]:
+    return [Message(role="system", content=system), Message(role="user", content=user)]
+
+
+def test_prefix_opens_the_user_message_and_leaves_the_input_alone() -> None:
+    messages = _prompt("SYS", "graphiti's instructions")
+    out = with_prefix(messages, "PRE")
+    assert out[0] is messages[0]
+    assert out[1].content == "<PREPROCESSING INSTRUCTIONS>\nPRE\n</PREPROCESSING INSTRUCTIONS>\n\ngraphiti's instructions"
+    assert messages[1].content == "graphiti's instructions"
+
+
+async def test_prepending_client_changes_extraction_prompts_only() -> None:
+    seen: list[tuple[str | None, str]] = []
+
+    class Inner(RulesExtractorClient):
+        async def generate_response(self, messages, response_model=None, max_tokens=None,  # noqa: ANN001
+                                    model_size=ModelSize.medium, group_id=None, prompt_name=None, **kw):  # noqa: ANN001, ANN003
+            seen.append((prompt_name, messages[1].content))
+            return {}
+
+    client = PrependingLLMClient(Inner(), "PRE")
+    await client.generate_response(_prompt("S", "U"), prompt_name="extract_nodes_and_edges.extract_message")
+    await client.generate_response(_prompt("S", "U"), prompt_name="dedupe_nodes.nodes")
+    assert seen[0][1].startswith("<PREPROCESSING INSTRUCTIONS>\nPRE\n") and seen[0][1].endswith("U")
+    assert seen[1] == ("dedupe_nodes.nodes", "U")
+    assert EXTRACTION_PROMPTS >= {"extract_nodes.extract_text", "extract_edges.edge"}
 
 
 # --------------------------------------------------------------------------- the real built-in template
@@ -408,7 +459,7 @@ def test_builtin_default_template(tmp_path: Path) -> None:
     for hint in ("File", "Tool", "Error", "Decision", "Concept"):
         assert f"**{hint}**" in text, hint
     assert validate_at_startup(s) == text
-    assert instructions_for_episode(None, validate_at_startup(s), s, hints="H") == f"{text}\n\nH"
+    assert instructions_for_episode(None, validate_at_startup(s), s) == EpisodeInstructions(graphiti_custom=text)
 
 
 def test_chunking_settings_come_from_nested_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ScopeKeys
+from schemas import ExtractionOverride, ScopeKeys
 from services.turn_detector.pairing import (
     SessionState,
     TurnPart,
@@ -193,3 +193,28 @@ def test_episodes_built_without_validation_are_valid_episodes(roles: list[str], 
             assert Episode.model_validate(ep.model_dump()) == ep
             assert Episode.model_validate_json(ep.model_dump_json()) == ep
             assert ep.stats.secrets_scrubbed == len(turn.parts) and ep.stats.late_messages == len(turn.parts)
+
+
+# --------------------------------------------------------------------------- extraction override
+
+def test_a_turns_extraction_override_is_its_first_messages_scrubbed_and_reaches_its_episodes() -> None:
+    secret = "sk-" + "Zq8wN3vR5tY7uI9oP1aS2dF4gH6jK8lX"
+    given_by = {"u1": None, "u2": f"FIRST keep decisions {secret}", "a1": "LATER", "u3": None}
+    state = SessionState(session_id="s")
+    done = []
+    for i, (mid, role) in enumerate([("u1", "user"), ("u2", "user"), ("a1", "assistant"), ("u3", "user")]):
+        text = given_by[mid]
+        m = msg("s", mid, role, f"text {mid}", i, extraction=ExtractionOverride(preprocessing_prompt=text) if text else None)
+        tr = apply_message(state, m, TurnPart(message_id=mid, role=role, timestamp=m.timestamp, text=m.content), now=float(i))
+        state, done = tr.state, done + tr.completed
+    (turn,) = done
+    (episode,) = episodes_for(turn, prefix="engram", max_chars=10_000)
+    prompt = episode.extraction.preprocessing_prompt
+    assert prompt.startswith("FIRST keep decisions ") and secret not in prompt and "LATER" not in prompt
+    assert state.open_turn.extraction is None  # the next turn starts without one
+
+
+def test_a_turn_without_an_override_has_none() -> None:
+    _, done = feed([("u1", "user"), ("a1", "assistant"), ("u2", "user")])
+    assert done[0].extraction is None
+    assert episodes_for(done[0], prefix="engram", max_chars=10_000)[0].extraction is None
