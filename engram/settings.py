@@ -29,7 +29,12 @@ class TurnDetectorSettings(BaseSettings):
     include_system: bool = Field(False, description="Keep system messages in turns (excluded by default).")
     max_message_bytes: int = Field(256 * 1024, gt=0, description="Larger raw messages are dead-lettered.")
     max_turn_chars: int = Field(48_000, gt=0, description="Hard cap of one turn's rendered content.")
-    recent_ids_kept: int = Field(64, ge=1, description="Message ids remembered per session for dedupe.")
+    recent_ids_kept: int = Field(
+        20_000, ge=1, le=50_000,
+        description="Message ids remembered per session for dedupe, at any time after (13 bytes each in the session's "
+        "checkpoint: 260 KB at 20,000). A session longer than this forgets its oldest ids, and sending those again "
+        "after the server's duplicate window stores them again.",
+    )
     max_deliveries: int = Field(5, ge=1, description="Delivery attempts before a message is dead-lettered.")
     input_retention_s: float = Field(
         60.0, ge=0,
