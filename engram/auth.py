@@ -187,6 +187,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
     # graph admin, memory and context requests.
     front_door = (
         _sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
+        *_kv_write(subjects.KV_GATEWAY_REQUESTS),  # retry records (services/gateway/idempotency.py)
         _sub(subjects.EPISODE), *_stream_info(subjects.STREAM_EPISODES),
         subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
     )

@@ -268,7 +268,8 @@ class IngestReport:
     sessions: int = 0
     closes: int = 0
     duplicates: int = 0
-    """Messages the server already had (re-sent within its duplicate window)."""
+    """Messages engram already had: the server's (re-sent within its duplicate window) or the
+    turn-detector's (its session checkpoint lists them, at any time after)."""
     retried: int = 0
     """Events whose publish failed transiently (NATS unreachable or restarting) and was retried."""
     too_big: int = 0
@@ -317,6 +318,7 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
         return isinstance(exc, TRANSIENT_PUBLISH_ERRORS) or (
             bool(stored_any) and isinstance(exc, nats.js.errors.NoStreamResponseError))
 
+    known = await _KnownMessages.open(js)
     async for event in _each(events):
         if isinstance(event, ChatMessage) and max_payload:
             reason = oversize_reason(event, sys.maxsize, max_payload)  # engram's cap: checked when read
@@ -345,7 +347,7 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
             report.retried += 1
         if isinstance(event, ChatMessage):
             sessions.add(event.session_id)
-            if ack.duplicate:
+            if ack.duplicate or await known.has(event):
                 report.duplicates += 1
             else:
                 report.messages += 1
@@ -355,6 +357,39 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
             progress()
     report.sessions = len(sessions)
     return report
+
+
+class _KnownMessages:
+    """Messages the turn-detector already took, by its session checkpoints (SessionState.seen):
+    after the server's duplicate window a re-sent message is stored in the stream again, and the
+    turn-detector drops it, so "already present" counts it. Read once per session; the last few
+    messages of an open turn may be only in the detector's memory and count as published."""
+
+    def __init__(self, kv) -> None:  # noqa: ANN001
+        self._kv = kv
+        self._states: dict = {}
+
+    @classmethod
+    async def open(cls, js) -> "_KnownMessages":  # noqa: ANN001
+        try:
+            return cls(await js.key_value(subjects.KV_TURN_SESSIONS))
+        except Exception:  # noqa: BLE001 - no bucket yet, or a publisher not allowed to read it
+            return cls(None)
+
+    async def has(self, message: ChatMessage) -> bool:
+        from services.turn_detector.pairing import SessionState, dedupe_key, has_seen
+
+        if self._kv is None:
+            return False
+        if message.session_id not in self._states:
+            try:
+                entry = await self._kv.get(message.session_id)
+                state = SessionState.model_validate_json(entry.value) if entry.value else None
+            except Exception:  # noqa: BLE001 - no checkpoint (a new session), or unreadable: count as published
+                state = None
+            self._states[message.session_id] = state
+        state = self._states[message.session_id]
+        return state is not None and has_seen(state, dedupe_key(message))
 
 
 async def _epochs(js):  # noqa: ANN001, ANN202

@@ -35,7 +35,12 @@ class TurnDetectorSettings(BaseSettings):
         4 * 1024 * 1024, gt=0,
         description="Hard cap of one turn's rendered content (two messages of ENGRAM_TURN_MAX_MESSAGE_BYTES kept "
         "whole); beyond it the turn's end is replaced by a marker saying how many characters were dropped.")
-    recent_ids_kept: int = Field(64, ge=1, description="Message ids remembered per session for dedupe.")
+    recent_ids_kept: int = Field(
+        20_000, ge=1, le=50_000,
+        description="Message ids remembered per session for dedupe, at any time after (13 bytes each in the session's "
+        "checkpoint: 260 KB at 20,000). A session longer than this forgets its oldest ids, and sending those again "
+        "after the server's duplicate window stores them again.",
+    )
     max_deliveries: int = Field(5, ge=1, description="Delivery attempts before a message is dead-lettered.")
     input_retention_s: float = Field(
         60.0, ge=0,

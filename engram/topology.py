@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 DAY = 24 * 3600.0
 SESSION_STATE_HISTORY = 64
+MSG_TTL_BUCKETS = {subjects.KV_GATEWAY_REQUESTS}
 
 
 def _kv_stream_config(cfg: KeyValueConfig) -> StreamConfig:
@@ -62,6 +63,8 @@ def _kv_stream_config(cfg: KeyValueConfig) -> StreamConfig:
         max_msgs_per_subject=cfg.history,
         num_replicas=cfg.replicas,
         storage=cfg.storage,
+        # per-message TTLs (Nats-TTL, nats-server 2.11+): the gateway's retry-window records
+        allow_msg_ttl=True if cfg.bucket in MSG_TTL_BUCKETS else None,
     )
 
 
@@ -312,6 +315,15 @@ class Topology:
                 # the old value without overwriting its bytes on disk.
                 history=SESSION_STATE_HISTORY,
                 ttl=self.session_state_ttl_s,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+            ),
+            KeyValueConfig(
+                bucket=subjects.KV_GATEWAY_REQUESTS,
+                description="gateway/MCP: recent request hashes and Idempotency-Key fingerprints "
+                "(services/gateway/idempotency.py).",
+                history=1,
+                ttl=DAY,  # an Idempotency-Key's record; retry-window records carry their own TTL
                 storage=StorageType.FILE,
                 replicas=self.replicas,
             ),

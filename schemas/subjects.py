@@ -123,6 +123,10 @@ HDR_MSG_ID = "Nats-Msg-Id"
 KV_SESSION_EPOCHS = "engram_session_epochs"
 """Session -> epoch (milliseconds of the last delete that erased the session). Absent = 0."""
 
+KV_GATEWAY_REQUESTS = "engram_gateway_requests"
+"""The front doors' request records (services/gateway/idempotency.py): recent request hashes
+(per-message TTL = the retry window) and Idempotency-Key body fingerprints (a day)."""
+
 
 # --- deduplication ids -----------------------------------------------------------------------
 def _dedupe_digest(*parts: object) -> str:

@@ -27,6 +27,7 @@ from engram.service import jetstream
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, subjects
+from services.gateway.idempotency import IdempotencyKeyReused, RecentRequests
 from services.gateway.mapping import dedupe_header
 
 log = logging.getLogger("engram.gateway")
@@ -65,6 +66,7 @@ class Bus:
         self.broker = broker
         self.publish_timeout_s = publish_timeout_s
         self.epochs: SessionEpochs | None = None
+        self.requests: RecentRequests | None = None
 
     async def start(self) -> None:
         """Connect and declare the topology, as every service does: the gateway may be the first
@@ -73,6 +75,19 @@ class Bus:
         js = jetstream(self.broker)
         await ensure_topology(js, Topology.from_settings(self.settings))
         self.epochs = await SessionEpochs.open(js)
+        self.requests = await RecentRequests.open(js)
+
+    async def request_id(self, group_id: str, fingerprint: str, idempotency_key: str | None, window_s: float) -> str:
+        """:meth:`RecentRequests.request_id` (IdempotencyKeyReused passes through; a NATS failure
+        is BusError 503: without the record a retry could be stored twice)."""
+        if self.requests is None:
+            raise BusError(503, "not connected to NATS")
+        try:
+            return await self.requests.request_id(group_id, fingerprint, idempotency_key, window_s)
+        except IdempotencyKeyReused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - NATS down, timeout, ...
+            raise BusError(503, f"cannot check for a retried request ({_why(exc)}); retry") from exc
 
     def _client(self) -> Any:
         try:

@@ -20,18 +20,22 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def message_id_for(group_id: str, message: Message, occurrence: int = 0) -> str:
+def message_id_for(group_id: str, message: Message, occurrence: int = 0, request_id: str = "") -> str:
     """The client's uuid, else a hash of what the message is -- group, role, name, content, the
     client's timestamp if it sent one, and ``occurrence`` (how many equal messages came before it
     in the same request) -- so a retried POST maps to the same ids and is stored once, while two
     equal messages of one request are both kept. Never the arrival time: a retry arrives later.
-    Without uuid and timestamp, an equal message POSTed again is the same message (send either
-    to tell repeats apart, as the Graphiti contract allows)."""
+    Without uuid and timestamp, ``request_id`` tells an equal message of a later request apart
+    (services/gateway/idempotency.py: the Idempotency-Key, or the first arrival of an identical
+    request within the retry window), so "yes" said twice is stored twice."""
     if message.uuid:
         return message.uuid
     stamp = _utc(message.timestamp).isoformat() if message.timestamp else ""
-    key = json.dumps([group_id, message.role_type, message.role or "", message.name or "", message.content, stamp,
-                      occurrence], ensure_ascii=False, separators=(",", ":"))
+    parts: list = [group_id, message.role_type, message.role or "", message.name or "", message.content, stamp,
+                   occurrence]
+    if not stamp and request_id:  # ids of stamped messages keep their form: they are already distinct
+        parts.append(request_id)
+    key = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
     return "gw-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
@@ -42,19 +46,20 @@ def dedupe_header(message: ChatMessage, epoch: int = 0) -> str:
 
 
 def chat_messages(group_id: str, messages: list[Message], now: datetime,
-                  idle_timeout_s: float | None = None) -> list[ChatMessage]:
+                  idle_timeout_s: float | None = None, request_id: str = "") -> list[ChatMessage]:
     """One ChatMessage per REST message, in order, all in session ``group_id`` writing to exactly
     that group. Messages without a timestamp get ``now`` plus their index in microseconds: their
-    order is kept and two equal messages of one request get different ids."""
+    order is kept and two equal messages of one request get different ids. ``request_id``: see
+    :func:`message_id_for`."""
     out = []
     seen: dict[str, int] = {}
     for i, m in enumerate(messages):
         timestamp = _utc(m.timestamp) if m.timestamp else now + timedelta(microseconds=i)
-        base = message_id_for(group_id, m)
+        base = message_id_for(group_id, m, request_id=request_id)
         occurrence = seen.get(base, 0)
         seen[base] = occurrence + 1
         out.append(ChatMessage(
-            message_id=message_id_for(group_id, m, occurrence) if occurrence else base,
+            message_id=message_id_for(group_id, m, occurrence, request_id) if occurrence else base,
             session_id=group_id,
             role=m.role_type,
             content=m.content,

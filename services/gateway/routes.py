@@ -13,7 +13,7 @@ import hmac
 from datetime import datetime, timezone
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response, Security, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from pydantic import BaseModel
@@ -36,7 +36,7 @@ from schemas.messages import (
     GraphGroupsRequest,
     GraphGroupsResponse,
 )
-from services.gateway import mapping
+from services.gateway import idempotency, mapping
 from services.gateway.bus import Bus, BusError
 from services.gateway.explorer import add_explorer_routes
 from services.gateway.memory_routes import add_memory_routes
@@ -64,6 +64,10 @@ SEARCH_ALL_CONCURRENCY = 8
 PathGroupId = Annotated[str, Path(pattern=GROUP_ID_PATTERN, min_length=1, max_length=MAX_GROUP_ID,
                                   description="Graph group id: ASCII letters, digits, '_' and '-'.")]
 PathUuid = Annotated[str, Path(min_length=1, max_length=256)]
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=idempotency.MAX_IDEMPOTENCY_KEY,
+    description="Optional (IETF draft \"The Idempotency-Key HTTP Header Field\"): the same key with the same body "
+    "stores nothing new, at any time; with another body within a day it is refused with 422.")]
 
 api_key_header = APIKeyHeader(name="x-api-key", auto_error=False, description="The gateway's API key, if one is set.")
 bearer = HTTPBearer(auto_error=False, description="The gateway's API key as a bearer token, if one is set.")
@@ -120,20 +124,42 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     max_bytes = settings.turn.max_message_bytes
 
     # --- ingest --------------------------------------------------------------------------
+    async def _request_id(request: AddMessagesRequest, key: str | None) -> str:
+        """services/gateway/idempotency.py: what tells this request's uuid- and timestamp-less
+        messages apart from equal ones of other requests ("" when none needs it and no key came)."""
+        key = key.strip().strip('"') if key else None  # the draft sends it as a quoted sf-string
+        if not key and not any(idempotency.missing_id(m) for m in request.messages):
+            return ""
+        body = [m.model_dump(mode="json") for m in request.messages]
+        try:
+            return await bus.request_id(request.group_id, idempotency.request_fingerprint("rest", request.group_id, body),
+                                        key, gateway.retry_window_s)
+        except idempotency.IdempotencyKeyReused as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                "this Idempotency-Key was already used with a different request body") from exc
+        except BusError as exc:
+            raise _raise(exc) from exc
+
     @router.post("/messages", status_code=status.HTTP_202_ACCEPTED, response_model=Result, tags=["ingest"],
                  responses={503: {"description": "The broker did not confirm every message: retry."}})
     async def add_messages(
         request: AddMessagesRequest,
         http: Request,  # for a traceparent header (not a documented parameter of the REST contract)
+        idempotency_key: IdempotencyKey = None,
     ) -> Result:
         """Store messages durably in engram's input; turns become episodes and facts asynchronously.
 
         202 only after NATS JetStream acknowledged every message (in order). On 503 retry the
         same request: messages already stored are recognised by their id and not stored again.
-        A W3C ``traceparent`` header makes the turns' traces part of the caller's trace.
+        A message's id is its ``uuid``; else its content and ``timestamp``; else its content and
+        the request: send an ``Idempotency-Key`` header to make retries explicit, otherwise an
+        identical request within ENGRAM_GATEWAY_RETRY_WINDOW_S (60 s) is a retry and a later
+        one is stored again. A W3C ``traceparent`` header makes the turns' traces part of the
+        caller's trace.
         """
+        request_id = await _request_id(request, idempotency_key)
         messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc),
-                                         idle_timeout_s=gateway.idle_timeout_s)
+                                         idle_timeout_s=gateway.idle_timeout_s, request_id=request_id)
         too_big = first_oversize(messages, max_bytes, bus.max_payload())
         if too_big:  # the limit is named in the body (engram/message_size.py)
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big)

@@ -30,6 +30,13 @@ class GatewaySettings(BaseSettings):
         "send no session close. A reply posted later than this becomes a turn of its own.",
     )
 
+    retry_window_s: float = Field(
+        60.0, ge=1, le=600,
+        description="POST /messages without an Idempotency-Key: an identical request (same group and body) within "
+        "this many seconds of the first is a retry and stores nothing new; later, its messages without uuid and "
+        "timestamp are stored again (\"yes\" said twice). Also the window of MCP add_memory calls without uuid.",
+    )
+
     allow_no_auth: bool = Field(
         False, description="Let the gateway serve without ENGRAM_GATEWAY_API_KEY on a non-loopback ENGRAM_HTTP_HOST "
         "(anyone who reaches the port can read and delete memories). Without it, such a gateway refuses to start.",

@@ -26,6 +26,12 @@ class McpSettings(BaseSettings):
         "without a new message in that group (ChatMessage.idle_timeout_s), as the gateway's REST messages do.",
     )
 
+    retry_window_s: float = Field(
+        60.0, ge=1, le=600,
+        description="add_memory without uuid: an identical call (same group and arguments) within this many seconds "
+        "of the first is a retry and stores nothing new; later, the same words are a new memory.",
+    )
+
     @field_validator("api_key")
     @classmethod
     def _empty_is_unset(cls, value: SecretStr | None) -> SecretStr | None:

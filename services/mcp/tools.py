@@ -48,6 +48,7 @@ from schemas.messages import (
 )
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
+from services.gateway.idempotency import request_fingerprint
 from services.gateway.models import Message
 from services.mcp.settings import McpSettings
 
@@ -64,12 +65,14 @@ def _utc_now() -> datetime:
 
 
 def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
-                 uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None) -> Episode:
+                 uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None,
+                 request_id: str = "") -> Episode:
     """A whole episode (Graphiti's add_memory with source 'text' or 'json'), published straight to
     the episode stream like a promotion: it is a finished text, not a chat message waiting for
-    its reply. Its turn id is the client's ``uuid``, else a hash of (name, source, body), so
-    adding the same episode twice stores it once (the episode id is the Nats-Msg-Id)."""
-    key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}".encode()).hexdigest()[:24]
+    its reply. Its turn id is the client's ``uuid``, else a hash of (name, source, body) and
+    ``request_id`` (services/gateway/idempotency.py), so the same call retried within the retry
+    window stores it once (the episode id is the Nats-Msg-Id), and a later one is a new memory."""
+    key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}\0{request_id}".encode()).hexdigest()[:24]
     turn_id = f"{EPISODE_SESSION_PREFIX}:{key}"
     content = scrub_secrets(body.strip()).text  # it skips the turn-detector, where chat messages lose secrets
     extraction = mapping.extraction_override(scrub_secrets(custom_extraction_instructions or "").text)
@@ -114,16 +117,30 @@ class EngramTools:
         request = mapping.search_request(query, group_ids, max_facts, self.mcp.recall_timeout_ms)
         return await self._ask(subjects.RECALL, request, RecallResponse, self.mcp.recall_timeout_ms / 1000 + 1.0)
 
+    async def _request_id(self, group_id: str, uuid: str | None, call: list) -> str:
+        """Without a uuid, an identical add_memory call within ENGRAM_MCP_RETRY_WINDOW_S is a retry
+        (the same ids); a later one is a new memory (services/gateway/idempotency.py)."""
+        if uuid:
+            return ""
+        try:
+            return await self.bus.request_id(group_id, request_fingerprint("mcp", group_id, call), None,
+                                             self.mcp.retry_window_s)
+        except BusError as exc:
+            raise ToolFailed(exc.detail) from exc
+
     # --- Graphiti's tools -------------------------------------------------------------------
     async def add_memory(self, name: str, episode_body: str, group_id: str, source: str, source_description: str,
                          uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None,
                          custom_extraction_instructions: str | None = None) -> dict:
         at = _utc_now()
+        request_id = await self._request_id(group_id, uuid, [name, episode_body, source, source_description, role,
+                                                             role_name, custom_extraction_instructions])
         if source == "message":
             message = Message(content=episode_body, uuid=uuid, name=name, role_type=role, role=role_name,
                               source_description=source_description,
                               custom_extraction_instructions=custom_extraction_instructions)
-            (chat,) = mapping.chat_messages(group_id, [message], at, idle_timeout_s=self.mcp.idle_timeout_s)
+            (chat,) = mapping.chat_messages(group_id, [message], at, idle_timeout_s=self.mcp.idle_timeout_s,
+                                            request_id=request_id)
             too_big = oversize_reason(chat, self.settings.turn.max_message_bytes, self.bus.max_payload())
             if too_big:  # names the limit (engram/message_size.py)
                 raise ToolFailed(f"not stored: {too_big}")
@@ -144,7 +161,7 @@ class EngramTools:
                             "completed turn); an assistant reply joins the open turn, whose ids its first message gave",
             }
         episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at,
-                               custom_extraction_instructions)
+                               custom_extraction_instructions, request_id)
         too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())
         if too_big:
             raise ToolFailed(f"not stored: {too_big}")

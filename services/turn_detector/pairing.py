@@ -8,7 +8,8 @@ Rules (stream arrival order is the conversation order):
 - system messages are dropped unless ``include_system``; kept ones never change the side;
 - an idle timeout or an explicit session close completes the open turn, so the last turn of a
   session is never lost;
-- a message id seen before in the session is a duplicate and changes nothing;
+- a message id seen before in the session (at any time: ``SessionState.seen``) is a duplicate
+  and changes nothing;
 - a turn's extraction override (ChatMessage.extraction) is the first one its messages carry, in
   arrival order -- normally the user message that opened the turn -- secret-scrubbed; a later
   message's is ignored, as for source_description.
@@ -29,13 +30,14 @@ the result, so every rule is testable without a broker.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from engram.secrets import scrub_secrets
 from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
@@ -135,7 +137,10 @@ class SessionState(BaseModel):
                        "part of every turn id, so turns re-posted after a delete get new episode ids.")
     last_seq: int = 0
     open_turn: OpenTurn | None = None
-    recent_ids: list[str] = Field(default_factory=list)
+    seen: str = Field(
+        "", description="Every message key (dedupe_key) the session took, oldest first, as SEEN_DIGEST_CHARS-char "
+        "digests each followed by ',' (13 bytes a message): a message sent again at any time after, past the "
+        "server's duplicate window, is recognised. Capped at ENGRAM_TURN_RECENT_IDS_KEPT (the oldest go first).")
     scopes_seen: list[ScopeKeys] = Field(
         default_factory=list, description="Every distinct scope set the session's messages named (capped): "
         "which groups it fed, so deleting one of them finds and erases the session.")
@@ -159,6 +164,16 @@ class SessionState(BaseModel):
         default_factory=list, description="Segments closed by the event at last_seq (published like outbox).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_recent_ids(cls, data: object) -> object:
+        # A checkpoint written before `seen` kept the last 64 keys in full as `recent_ids`.
+        if isinstance(data, dict) and "recent_ids" in data:
+            data = dict(data)
+            old = data.pop("recent_ids") or []
+            data["seen"] = "".join(seen_digest(k) + "," for k in old) + data.get("seen", "")
+        return data
+
 
 @dataclass
 class Transition:
@@ -178,7 +193,6 @@ def _clone(state: SessionState) -> SessionState:
     TurnPart, ScopeKeys and CompletedTurn values are replaced, never changed in place.
     """
     new = state.model_copy()
-    new.recent_ids = list(state.recent_ids)
     new.scopes_seen = list(state.scopes_seen)
     new.outbox = list(state.outbox)
     new.closed_outbox = list(state.closed_outbox)
@@ -211,10 +225,28 @@ def _complete(state: SessionState, how: Literal["next_user", "idle", "session_cl
     )
 
 
-def _remember(state: SessionState, message_id: str, keep: int) -> None:
-    state.recent_ids.append(message_id)
-    if len(state.recent_ids) > keep:
-        del state.recent_ids[: len(state.recent_ids) - keep]
+SEEN_DIGEST_CHARS = 12
+"""72 bits of SHA-256, base64url: a session of n messages mistakes a new message for one it has
+with probability about n^2 / 2^73 (1e-14 at 20,000 messages)."""
+
+
+def seen_digest(key: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(key.encode("utf-8")).digest()[:9]).decode()
+
+
+def has_seen(state: SessionState, key: str) -> bool:
+    """Digests hold no ',', so a match is always one whole entry (no match across two)."""
+    return seen_digest(key) in state.seen
+
+
+def _remember(state: SessionState, key: str, keep: int) -> None:
+    # A str, not a set: states are copied per message (_clone) and cached shared; appending to an
+    # immutable string costs one copy, and `in` on it is a fast substring search.
+    seen = state.seen + seen_digest(key) + ","
+    entry = SEEN_DIGEST_CHARS + 1
+    if len(seen) > keep * entry:
+        seen = seen[len(seen) - keep * entry:]
+    state.seen = seen
 
 
 def segment_id_for(session_id: str, epoch: int, segment: int) -> str:
@@ -279,7 +311,7 @@ def apply_message(
     *,
     now: float,
     include_system: bool = False,
-    recent_ids_kept: int = 64,
+    recent_ids_kept: int = 20_000,
     tokens: int | Callable[[str], int] = 0,
     segments: SegmentPolicy = DEFAULT_SEGMENTS,
     published_at: datetime | None = None,
@@ -299,7 +331,7 @@ def apply_message(
     message (after a crash or in a backlog it is handled later, or fires late). None: no gap check."""
     state = _clone(state)
     key = dedupe_key(message)
-    if key in state.recent_ids:
+    if has_seen(state, key):
         return Transition(state, outcome="duplicate")
     _remember(state, key, recent_ids_kept)
     completed: list[CompletedTurn] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,6 +76,38 @@ def test_duplicate_message_id_changes_nothing() -> None:
     m = msg("s", "u1", "user", "again", 5)
     tr = apply_message(state, m, TurnPart(message_id="u1", role="user", timestamp=m.timestamp, text="x"), now=9)
     assert tr.outcome == "duplicate" and tr.state == state
+
+
+def _again(state: SessionState, mid: str, **kw) -> str:  # noqa: ANN003
+    m = msg("s", mid, "user", "again", 10_000)
+    return apply_message(state, m, TurnPart(message_id=mid, role="user", timestamp=m.timestamp, text="x"),
+                         now=10_000.0, **kw).outcome
+
+
+def test_a_message_is_recognised_at_any_session_length() -> None:
+    # issue 23 item 2: only the last 64 ids used to be remembered, so a re-ingest of a longer
+    # session after the server's duplicate window took every message again
+    state, _ = feed([(f"m{i}", "user" if i % 2 == 0 else "assistant") for i in range(1000)])
+    assert all(_again(state, f"m{i}") == "duplicate" for i in range(0, 1000, 37))
+    assert _again(state, "m1000") == "accepted"
+    assert len(state.seen) == 1000 * 13, "13 bytes a message in the checkpoint"
+
+
+def test_the_remembered_ids_are_capped_oldest_first() -> None:
+    state = SessionState(session_id="s")
+    for i in range(5):
+        m = msg("s", f"m{i}", "user", "t", i)
+        state = apply_message(state, m, TurnPart(message_id=m.message_id, role="user", timestamp=m.timestamp,
+                                                 text="t"), now=float(i), recent_ids_kept=3).state
+    assert [_again(state, f"m{i}", recent_ids_kept=3) for i in range(5)] == ["accepted"] * 2 + ["duplicate"] * 3
+
+
+def test_a_checkpoint_of_an_older_engram_keeps_its_recent_ids() -> None:
+    old = SessionState(session_id="s").model_dump(mode="json") | {"recent_ids": ["u1", "a1|0123456789ab"]}
+    del old["seen"]
+    state = SessionState.model_validate_json(json.dumps(old))
+    assert _again(state, "u1") == "duplicate" and _again(state, "u2") == "accepted"
+    assert "recent_ids" not in state.model_dump()
 
 
 def test_close_flushes_even_a_user_only_turn_and_is_idempotent() -> None:
