@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from engram.message_size import oversize_reason, server_max_payload
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
+from schemas.ids import message_dedupe_key, seen_digest
 
 Event = ChatMessage | SessionClosed
 Format = Literal["jsonl", "locomo"]
@@ -377,19 +378,16 @@ class _KnownMessages:
             return cls(None)
 
     async def has(self, message: ChatMessage) -> bool:
-        from services.turn_detector.pairing import SessionState, dedupe_key, has_seen
-
         if self._kv is None:
             return False
         if message.session_id not in self._states:
             try:
                 entry = await self._kv.get(message.session_id)
-                state = SessionState.model_validate_json(entry.value) if entry.value else None
+                seen = json.loads(entry.value).get("seen", "") if entry.value else ""
             except Exception:  # noqa: BLE001 - no checkpoint (a new session), or unreadable: count as published
-                state = None
-            self._states[message.session_id] = state
-        state = self._states[message.session_id]
-        return state is not None and has_seen(state, dedupe_key(message))
+                seen = ""
+            self._states[message.session_id] = seen if isinstance(seen, str) else ""
+        return seen_digest(message_dedupe_key(message)) + "," in self._states[message.session_id]
 
 
 async def _epochs(js):  # noqa: ANN001, ANN202

@@ -30,8 +30,6 @@ the result, so every rule is testable without a broker.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,7 +39,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 
 from engram.secrets import scrub_secrets
 from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
-from schemas.ids import episode_id_for
+from schemas.ids import SEEN_DIGEST_CHARS, episode_id_for, message_dedupe_key, seen_digest
 from schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
 from schemas.subjects import _dedupe_digest, session_group, user_group, workspace_group
 
@@ -225,15 +223,6 @@ def _complete(state: SessionState, how: Literal["next_user", "idle", "session_cl
     )
 
 
-SEEN_DIGEST_CHARS = 12
-"""72 bits of SHA-256, base64url: a session of n messages mistakes a new message for one it has
-with probability about n^2 / 2^73 (1e-14 at 20,000 messages)."""
-
-
-def seen_digest(key: str) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(key.encode("utf-8")).digest()[:9]).decode()
-
-
 def has_seen(state: SessionState, key: str) -> bool:
     """Digests hold no ',', so a match is always one whole entry (no match across two)."""
     return seen_digest(key) in state.seen
@@ -407,13 +396,7 @@ def scrubbed_override(override: ExtractionOverride) -> ExtractionOverride:
 
 
 def dedupe_key(message: ChatMessage) -> str:
-    """What makes a message a duplicate within its session: its id *and* the scopes it was sent
-    to, as in the input Nats-Msg-Id (schemas.subjects.message_dedupe_id). The same transcript
-    ingested into a second workspace is new there; a re-send to the same scopes is not."""
-    if message.scopes == _DEFAULT_SCOPES:
-        return message.message_id
-    scopes = message.scopes.model_dump_json(exclude_none=True)
-    return f"{message.message_id}|{hashlib.sha256(scopes.encode()).hexdigest()[:12]}"
+    return message_dedupe_key(message)
 
 
 def turn_id_for(state: SessionState, first_message_id: str) -> str:
