@@ -1,6 +1,7 @@
 """Issue 23, item 1: a secret told through any door that stores or prompts text rests in no file
 under the data dir, at default settings (raw input retention 60 s included), once the pipeline
-is idle.
+is idle. Item 6: the words told through every door appear in no log line of any service at DEBUG
+and in no label value of any service's /metrics.
 
 The doors are read from the contract, not listed by hand: every subject in schemas/subjects.py,
 every route and method of the gateway's OpenAPI document and every tool of the MCP server must be
@@ -295,3 +296,39 @@ async def test_a_secret_told_through_every_door_rests_in_no_file(tmp_path: Path)
         assert files_containing(data, needle) == [], f"{needle[:8]}... rests in these files"
     missing = [m for m in markers if not files_containing(data, m)]
     assert not missing, f"these doors stored nothing (the test proves nothing for them): {missing}"
+
+
+def _metric_label_values(text: str) -> str:
+    """Every label value of a Prometheus text exposition, one per line (sample values and help
+    texts left out: only labels can carry what a request said)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return "\n".join(value for family in text_string_to_metric_families(text)
+                     for sample in family.samples for value in sample.labels.values())
+
+
+@pytest.mark.slow
+async def test_words_told_through_every_door_reach_no_log_line_and_no_metric_label(tmp_path: Path) -> None:
+    data = tmp_path / "engram"
+    up = Up(data, env={"ENGRAM_LOG_LEVEL": "DEBUG"})
+    try:
+        settings = EngramSettings(data_dir=data)
+        markers = await _plant_over_nats(settings)
+        markers += await _plant_over_rest(up.runtime["services"]["gateway"]["url"])
+        markers += await _plant_over_mcp(up.runtime["services"]["mcp"]["url"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and [m for m in markers if not files_containing(data, m)]:
+            await asyncio.sleep(2)  # every door's words stored: the pipeline did its work on them
+        labels = {}
+        async with httpx.AsyncClient(timeout=30) as http:
+            for name, service in up.runtime["services"].items():
+                labels[name] = _metric_label_values((await http.get(service["url"] + "/metrics")).text)
+    finally:
+        assert up.stop() == 0, up.log_tail()
+    logs = {path.name: path.read_text(errors="replace") for path in (data / "logs").glob("*.log")}
+    assert {f"{name}.log" for name in up.runtime["services"]} <= set(logs), sorted(logs)
+    assert sum(text.count(" DEBUG ") for text in logs.values()) > 0, "the services did not log at DEBUG"
+    told = [*markers, KEY_ID, SECRET]
+    for word in told:
+        assert not [name for name, text in logs.items() if word in text], f"{word} in these logs"
+        assert not [name for name, text in labels.items() if word in text], f"{word} in these services' labels"
