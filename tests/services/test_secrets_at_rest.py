@@ -271,24 +271,28 @@ async def _plant_over_mcp(url: str) -> list[str]:
     return [text, message, note, pref, promo]
 
 
+async def _plant_everywhere(up: Up, data: Path, *, until_no_secret: bool) -> list[str]:
+    """Plant through every door, then wait (up to 2 min) until every door's marker is stored and,
+    with ``until_no_secret``, no secret is left in any file (raw input erased once processed)."""
+    markers = await _plant_over_nats(EngramSettings(data_dir=data))
+    markers += await _plant_over_rest(up.runtime["services"]["gateway"]["url"])
+    markers += await _plant_over_mcp(up.runtime["services"]["mcp"]["url"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        missing = [m for m in markers if not files_containing(data, m)]
+        left = until_no_secret and any(files_containing(data, n) for n in NEEDLES)
+        if not missing and not left:
+            break
+        await asyncio.sleep(2)
+    return markers
+
+
 @pytest.mark.slow
 async def test_a_secret_told_through_every_door_rests_in_no_file(tmp_path: Path) -> None:
     data = tmp_path / "engram"
     up = Up(data)  # default settings: input retention 60 s, idle timeouts, the rules model
     try:
-        settings = EngramSettings(data_dir=data)
-        markers = await _plant_over_nats(settings)
-        markers += await _plant_over_rest(up.runtime["services"]["gateway"]["url"])
-        markers += await _plant_over_mcp(up.runtime["services"]["mcp"]["url"])
-
-        # Idle: every marker stored, no secret left (raw input erased once processed).
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            left = {n: files_containing(data, n) for n in NEEDLES}
-            missing = [m for m in markers if not files_containing(data, m)]
-            if not any(left.values()) and not missing:
-                break
-            await asyncio.sleep(2)
+        markers = await _plant_everywhere(up, data, until_no_secret=True)
     finally:
         assert up.stop() == 0, up.log_tail()
     # Stopped: FalkorDB saved and NATS flushed; what is on disk now is what rests.
@@ -312,13 +316,7 @@ async def test_words_told_through_every_door_reach_no_log_line_and_no_metric_lab
     data = tmp_path / "engram"
     up = Up(data, env={"ENGRAM_LOG_LEVEL": "DEBUG"})
     try:
-        settings = EngramSettings(data_dir=data)
-        markers = await _plant_over_nats(settings)
-        markers += await _plant_over_rest(up.runtime["services"]["gateway"]["url"])
-        markers += await _plant_over_mcp(up.runtime["services"]["mcp"]["url"])
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and [m for m in markers if not files_containing(data, m)]:
-            await asyncio.sleep(2)  # every door's words stored: the pipeline did its work on them
+        markers = await _plant_everywhere(up, data, until_no_secret=False)  # the pipeline did its work on them
         labels = {}
         async with httpx.AsyncClient(timeout=30) as http:
             for name, service in up.runtime["services"].items():
