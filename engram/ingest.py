@@ -29,6 +29,7 @@ import nats.js.errors
 from dateutil import parser as dateparser
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from engram import compat
 from engram.message_size import oversize_reason, server_max_payload
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 from schemas.ids import message_dedupe_key, seen_digest
@@ -310,7 +311,10 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
     report = IngestReport()
     sessions: set[str] = set()
     epochs = await _epochs(js)
-    max_payload = server_max_payload(getattr(js, "_nc", None))
+    try:
+        max_payload = server_max_payload(compat.jetstream_connection(js))
+    except RuntimeError:  # a nats-py without the private hook: the server's limit is not known
+        max_payload = None
     session_epoch: dict[str, int] = {}
     last_id: dict[str, str] = {}
 

@@ -633,10 +633,23 @@ class ServiceApp:
         )
 
 
+ENGRAM_LOGGERS = ("engram", "services", "schemas")
+"""engram's own loggers: they never log message content, at any level."""
+
+
 def configure_logging(level: str) -> None:
+    """``level`` for engram's own loggers; third-party libraries log at INFO at the most, because
+    their DEBUG lines carry message content (sse_starlette logs every MCP response body, the MCP
+    SDK and graphiti-core log requests and extracted names): tests/services/test_secrets_at_rest.py
+    runs every door at DEBUG and greps the logs."""
+    wanted = logging.getLevelName(level.upper())
     logging.basicConfig(
-        level=level.upper(),
+        level=max(wanted, logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    for name in ENGRAM_LOGGERS:
+        logging.getLogger(name).setLevel(wanted)
     # FastStream logs every message at INFO with its subject (which holds session ids): keep it quiet.
-    logging.getLogger("faststream").setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+    logging.getLogger("faststream").setLevel(max(logging.WARNING, wanted))
+    log.debug("engram logs at %s; third-party libraries at INFO at the most (their DEBUG lines carry content)",
+              level.upper())

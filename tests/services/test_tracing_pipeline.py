@@ -316,7 +316,8 @@ async def test_the_gateway_continues_the_callers_trace(clean_nats: str, tmp_path
                             headers={"traceparent": f"00-{caller}-00f067aa0ba902b7-01"})
         assert r.status_code == 202, r.text
         operation = (await http.get("/openapi.json")).json()["paths"]["/messages"]["post"]
-        assert not operation.get("parameters")  # the REST contract's operation is unchanged
+        # the trace header is no parameter of the contract (Idempotency-Key, issue 23, is the only one)
+        assert [p["name"] for p in operation.get("parameters", [])] == ["Idempotency-Key"]
     nc = await nats.connect(clean_nats)
     try:
         stored = await read_all(nc.jetstream(), subjects.STREAM_IN, "engram.in.*.message.*")

@@ -19,6 +19,7 @@ import httpx
 import httpx2
 import nats
 import pytest
+from prometheus_client import REGISTRY
 import uvicorn
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -33,6 +34,8 @@ from tests.services.gateway.test_gateway import ADA, pipeline, settings_for
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 KEY = "mcp-test-key"
+ADD_OK = (("outcome", "ok"), ("tool", "add_memory"))
+EDGE_ERROR = (("outcome", "error"), ("tool", "get_entity_edge"))
 TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "delete_episode", "delete_entity_edge",
          "get_entity_edge", "clear_graph", "get_status", "get_context", "promote", "save_user_note",
          "set_user_preference", "get_user_preferences", "remove_user_preference"}
@@ -75,6 +78,9 @@ async def fails(session: ClientSession, tool: str, **arguments: Any) -> str:
 async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
     group = f"mcp-{os.getpid()}-{free_port()}"
+    # the counters are the process's: other tests in the same run call the tools too
+    before = {labels: REGISTRY.get_sample_value("engram_mcp_tool_calls_total", dict(labels)) or 0.0
+              for labels in (ADD_OK, EDGE_ERROR)}
     async with pipeline(settings), serve_mcp(settings, McpSettings(api_key=KEY, idle_timeout_s=1)) as base:
         async with httpx.AsyncClient(base_url=base) as raw:
             # the API key guards /mcp (both header forms), not the service's health endpoints
@@ -147,8 +153,10 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
 
         async with httpx.AsyncClient(base_url=base) as raw:  # tool metrics, by tool and outcome (no ids)
             metrics = (await raw.get("/metrics")).text
-        assert 'engram_mcp_tool_calls_total{outcome="ok",tool="add_memory"} 3.0' in metrics
-        assert 'engram_mcp_tool_calls_total{outcome="error",tool="get_entity_edge"} 1.0' in metrics
+        assert 'engram_mcp_tool_calls_total{outcome="ok",tool="add_memory"}' in metrics
+        assert 'engram_mcp_tool_calls_total{outcome="error",tool="get_entity_edge"}' in metrics
+        after = {labels: REGISTRY.get_sample_value("engram_mcp_tool_calls_total", dict(labels)) for labels in before}
+        assert after[ADD_OK] - before[ADD_OK] == 3.0 and after[EDGE_ERROR] - before[EDGE_ERROR] == 1.0, (before, after)
         assert group not in metrics
 
 
