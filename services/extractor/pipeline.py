@@ -55,8 +55,9 @@ Partial / known gaps:
   than one chunk; the bound on calls and prompt size is in :func:`_extract_chunked`. Facts
   naming an entity outside the group (graphiti would materialise it) are dropped there: that
   entity was not found by node extraction, and keeping them would examine pairs twice;
-* previous episodes go into the prompts whole (graphiti's context): a long message is read
-  unbounded again by the next ``previous_window`` turns' prompts (not bounded yet);
+* previous episodes go into the prompts as graphiti's context, each cut to its last
+  :data:`PREVIOUS_EPISODE_CHARS` characters: a long message is not read whole again by the next
+  ``previous_window`` turns' prompts;
 * FalkorDB runs no multi-query transactions: a crash between the two save steps, or between
   the episode node and its MENTIONS edges, is possible. A crash before the episode node is
   written means a redelivery extracts again (and dedupes against the facts already written,
@@ -376,17 +377,30 @@ def build_episodic_node(episode: Episode, now: datetime) -> EpisodicNode:
     )
 
 
+PREVIOUS_EPISODE_CHARS = 4000
+"""How much of each previous episode goes into an extraction prompt, as context (its end: what
+the new turn follows on from). A turn of ordinary length is whole; a long pasted message, which
+its own episode extracts in chunks, would otherwise be sent whole again by the next turns."""
+
+
+def _tail(text: str, limit: int = PREVIOUS_EPISODE_CHARS) -> str:
+    return text if len(text) <= limit else "…" + text[len(text) - limit + 1:]
+
+
 async def previous_episodes_for(clients: GraphitiClients, episode: Episode, window: int) -> list[EpisodicNode]:
-    """Up to ``window`` stored message episodes at or before the episode's reference time."""
+    """Up to ``window`` stored message episodes at or before the episode's reference time, each cut
+    to its last :data:`PREVIOUS_EPISODE_CHARS` characters (context for the prompt, never written)."""
     if window <= 0:
         return []
-    return await retrieve_episodes(
+    found = await retrieve_episodes(
         clients.driver,
         episode.reference_time.astimezone(timezone.utc),
         last_n=window,
         group_ids=[episode.group_id],
         source=EpisodeType.message,
     )
+    return [ep if len(ep.content) <= PREVIOUS_EPISODE_CHARS else ep.model_copy(update={"content": _tail(ep.content)})
+            for ep in found]
 
 
 async def _extract_combined(

@@ -11,7 +11,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from engram.models.hashing_embedder import HashingEmbedder
 from engram.tokens import token_counter
 from schemas import Episode, EpisodeMessage
 from services.extractor.chunking import ChunkingSettings, covering_chunk_count
-from services.extractor.pipeline import episode_chunks, extract_episode
+from services.extractor.pipeline import PREVIOUS_EPISODE_CHARS, episode_chunks, extract_episode
 from tests.services.extractor.test_pipeline import NoOpCrossEncoder, _host_port
 from tests.support.llm import RecordingLLMClient
 
@@ -273,3 +273,19 @@ async def test_a_50k_character_message_is_extracted_in_bounded_prompts(rules_gra
     records, _, _ = await clients.driver.execute_query(
         "MATCH (a:Entity)-[e:RELATES_TO]->(b:Entity) WHERE a.name = 'Quorvex' OR b.name = 'Quorvex' RETURN e.fact AS f")
     assert records and all("Quorvex" in r["f"] for r in records)
+
+
+async def test_the_next_turns_read_only_the_tail_of_a_long_previous_message(rules_graph) -> None:
+    """The previous-episodes window is context in every prompt of the next turns: before the cut,
+    the 50k-character message went whole (~12k tokens) into each of them."""
+    clients, llm, group_id = rules_graph
+    settings, count = ChunkingSettings(), token_counter()
+    await extract_episode(clients, episode(group_id, long_message_turn()), custom_instructions="",
+                          previous_window=0, chunking=settings)
+    llm.prompts.clear()
+    later = episode(group_id, "user (Ada): the Quorvex rollout starts on Monday.\n\nassistant: noted.")
+    later = later.model_copy(update={"episode_id": str(uuid.uuid4()), "turn_id": "s1:m3",
+                                     "reference_time": T1 + timedelta(minutes=5)})
+    await extract_episode(clients, later, custom_instructions="", previous_window=2, chunking=settings)
+    sizes = [count("\n".join(contents)) for _, contents in llm.prompts]
+    assert llm.prompts and max(sizes) <= PREVIOUS_EPISODE_CHARS // 2 + PROMPT_OVERHEAD_TOKENS, max(sizes)
