@@ -15,12 +15,24 @@ chunk_min_tokens      1000     content shorter than this is never chunked
 density_threshold     0.15     entities per token at/above which large content is chunked
                                (``CHUNK_DENSITY_THRESHOLD``)
 max_nodes_per_chunk   10       entities per covering chunk for edge extraction (``MAX_NODES``)
+max_unchunked_tokens  8000     content above this is chunked whatever its density (engram's
+                               own bound, not in seed 002; see below)
 ====================  =======  ============================================================
+
+Why ``max_unchunked_tokens`` = 8000: seed 002 leaves sparse prose whole however long it is,
+which is right for ordinary turns (context across the text) but sends a pasted 1 MB message
+(~250k tokens) to the LLM in one prompt that no model takes. 8000 tokens (~32k characters of
+English) keeps every ordinary turn, and the benchmarks' turns, on the single-pass path, while
+the whole prompt (the content, ~2k tokens of graphiti's instructions, the previous-episodes
+window and the answer) still fits a 16k-token context model. Above it no LLM prompt carries
+more than ``max(max_unchunked_tokens, chunk_token_size)`` tokens of one episode's content
+(the pipeline also extracts facts per chunk there: services/extractor/pipeline.py).
 
 Rules
 -----
-* :func:`should_chunk`: True only if the content has ``>= chunk_min_tokens`` tokens AND its
-  :func:`entity_density` is ``>= density_threshold``. Short content and sparse prose stay whole.
+* :func:`should_chunk`: True if the content has more than ``max_unchunked_tokens`` tokens;
+  otherwise only if it has ``>= chunk_min_tokens`` tokens AND its :func:`entity_density` is
+  ``>= density_threshold``. Short content and sparse prose up to the bound stay whole.
 * :func:`entity_density`: a cheap, deterministic estimate of entity mentions per token. A
   whitespace-separated word counts as one mention if it (a) contains a digit (numbers, dates,
   versions, ids), (b) looks like an identifier, path or address (``snake_case``, ``camelCase``,
@@ -54,6 +66,10 @@ Rules
 * :func:`chunk_messages`: a turn's messages are packed in order (measured joined by newlines),
   never split; consecutive chunks share whole trailing messages worth at most
   ``chunk_overlap_tokens`` tokens.
+* :func:`chunk_labelled`: one message larger than ``chunk_token_size`` (``label`` + body, e.g.
+  ``"user (Ada): "`` + a pasted document) is cut with :func:`chunk_text` and every piece starts
+  with the label, so a model reading any piece knows who said it; each piece, label included,
+  has at most ``chunk_token_size`` tokens (the label's tokens come off the body's budget).
 * :func:`merge_entity_names`: case-insensitive union (after stripping whitespace) that keeps the
   first-seen spelling and the first-seen order; blank names are dropped.
 * :func:`assign_pairs` / :func:`covering_chunks`: entity groups of at most ``max_per_chunk``
@@ -114,6 +130,11 @@ class ChunkingSettings(BaseModel):
         0.15, gt=0.0, le=1.0, description="Chunk large content at/above this many entities per token."
     )
     max_nodes_per_chunk: int = Field(10, ge=2, description="Entities per covering chunk (edge extraction).")
+    max_unchunked_tokens: int = Field(
+        8000, gt=0,
+        description="Content with more tokens is always chunked, and its facts extracted per chunk, whatever "
+        "its density: bounds every extraction prompt (services/extractor/chunking.py says why 8000).",
+    )
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> ChunkingSettings:
@@ -175,9 +196,12 @@ def _density(text: str, tokens: int) -> float:
 
 
 def should_chunk(text: str, settings: ChunkingSettings, count_tokens: CountTokens) -> bool:
-    """Chunk only content that is large (``>= chunk_min_tokens``) AND entity-dense
+    """Chunk content longer than ``max_unchunked_tokens`` (no model takes an unbounded prompt);
+    below that, only content that is large (``>= chunk_min_tokens``) AND entity-dense
     (``entity_density >= density_threshold``)."""
     tokens = count_tokens(text)
+    if tokens > settings.max_unchunked_tokens:
+        return True
     if tokens == 0 or tokens < settings.chunk_min_tokens:
         return False
     return _density(text, tokens) >= settings.density_threshold
@@ -376,6 +400,22 @@ def chunk_messages(
 
     ranges = _pack(sizes, settings.chunk_token_size, settings.chunk_overlap_tokens, measure)
     return [msgs[a:b] for a, b in ranges]
+
+
+def chunk_labelled(label: str, body: str, settings: ChunkingSettings, count_tokens: CountTokens) -> list[str]:
+    """``label + body`` whole when it fits ``chunk_token_size``; otherwise ``body`` cut by
+    :func:`chunk_text` (paragraph/sentence/word boundaries, overlap) into pieces that each start
+    with ``label`` and, label included, hold at most ``chunk_token_size`` tokens (except a single
+    word too large on its own, as in chunk_text). All-blank input gives ``[]``."""
+    whole = label + body
+    if count_tokens(whole) <= settings.chunk_token_size:
+        return [whole] if whole.strip() else []
+    # +1: the label and the piece may merge into different tokens at the seam than apart.
+    budget = max(1, settings.chunk_token_size - (count_tokens(label) + 1 if label else 0))
+    inner = settings.model_copy(
+        update={"chunk_token_size": budget, "chunk_overlap_tokens": min(settings.chunk_overlap_tokens, budget - 1)}
+    )
+    return [label + piece for piece in chunk_text(body, inner, count_tokens)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,14 +44,20 @@ Partial / known gaps:
 
 * no custom entity or edge types (graphiti's default ``Entity`` / free relation names), no
   sagas, no communities;
-* large, entity-dense episodes (seed 002, :mod:`services.extractor.chunking`) take a third
-  path, ``chunked``: entities are extracted per chunk concurrently (``extract_nodes``, the
-  chunk as content, the full previous-episodes context) and merged case-insensitively, then
-  resolved once; facts come from ``extract_edges`` over covering groups of at most
+* large, entity-dense episodes (seed 002, :mod:`services.extractor.chunking`) and every episode
+  above ``max_unchunked_tokens`` take a third path, ``chunked``: entities are extracted per
+  chunk concurrently (``extract_nodes``, the chunk as content, the full previous-episodes
+  context) and merged case-insensitively. Up to ``max_unchunked_tokens`` they are then resolved
+  once and facts come from ``extract_edges`` over covering groups of at most
   ``max_nodes_per_chunk`` resolved entities, each call seeing the FULL episode, and a group
-  keeps only the facts between pairs it owns, so every pair is examined exactly once. Facts
+  keeps only the facts between pairs it owns, so every pair is examined exactly once. Above it
+  (a long pasted message) resolution and fact extraction work per chunk, so no call reads more
+  than one chunk; the bound on calls and prompt size is in :func:`_extract_chunked`. Facts
   naming an entity outside the group (graphiti would materialise it) are dropped there: that
   entity was not found by node extraction, and keeping them would examine pairs twice;
+* previous episodes go into the prompts as graphiti's context, each cut to its last
+  :data:`PREVIOUS_EPISODE_CHARS` characters: a long message is not read whole again by the next
+  ``previous_window`` turns' prompts;
 * FalkorDB runs no multi-query transactions: a crash between the two save steps, or between
   the episode node and its MENTIONS edges, is possible. A crash before the episode node is
   written means a redelivery extracts again (and dedupes against the facts already written,
@@ -107,7 +113,15 @@ from engram.models.accounting import AccountingLLMClient
 from engram.tokens import CountTokens, token_counter
 from schemas import Episode, NodeDelta
 from schemas.messages import ExtractionCost
-from services.extractor.chunking import ChunkingSettings, assign_pairs, chunk_json, chunk_messages, chunk_text, should_chunk
+from services.extractor.chunking import (
+    ChunkingSettings,
+    assign_pairs,
+    chunk_json,
+    chunk_labelled,
+    chunk_messages,
+    chunk_text,
+    should_chunk,
+)
 from services.extractor.deltas import build_node_deltas
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 
@@ -363,17 +377,30 @@ def build_episodic_node(episode: Episode, now: datetime) -> EpisodicNode:
     )
 
 
+PREVIOUS_EPISODE_CHARS = 4000
+"""How much of each previous episode goes into an extraction prompt, as context (its end: what
+the new turn follows on from). A turn of ordinary length is whole; a long pasted message, which
+its own episode extracts in chunks, would otherwise be sent whole again by the next turns."""
+
+
+def _tail(text: str, limit: int = PREVIOUS_EPISODE_CHARS) -> str:
+    return text if len(text) <= limit else "…" + text[len(text) - limit + 1:]
+
+
 async def previous_episodes_for(clients: GraphitiClients, episode: Episode, window: int) -> list[EpisodicNode]:
-    """Up to ``window`` stored message episodes at or before the episode's reference time."""
+    """Up to ``window`` stored message episodes at or before the episode's reference time, each cut
+    to its last :data:`PREVIOUS_EPISODE_CHARS` characters (context for the prompt, never written)."""
     if window <= 0:
         return []
-    return await retrieve_episodes(
+    found = await retrieve_episodes(
         clients.driver,
         episode.reference_time.astimezone(timezone.utc),
         last_n=window,
         group_ids=[episode.group_id],
         source=EpisodeType.message,
     )
+    return [ep if len(ep.content) <= PREVIOUS_EPISODE_CHARS else ep.model_copy(update={"content": _tail(ep.content)})
+            for ep in found]
 
 
 async def _extract_combined(
@@ -507,19 +534,34 @@ async def _extract_separate(
 _ROLE_BLOCK = re.compile(r"\n\n(?=(?:user|assistant|system|tool)(?: \([^)\n]*\))?: )")
 
 
-def episode_chunks(episode: Episode, settings: ChunkingSettings, count_tokens: CountTokens | None = None) -> list[str]:
-    """The entity-extraction chunks of ``episode``: ``[content]`` when it should not be chunked.
+_ROLE_LABEL = re.compile(r"(?:user|assistant|system|tool)(?: \([^)\n]*\))?: ")
 
-    A chat turn is chunked between its role blocks, never inside one (chunk_messages); other
-    content is chunked at JSON element/key boundaries when it is JSON, else at paragraph and
-    sentence boundaries with overlap.
+
+def _role_block_pieces(block: str, settings: ChunkingSettings, count: CountTokens) -> list[str]:
+    """``block`` whole when it fits a chunk, else cut (chunk_labelled) into pieces that each
+    start with the block's speaker label, so a piece from the middle still says who said it."""
+    match = _ROLE_LABEL.match(block)
+    label = match.group() if match else ""
+    return chunk_labelled(label, block[len(label):], settings, count)
+
+
+def episode_chunks(episode: Episode, settings: ChunkingSettings, count_tokens: CountTokens | None = None) -> list[str]:
+    """The entity-extraction chunks of ``episode``: ``[content]`` when it should not be chunked
+    (:func:`~services.extractor.chunking.should_chunk`: dense and large, or above
+    ``max_unchunked_tokens`` whatever its density).
+
+    A chat turn is chunked between its role blocks (chunk_messages); a block larger than
+    ``chunk_token_size`` (one long pasted message) is first cut at paragraph/sentence/word
+    boundaries with overlap, every piece starting with the block's speaker label
+    (``"user (Ada): "``). Other content is chunked at JSON element/key boundaries when it is
+    JSON, else at paragraph and sentence boundaries with overlap.
     """
     count = count_tokens or token_counter()
     content = episode.content
     if not should_chunk(content, settings, count):
         return [content]
     if episode.kind == "chat_turn":
-        blocks = _ROLE_BLOCK.split(content)
+        blocks = [piece for block in _ROLE_BLOCK.split(content) for piece in _role_block_pieces(block, settings, count)]
         chunks = ["\n\n".join(group) for group in chunk_messages(blocks, settings, count)]
     else:
         try:
@@ -537,11 +579,21 @@ def _merge_case_insensitive(chunk_nodes: list[list[EntityNode]]) -> list[EntityN
     merged: list[EntityNode] = []
     for nodes in chunk_nodes:
         for node in nodes:
-            key = (node.name or "").strip().casefold()
+            key = _name_key(node)
             if key and key not in seen:
                 seen.add(key)
                 merged.append(node)
     return merged
+
+
+def _name_key(node: EntityNode) -> str:
+    return (node.name or "").strip().casefold()
+
+
+def _with_content(episode_node: EpisodicNode, content: str) -> EpisodicNode:
+    """The episode as an LLM prompt sees it, with ``content`` (a chunk) as its text; same uuid,
+    so facts still name the episode."""
+    return episode_node.model_copy(update={"content": content})
 
 
 async def _extract_chunked(
@@ -552,37 +604,86 @@ async def _extract_chunked(
     timings: dict[str, float],
     chunks: list[str],
     max_nodes_per_chunk: int,
+    per_chunk_facts: bool = False,
 ) -> tuple[_Extracted, int]:
     """Entities per chunk (concurrently), merged; facts per covering group, each pair once.
+
+    ``per_chunk_facts`` False (an episode up to ``max_unchunked_tokens``, made of a few
+    chunks): entities are resolved in one call against the whole episode, and facts come from
+    covering groups over ALL the episode's entities, each call reading the whole episode, so
+    a fact between entities of different chunks is found.
+
+    ``per_chunk_facts`` True (a long episode): no call reads more than one chunk of it. Each
+    entity is resolved with the text of the first chunk that named it (one resolution call at
+    most per chunk), and facts are extracted per chunk, between the resolved entities extracted
+    from that chunk, with that chunk as the text (covering groups within the chunk when it
+    named more than ``max_nodes_per_chunk`` entities; a chunk naming fewer than two makes no
+    call). Bound, for C chunks of at most S = ``chunk_token_size`` tokens and k =
+    ``max_nodes_per_chunk``: C node-extraction calls, at most C resolution calls, and
+    ``sum_i covering_chunk_count(e_i, k)`` edge calls, e_i the entities of chunk i (one call
+    per chunk while e_i <= k; quadratic only in the entities of one chunk, never of the
+    episode); every prompt holds at most S tokens of the episode plus graphiti's fixed
+    instructions, the previous-episodes window and an entity list. The cost: a fact between
+    entities named only in different chunks, more than an overlap apart, is not found; a pair
+    named in several chunks is examined in each (identical facts are merged by
+    resolve_extracted_edges).
 
     Returns the extraction and the number of covering groups used.
     """
     start = perf_counter()
     per_chunk = await semaphore_gather(
         *(
-            extract_nodes(clients, episode_node.model_copy(update={"content": chunk}), previous, None, None,
-                          instructions or None)
+            extract_nodes(clients, _with_content(episode_node, chunk), previous, None, None, instructions or None)
             for chunk in chunks
         )
     )
-    extracted = _merge_case_insensitive([nodes for nodes, _ in per_chunk])
+    chunk_nodes = [nodes for nodes, _ in per_chunk]
+    extracted = _merge_case_insensitive(chunk_nodes)
     timings["extract_nodes_ms"] = _ms(start)
     kept = drop_unsafe_entities(extracted)
 
     start = perf_counter()
-    resolved, _, _ = await resolve_extracted_nodes(clients, kept, episode_node, previous)
-    resolved = _unique_nodes(resolved)
+    if per_chunk_facts:
+        origin: dict[str, int] = {}
+        for i, nodes in enumerate(chunk_nodes):
+            for node in nodes:
+                origin.setdefault(node.uuid, i)
+        by_chunk: dict[int, list[EntityNode]] = {}
+        for node in kept:
+            by_chunk.setdefault(origin[node.uuid], []).append(node)
+        order = sorted(by_chunk)
+        answers = await semaphore_gather(
+            *(resolve_extracted_nodes(clients, by_chunk[i], _with_content(episode_node, chunks[i]), previous)
+              for i in order)
+        )
+        # resolve_extracted_nodes answers in the order it was given
+        resolved_of = {
+            _name_key(node): found
+            for i, (found_nodes, _, _) in zip(order, answers, strict=True)
+            for node, found in zip(by_chunk[i], found_nodes, strict=True)
+        }
+        resolved = _unique_nodes(n for found_nodes, _, _ in answers for n in found_nodes)
+    else:
+        resolved, _, _ = await resolve_extracted_nodes(clients, kept, episode_node, previous)
+        resolved = _unique_nodes(resolved)
     timings["resolve_nodes_ms"] = _ms(start)
 
     start = perf_counter()
-    groups = assign_pairs(resolved, max_nodes_per_chunk)
-    position = {node.uuid: i for i, node in enumerate(resolved)}
+    # (the text each call reads, the entities its pairs are among)
+    scopes: list[tuple[EpisodicNode, list[EntityNode]]] = []
+    if per_chunk_facts:
+        for chunk, nodes in zip(chunks, chunk_nodes, strict=True):
+            members = _unique_nodes(resolved_of[k] for k in map(_name_key, nodes) if k in resolved_of)
+            if len(members) >= 2:  # no pair, no fact to look for
+                scopes.append((_with_content(episode_node, chunk), members))
+    else:
+        scopes.append((episode_node, resolved))
 
-    async def edges_of(group: Any) -> tuple[list[EntityEdge], int]:
-        # The full episode, only this group's entities; extract_edges appends materialised
-        # endpoints to the list it is given, so it gets a copy.
+    async def edges_of(text: EpisodicNode, group: Any, position: dict[str, int]) -> tuple[list[EntityEdge], int]:
+        # Only this group's entities; extract_edges appends materialised endpoints to the list
+        # it is given, so it gets a copy.
         edges, _ = await extract_edges(
-            clients, episode_node, list(group.entities), previous, DEFAULT_EDGE_TYPE_MAP,
+            clients, text, list(group.entities), previous, DEFAULT_EDGE_TYPE_MAP,
             episode_node.group_id, None, False, instructions or None,
         )
         owned = set(group.owned_pairs)
@@ -593,7 +694,11 @@ async def _extract_chunked(
                 kept_edges.append(edge)
         return kept_edges, len(edges) - len(kept_edges)
 
-    results = await semaphore_gather(*(edges_of(g) for g in groups))
+    calls = []
+    for text, members in scopes:
+        position = {node.uuid: i for i, node in enumerate(members)}
+        calls.extend(edges_of(text, group, position) for group in assign_pairs(members, max_nodes_per_chunk))
+    results = await semaphore_gather(*calls)
     timings["extract_edges_ms"] = _ms(start)
     edges = [e for group_edges, _ in results for e in group_edges]
     return (
@@ -604,7 +709,7 @@ async def _extract_chunked(
             dropped_entities=len(extracted) - len(kept),
             dropped_edges=sum(dropped for _, dropped in results),
         ),
-        len(groups),
+        len(calls),
     )
 
 
@@ -669,14 +774,18 @@ async def extract_episode(
     timings["previous_episodes_ms"] = _ms(start)
 
     chunks = [episode.content]
+    settings = chunking or ChunkingSettings()
     if chunking is not None or mode == "chunked":
-        chunks = episode_chunks(episode, chunking or ChunkingSettings())
+        chunks = episode_chunks(episode, settings)
     edge_groups = 0
     if len(chunks) > 1 or mode == "chunked":
         mode = "chunked"
+        # A long episode's facts are extracted per chunk: no prompt then reads more of it than
+        # one chunk (the bound is in _extract_chunked's docstring).
+        long_episode = len(chunks) > 1 and token_counter()(episode.content) > settings.max_unchunked_tokens
         extracted, edge_groups = await _extract_chunked(
-            run, episode_node, previous, custom_instructions, timings, chunks,
-            (chunking or ChunkingSettings()).max_nodes_per_chunk,
+            run, episode_node, previous, custom_instructions, timings, chunks, settings.max_nodes_per_chunk,
+            per_chunk_facts=long_episode,
         )
     else:
         stage = _extract_combined if mode == "combined" else _extract_separate

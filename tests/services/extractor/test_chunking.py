@@ -17,6 +17,7 @@ from services.extractor.chunking import (
     ChunkingSettings,
     assign_pairs,
     chunk_json,
+    chunk_labelled,
     chunk_messages,
     chunk_text,
     chunk_text_spans,
@@ -48,6 +49,7 @@ def test_settings_defaults_are_the_seed_values() -> None:
     s = ChunkingSettings()
     assert (s.chunk_token_size, s.chunk_overlap_tokens, s.chunk_min_tokens) == (3000, 200, 1000)
     assert (s.density_threshold, s.max_nodes_per_chunk) == (0.15, 10)
+    assert s.max_unchunked_tokens == 8000  # engram's bound on one prompt's share of an episode
 
 
 @pytest.mark.parametrize(
@@ -60,6 +62,7 @@ def test_settings_defaults_are_the_seed_values() -> None:
         {"density_threshold": 0.0},
         {"density_threshold": 1.01},
         {"max_nodes_per_chunk": 1},
+        {"max_unchunked_tokens": 0},
         {"unknown": 1},
     ],
 )
@@ -123,6 +126,57 @@ def test_should_chunk_with_the_default_settings_and_real_tokens() -> None:
     assert COUNT(small_dense) < 1000 and not should_chunk(small_dense, s, COUNT)
     prose = "We talked about the weekend and how tired everyone was after the long trip. " * 80
     assert COUNT(prose) >= 1000 and not should_chunk(prose, s, COUNT)
+
+
+def sparse_prose(chars: int) -> str:
+    """Lower-case prose (density 0: no digits, no capitals) of at least ``chars`` characters,
+    every other word unique (``we`` + a letters-only counter), in sentences and paragraphs."""
+    def word(n: int) -> str:
+        letters = ""
+        while True:
+            n, r = divmod(n, 26)
+            letters += "abcdefghijklmnopqrstuvwxyz"[r]
+            if not n:
+                return "q" + letters
+
+    out, n = [], 0
+    while sum(map(len, out)) < chars:
+        sentence = " ".join(f"we {word(n + i)}" for i in range(6)) + "."
+        n += 6
+        out.append(sentence + ("\n\n" if n % 60 == 0 else " "))
+    return "".join(out).strip()
+
+
+def test_should_chunk_long_sparse_content_above_the_bound() -> None:
+    s = ChunkingSettings(max_unchunked_tokens=500)
+    prose = sparse_prose(5000)
+    assert entity_density(prose, COUNT) < s.density_threshold and COUNT(prose) > 500
+    assert should_chunk(prose, s, COUNT)  # sparse, but above the bound: chunked anyway
+    # within the bound the density rule still decides (seed 002)
+    assert not should_chunk(prose, ChunkingSettings(max_unchunked_tokens=COUNT(prose)), COUNT)
+    assert not should_chunk(prose, ChunkingSettings(), COUNT)  # default bound 8000: whole
+    huge = sparse_prose(50_000)
+    assert COUNT(huge) > 8000 and should_chunk(huge, ChunkingSettings(), COUNT)
+
+
+def test_chunk_labelled_cuts_a_long_message_and_labels_every_piece() -> None:
+    s = ChunkingSettings()
+    label, body = "user (Ada): ", sparse_prose(50_000)
+    pieces = chunk_labelled(label, body, s, COUNT)
+    assert len(pieces) >= 4
+    assert all(p.startswith(label) for p in pieces)
+    assert all(COUNT(p) <= s.chunk_token_size for p in pieces)
+    seen = {w for p in pieces for w in p[len(label):].split()}
+    assert set(body.split()) <= seen  # every word of the message is in some piece
+    # consecutive pieces overlap (a sentence cut at a boundary is read whole in one of them)
+    assert all(set(a.split()[-3:]) & set(b.split()) for a, b in itertools.pairwise(pieces))
+
+
+def test_chunk_labelled_keeps_a_fitting_message_whole() -> None:
+    assert chunk_labelled("user: ", "short text", ChunkingSettings(), COUNT) == ["user: short text"]
+    assert chunk_labelled("", "  ", ChunkingSettings(), COUNT) == []
+    pieces = chunk_labelled("", "a b c d e f g h", small(size=3, overlap=1), words)
+    assert [p.split() for p in pieces][0] == ["a", "b", "c"] and all(len(p.split()) <= 3 for p in pieces)
 
 
 # --------------------------------------------------------------------------------- chunk_text

@@ -5,12 +5,13 @@ pair examined exactly once; chat turns never split inside a role block."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import json
 import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -24,8 +25,9 @@ from engram.models.hashing_embedder import HashingEmbedder
 from engram.tokens import token_counter
 from schemas import Episode, EpisodeMessage
 from services.extractor.chunking import ChunkingSettings, covering_chunk_count
-from services.extractor.pipeline import episode_chunks, extract_episode
+from services.extractor.pipeline import PREVIOUS_EPISODE_CHARS, episode_chunks, extract_episode
 from tests.services.extractor.test_pipeline import NoOpCrossEncoder, _host_port
+from tests.support.llm import RecordingLLMClient
 
 T1 = datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc)
 INSTRUCTIONS = "ENGRAM-CHUNK-INSTRUCTIONS: keep systems and hosts."
@@ -186,3 +188,104 @@ async def test_small_episode_with_chunking_on_keeps_the_single_pass(graph) -> No
     result = await extract_episode(clients, ep, custom_instructions="", previous_window=0, chunking=SMALL)
     assert result.mode == "combined" and result.chunks == 1 and result.edge_groups == 0
     assert [name for name, _ in llm.calls] == ["CombinedExtraction"]
+
+
+# --------------------------------------------------------------------------- one long message
+FILLER = ("the weather was mild and we walked along the river for a while. "
+          "then we sat down near the old bridge and talked about nothing much.\n\n")
+NEEDLE = "Ada works with Quorvex at Lisbon."  # the rules model extracts Quorvex from this sentence
+
+
+def long_message_turn(chars: int = 50_000) -> str:
+    """A chat turn whose first message is ``chars`` characters of sparse prose, numbered so every
+    paragraph is distinct, with :data:`NEEDLE` in the middle; then a short reply."""
+    paragraphs = [f"part {i}: " + FILLER for i in range(chars // len(FILLER) + 1)]
+    paragraphs.insert(len(paragraphs) // 2, NEEDLE + "\n\n")
+    return "user (Ada): " + "".join(paragraphs).strip() + "\n\nassistant: noted, thanks."
+
+
+def test_a_long_sparse_message_is_chunked_with_its_speaker_label() -> None:
+    settings, count = ChunkingSettings(), token_counter()
+    content = long_message_turn()
+    assert len(content) > 50_000 and count(content) > settings.max_unchunked_tokens
+    chunks = episode_chunks(episode("g", content), settings)
+    assert len(chunks) > 1
+    assert all(count(c) <= settings.chunk_token_size for c in chunks)
+    message = content.split("\n\nassistant: ")[0]
+    pieces = [c for c in chunks if c.startswith("user (Ada): ")]
+    assert len(pieces) == len(chunks) or chunks[-1].endswith("assistant: noted, thanks.")
+    assert all(c.startswith(("user (Ada): ", "assistant: ")) for c in chunks)  # every piece says who
+    assert set(message.split()) <= {w for c in chunks for w in c.split()}  # no word lost
+    assert sum(NEEDLE in c for c in chunks) >= 1
+    # an ordinary long-but-sparse turn below the bound keeps seed 002's single pass
+    ordinary = "user (Ada): " + FILLER * 40
+    assert count(ordinary) < settings.max_unchunked_tokens
+    assert episode_chunks(episode("g", ordinary), settings) == [ordinary]
+
+
+# Graphiti's fixed instructions, the entity list and the episode's framing around one chunk: the
+# largest prompt measured here was a 2,980-token chunk + ~1.8k tokens. 2,500 leaves room for a
+# longer entity list without letting a second chunk's worth of the episode in.
+PROMPT_OVERHEAD_TOKENS = 2500
+
+
+@pytest.fixture
+async def rules_graph(falkordb_server) -> AsyncIterator[tuple[GraphitiClients, RecordingLLMClient, str]]:
+    host, port = _host_port(falkordb_server.url)
+    group_id = f"t_{uuid.uuid4().hex[:12]}"
+    driver = FalkorDriver(host=host, port=port, database=group_id)
+    if driver._init_task is not None:
+        await driver._init_task
+    llm = RecordingLLMClient()
+    clients = GraphitiClients(driver=driver, llm_client=llm, embedder=HashingEmbedder(64),
+                              cross_encoder=NoOpCrossEncoder(), tracer=NoOpTracer())
+    yield clients, llm, group_id
+    try:
+        await driver.client.select_graph(group_id).delete()
+    finally:
+        await driver.close()
+
+
+async def test_a_50k_character_message_is_extracted_in_bounded_prompts(rules_graph) -> None:
+    """Before the bound, this sparse 50k-character message went whole into ONE combined prompt
+    (~12k tokens; a 1 MB message would be ~250k)."""
+    clients, llm, group_id = rules_graph
+    settings, count = ChunkingSettings(), token_counter()
+    ep = episode(group_id, long_message_turn())
+    chunks = episode_chunks(ep, settings)
+
+    result = await extract_episode(clients, ep, custom_instructions="", previous_window=0, chunking=settings)
+
+    assert result.mode == "chunked" and result.chunks == len(chunks) > 1
+    sizes = [count("\n".join(contents)) for _, contents in llm.prompts]
+    assert max(sizes) <= settings.chunk_token_size + PROMPT_OVERHEAD_TOKENS, max(sizes)
+    assert not any(ep.content in "\n".join(contents) for _, contents in llm.prompts)
+    # calls: one node extraction per chunk, at most one resolution and (a handful of entities
+    # per chunk, <= max_nodes_per_chunk) one edge call per chunk, plus per-fact resolution
+    by_name = Counter(name for name, _ in llm.prompts)
+    assert by_name["extract_nodes.extract_message"] == len(chunks)
+    assert by_name["dedupe_nodes.nodes"] <= len(chunks)
+    assert by_name["extract_edges.edge"] == result.edge_groups <= len(chunks)
+    assert len(llm.prompts) <= 3 * len(chunks) + 2 * len(result.resolved_edges)
+    # the middle of the message reached the graph
+    assert "Quorvex" in {n.name for n in result.nodes}
+    assert any("Quorvex" in e.fact for e in result.new_edges)
+    records, _, _ = await clients.driver.execute_query(
+        "MATCH (a:Entity)-[e:RELATES_TO]->(b:Entity) WHERE a.name = 'Quorvex' OR b.name = 'Quorvex' RETURN e.fact AS f")
+    assert records and all("Quorvex" in r["f"] for r in records)
+
+
+async def test_the_next_turns_read_only_the_tail_of_a_long_previous_message(rules_graph) -> None:
+    """The previous-episodes window is context in every prompt of the next turns: before the cut,
+    the 50k-character message went whole (~12k tokens) into each of them."""
+    clients, llm, group_id = rules_graph
+    settings, count = ChunkingSettings(), token_counter()
+    await extract_episode(clients, episode(group_id, long_message_turn()), custom_instructions="",
+                          previous_window=0, chunking=settings)
+    llm.prompts.clear()
+    later = episode(group_id, "user (Ada): the Quorvex rollout starts on Monday.\n\nassistant: noted.")
+    later = later.model_copy(update={"episode_id": str(uuid.uuid4()), "turn_id": "s1:m3",
+                                     "reference_time": T1 + timedelta(minutes=5)})
+    await extract_episode(clients, later, custom_instructions="", previous_window=2, chunking=settings)
+    sizes = [count("\n".join(contents)) for _, contents in llm.prompts]
+    assert llm.prompts and max(sizes) <= PREVIOUS_EPISODE_CHARS // 2 + PROMPT_OVERHEAD_TOKENS, max(sizes)
