@@ -39,6 +39,7 @@ from services.recall.admin import register_admin
 from services.recall.merge import drop_covered_facts, fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes
 from services.recall.search import EPISODE_CHARS, search_group
+from services.recall.supersession import find_supersessions, reorder
 from services.recall.temporal import rank_for_query
 
 log = logging.getLogger("engram.recall")
@@ -103,6 +104,11 @@ class RecallSettings(BaseSettings):
         0, ge=0, le=100,
         description="For a question asking when, items that carry a date move up at most this many places "
         "(services/recall/temporal.py); 0: off.",
+    )
+    supersession: bool = Field(
+        True,
+        description="A past turn whose every fact was superseded is marked superseded and placed after the turn "
+        "that superseded it (brought in when the search missed it): services/recall/supersession.py.",
     )
     drop_covered_facts: bool = Field(
         True,
@@ -211,10 +217,14 @@ class Recall:
         driver = await self.graph.driver(group)
         clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
                                   cross_encoder=NoRerank(), tracer=graphiti_tracing.graphiti_tracer("recall"))
-        return await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
-                                  episode_weight=self.options.episode_weight, episodes=episodes,
-                                  episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
-                                  followers=self.options.followers, with_facts=self.options.facts)
+        items = await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
+                                   episode_weight=self.options.episode_weight, episodes=episodes,
+                                   episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
+                                   followers=self.options.followers, with_facts=self.options.facts)
+        if self.options.supersession and episodes:
+            found = await find_supersessions(driver, group, scope, items, self.options.episode_chars)
+            items = reorder(items, found)
+        return items
 
 
 def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:

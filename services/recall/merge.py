@@ -113,7 +113,12 @@ FOOTER = "</graphiti_memory>"
 
 def _date(item: RecallItem, now: datetime | None = None) -> str:
     if item.kind == "episode":
-        return f" (said {item.valid_at.date().isoformat()})" if item.valid_at else ""
+        said = f"said {item.valid_at.date().isoformat()}" if item.valid_at else ""
+        if item.invalid_at is not None:
+            # every fact of this turn was superseded (services/recall/supersession.py)
+            end = f"superseded {item.invalid_at.date().isoformat()}"
+            return f" ({said}, {end})" if said else f" ({end})"
+        return f" ({said})" if said else ""
     since = f"since {item.valid_at.date().isoformat()}" if item.valid_at else ""
     if item.invalid_at:
         # a fact whose end has passed is marked superseded, so a model does not take it as current
