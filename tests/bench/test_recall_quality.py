@@ -1,6 +1,7 @@
 """bench/recall_quality.py at equal context size (issue 11, item 1): the budget rule, what counts
 as inside a shortened turn, the fixed splits, and ``--data`` on a LoCoMo-format file the bench
-has never seen (extra fields ignored, its conversation reported as held out)."""
+has never seen (extra fields ignored, its conversation reported as held out). Issue 24, item 2:
+recall_all, tokens to reach X% recall, the oracle ordering; ``--facts reference`` end to end."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import sys
 from pathlib import Path
 
 from bench._recall_common import REPORT_SPLIT, TUNING_SPLIT, load_conversations, split_of
-from bench.recall_quality import fill, holds, rrf
+import math
+from datetime import datetime, timezone
+
+import pytest
+
+from bench.recall_quality import Outcome, engram_need, engram_outcome, fill, holds, need_of, oracle_order, rrf, tokens_to
+from schemas import Provenance, RecallItem
+from services.recall.merge import fit_budget
 from engram.tokens import token_counter
 from tests.conftest import LOCOMO
 
@@ -94,4 +102,76 @@ def test_data_scores_any_locomo_format_file(tmp_path: Path) -> None:
     # two questions, each answered by one message of a six-message chat: 2,000 tokens hold it all
     bm25_row = next(line for line in out.splitlines() if "BM25 messages" in line)
     assert "100.0" in bm25_row, bm25_row
+    assert out.rstrip().splitlines()[-1] == "smoke: ok"
+
+
+def fact(uuid: str, text: str, *messages: str) -> RecallItem:
+    return RecallItem(uuid=uuid, fact=text, kind="fact", group_id="g", scope="user",
+                      valid_at=datetime(2023, 5, 8, tzinfo=timezone.utc),
+                      provenance=[Provenance(episode_id="e-" + uuid, message_ids=list(messages))])
+
+
+def test_recall_all_needs_every_evidence_message() -> None:
+    count = token_counter()
+    items = [fact("1", "Ada adopted a cat called Pixel.", "m1"), fact("2", "Ada lives in Paris.", "m2"),
+             fact("3", "Bo plays chess.", "m3")]
+    evidence = frozenset({"m1", "m3"})
+    kept, section = fit_budget(items[:2], 10_000, count)
+    partial = engram_outcome(kept, section, evidence, {}, count)
+    assert partial.hit and not partial.all_hit
+    kept, section = fit_budget(items, 10_000, count)
+    assert engram_outcome(kept, section, evidence, {}, count).all_hit
+    assert not engram_outcome([], "", evidence, {}, count).hit
+
+
+def test_need_is_the_smallest_budget_that_holds_evidence() -> None:
+    count = token_counter()
+    lines = ["- alpha beta gamma\n", "- delta epsilon\n", "- the evidence line\n"]
+    costs = [count(line) for line in lines]
+    need = need_of(costs, lambda n: count("".join(lines[:n])), [False, False, True], cap=10_000)
+    assert need == max(sum(costs), count("".join(lines)))
+    # the fill rule agrees: the evidence line is in the context at that budget, not one token below
+    assert fill(lines, int(need), count) == 3 and fill(lines, int(need) - 1, count) < 3
+    assert need_of(costs, lambda n: count("".join(lines[:n])), [False, True, True], cap=10_000) < need
+    assert need_of(costs, lambda n: count("".join(lines[:n])), [False, False, True], cap=int(need) - 1) == math.inf
+    assert need_of(costs, lambda n: count("".join(lines[:n])), [False, False, False], cap=10_000) == math.inf
+    # engram's rendering: header and footer count once, the same rule as fit_budget
+    items = [fact("1", "Bo plays chess.", "m3"), fact("2", "Ada adopted a cat called Pixel.", "m1")]
+    need = engram_need(items, frozenset({"m1"}), {}, count, cap=10_000)
+    assert [i.uuid for i in fit_budget(items, int(need), count)[0]] == ["1", "2"]
+    assert [i.uuid for i in fit_budget(items, int(need) - 1, count)[0]] == ["1"]
+
+
+def test_tokens_to_reach_a_share_of_questions() -> None:
+    needs = [100, 300, 200, math.inf, 400, 150, 120, 500, 250, 180]  # 10 questions, one never reached
+    assert tokens_to(needs, 0.8) == 400  # 8 of 10 questions hold evidence at 400 tokens, 7 at 300
+    assert tokens_to(needs, 0.9) == 500
+    assert tokens_to(needs, 1.0) == math.inf
+    assert tokens_to([300], 0.8) == 300
+    assert math.isnan(tokens_to([], 0.8))
+
+
+def test_the_oracle_puts_the_cheapest_evidence_item_first() -> None:
+    count = token_counter()
+    items = [fact("1", "Bo plays chess every Sunday at the club near the old harbour.", "m3"),
+             fact("2", "Ada adopted a grey cat called Pixel who sleeps on her keyboard while she writes Rust.", "m1"),
+             fact("3", "Ada has a cat.", "m2"), fact("4", "Bo likes tea.", "m4")]
+    ordered = oracle_order(items, frozenset({"m1", "m2"}), {}, count)
+    assert [i.uuid for i in ordered] == ["3", "2", "1", "4"]
+    assert engram_need(ordered, frozenset({"m1", "m2"}), {}, count, 10_000) < \
+        engram_need(items, frozenset({"m1", "m2"}), {}, count, 10_000)
+    assert Outcome(True, 1, 1).need == math.inf  # flat rows without a need never count as reached
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason=f"LoCoMo data not found at {LOCOMO}")
+def test_reference_facts_smoke_runs_end_to_end() -> None:
+    env = {**os.environ, "GRAPHITI_TELEMETRY_ENABLED": "false", "COLUMNS": "220", "ENGRAM_LOCOMO": str(LOCOMO)}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "recall_quality.py"), "--smoke", "--facts", "reference"],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "facts: reference" in out and "LoCoMo reference facts" in out
+    assert "extraction prompts matched to LoCoMo turns, 0 not" in out, out[-3000:]
+    assert "recall_all (%, every evidence message inside)" in out and ": oracle (its" in out  # rich wraps the method cell
+    assert "margins of engram" in out and "vs BM25 messages:" in out
     assert out.rstrip().splitlines()[-1] == "smoke: ok"
