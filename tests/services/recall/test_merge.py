@@ -103,7 +103,9 @@ def test_superseded_facts_are_marked_and_future_ends_are_not() -> None:
     assert superseded(ended, now) and not superseded(ends_later, now)
     turn = RecallItem(uuid="t", fact="user: we use Postgres", kind="episode", group_id="g", valid_at=T,
                       invalid_at=datetime(2024, 9, 1, tzinfo=timezone.utc))
-    assert not superseded(turn, now) and render_line(turn, now).endswith("(said 2024-05-01)\n")
+    # a past turn with an end is one whose every fact was superseded (services/recall/supersession.py):
+    # its line says so; superseded() stays about facts (current_facts_first moves facts only)
+    assert not superseded(turn, now) and render_line(turn, now).endswith("(said 2024-05-01, superseded 2024-09-01)\n")
 
 
 def test_current_facts_come_before_superseded_ones_and_turns_keep_their_places() -> None:
