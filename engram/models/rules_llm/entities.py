@@ -20,7 +20,7 @@ per block and ``max_entities`` per prompt):
   there is kept only with support (a speaker or known name, or the same word capitalised
   mid-sentence elsewhere): chat is full of "Wow", "Got", "Lost" sentence starters. Speakers come
   from ``role (Name):`` and ``Name:`` prefixes (the form engram's ``render_turn`` writes;
-  unnamed ``user:``/``assistant:`` become "User" (Person) and "Assistant" (Entity)); "my dad"
+  unnamed ``user:``/``assistant:`` are roles, never entities (issue 24 item 6)); "my dad"
   -> "Caroline's dad"; "<Capitalised> ... group/club/center" phrases ("LGBTQ support group");
   quoted titles ("Finding Freedom"); short lower-case objects of a few verbs ("loves
   painting", "painted a lake sunrise"). Person/Place/Organization come from cues (speaker
