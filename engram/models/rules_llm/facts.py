@@ -248,8 +248,8 @@ class _FactBuilder:
             and stems <= said for ep, block, speaker, keys, said in self._said
         )
 
-    def add(self, source: str, target: str, relation: str, text: str, sent: _Sentence) -> None:
-        if source == target or len(self.facts) >= MAX_FACTS:
+    def add(self, source: str, target: str, relation: str, text: str, sent: _Sentence, *, about_one: bool = False) -> None:
+        if (source == target and not about_one) or len(self.facts) >= MAX_FACTS:
             return
         if source not in self.entities or target not in self.entities:
             return
@@ -313,10 +313,16 @@ class _FactBuilder:
             return
         if len(keys) == 1:
             # the speaker plus one entity
+            m = non_speaker[0]
+            if m.category == "version" and m.package_key:
+                return
             if speaker_key and speaker_key in self.entities:
-                m = non_speaker[0]
-                if not (m.category == "version" and m.package_key):
-                    self.add(speaker_key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent)
+                self.add(speaker_key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent)
+            elif sent.speaker and sent.speaker.lower() in ROLE_WORDS:
+                # an unnamed user or assistant is no entity (issue 24 item 6), yet what they said
+                # about one thing is a fact about it ("Decision: pin every dependency in
+                # pyproject.toml"): kept as a fact of that entity alone (a self-edge)
+                self.add(m.key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent, about_one=True)
             return
         # a passive verb: the agent after it acts on what precedes it ("X was caused by Y")
         v0 = vs[0] if vs else None

@@ -107,3 +107,18 @@ def test_the_trial_nothing_old_stays_current() -> None:
     # and an assistant restatement of the old fact, were it stored, is ended too
     assert contradicted("we switched billing to SQLite", ["Noted, billing is on Postgres 15."])
     assert contradicted("Noted, billing is now on SQLite.", ["We use Postgres 15 for billing."])
+
+
+def test_what_an_unnamed_speaker_says_about_one_thing_stays_a_fact_of_that_thing() -> None:
+    """Roles are no entities, yet "Decision: pin every direct dependency in pyproject.toml" from an
+    unnamed user is a fact: of pyproject.toml alone (a self-edge), not lost (the coding example
+    kept 6 of its 10 facts without this)."""
+    got = extract("user: Decision: pin every direct dependency in pyproject.toml so CI matches laptops.\n\n"
+                  "assistant: Done.")
+    names = [e["name"] for e in got["extracted_entities"]]
+    [edge] = [e for e in got["edges"] if "pin every direct dependency" in e["fact"]]
+    assert edge["source_entity_name"] == edge["target_entity_name"] == "pyproject.toml"
+    assert not {n.lower() for n in names} & {"user", "assistant"}
+    # a named speaker still gets the two-entity fact
+    named = extract("user (Ada): Decision: pin every direct dependency in pyproject.toml.\n\nassistant: Done.")
+    assert any({e["source_entity_name"], e["target_entity_name"]} == {"Ada", "pyproject.toml"} for e in named["edges"])
