@@ -61,6 +61,7 @@ _END = (
     r"(?=\s*[.,;:!?]|\s*$| because\b| since\b| so\b| after\b| when\b| but\b| and\b| as of\b| now\b| last\b| this\b"
     r"| in (?:19|20)\d\d| (?:yesterday|today|recently|earlier)\b)"
 )
+_STATE_VERB = r"is|are|'s|runs?|uses?|lives?|sits?|moved|switched|migrated"
 _SUBJ = r"(?P<subj>(?: (?!from\b|to\b|onto\b|with\b|by\b|for\b)[\w.'’+#-]+){0,5}?)"
 _REPLACEMENT_RES = [
     re.compile(rf"\b(?:{_VERB}){_SUBJ}(?: over| back| away)? from (?P<old>.+?) (?:to|onto|for) (?P<new>.+?){_END}", re.I),
@@ -72,9 +73,22 @@ _REPLACEMENT_RES = [
         re.I,
     ),
     re.compile(rf"(?P<new>\b[\w.+#-]+(?: [\w.+#-]+){{0,2}}) (?:instead of|rather than|in place of) (?P<old>.+?){_END}", re.I),
+    # "dropped Memcached, the cache runs on Redis now", "we ditched Mongo, the catalog is on Postgres now"
+    re.compile(
+        rf"\b(?:dropp?(?:ed)?|ditch(?:ed)?|dump(?:ed)?|got rid of|retired|killed) (?P<old>[^,;]+?)\s*(?:[,;]|\band\b)\s*"
+        rf"[^,;]*?\b(?:{_STATE_VERB})(?: now| currently)?(?: (?:on|in|with|through|via|to|onto))? (?P<new>[\w.+#-]+(?: [\w.+#-]+){{0,2}}?){_END}",
+        re.I,
+    ),
 ]
 _SWITCH_RES = [
     re.compile(rf"\b(?:{_NO_FROM_VERB}){_SUBJ}(?: over| back)? (?:to|onto) (?P<new>.+?){_END}", re.I),
+]
+# A state said to hold *now* (the old value not named): "billing is now on SQLite", "the cache runs
+# on Redis now", "we use SQLite for billing now"; a switch when its clause says "now"/"currently".
+_NOW = re.compile(r"\b(?:now|currently|these days|nowadays)\b", re.I)
+_STATE_RES = [
+    re.compile(rf"\b(?:is|are|'s|runs?|lives?|sits?)(?: now| currently)? (?:on|in|with|through|via|at) (?P<new>[\w.+#-]+(?: [\w.+#-]+){{0,2}}?){_END}", re.I),
+    re.compile(rf"\b(?:uses?|using)(?: now| currently)? (?P<new>[\w.+#-]+(?: [\w.+#-]+){{0,2}}?)(?: for\b|{_END})", re.I),
 ]
 _ENDING = re.compile(
     r"\b(?:no longer|any ?more|stopped|stops|quit|quits|gave up|give up|got rid of|left|leaves)\b", re.I
@@ -98,6 +112,8 @@ _CHANGE_WORDS: frozenset[str] = frozenset(_stem(w) for w in (
     "relocating upgrade upgraded upgrading downgrade downgraded replace replaced replacing swap swapped swapping "
     "trade traded exchange exchanged ditch ditched drop dropped dump dumped instead rather place favour favor "
     "longer anymore stopped stop quit gave give got rid left leave leaves over back away from"
+    # an acknowledgement before a restated change ("Noted, billing is now on SQLite")
+    " noted note ok okay sure understood alright"
 ).split())
 _TIME_WORDS: frozenset[str] = frozenset(
     {_stem(w) for w in "still now currently today yesterday recently earlier lately last next ago week weeks month months year years "
@@ -142,6 +158,15 @@ def find_changes(fact: str) -> tuple[Change, ...]:
                 new = _value(m.group("new"))
                 if new:
                     out.append(Change("switch", frozenset(), new, _context(fact, new)))
+    if not out:
+        for clause in _CLAUSE_SPLIT.split(fact):
+            if not _NOW.search(clause):
+                continue
+            for rx in _STATE_RES:
+                for m in rx.finditer(clause):
+                    new = _value(m.group("new"))
+                    if new:
+                        out.append(Change("switch", frozenset(), new, _context(clause, new)))
     for clause in _CLAUSE_SPLIT.split(fact):
         if _ENDING.search(clause):
             out.append(Change("ending", frozenset(), frozenset(), _context(clause, verbs=True)))

@@ -20,7 +20,7 @@ per block and ``max_entities`` per prompt):
   there is kept only with support (a speaker or known name, or the same word capitalised
   mid-sentence elsewhere): chat is full of "Wow", "Got", "Lost" sentence starters. Speakers come
   from ``role (Name):`` and ``Name:`` prefixes (the form engram's ``render_turn`` writes;
-  unnamed ``user:``/``assistant:`` become "User" (Person) and "Assistant" (Entity)); "my dad"
+  unnamed ``user:``/``assistant:`` are roles, never entities (issue 24 item 6)); "my dad"
   -> "Caroline's dad"; "<Capitalised> ... group/club/center" phrases ("LGBTQ support group");
   quoted titles ("Finding Freedom"); short lower-case objects of a few verbs ("loves
   painting", "painted a lake sunrise"). Person/Place/Organization come from cues (speaker
@@ -477,6 +477,23 @@ class _Extractor:
             out.append(_Cand(phrase, "thing", start, end, kind="object"))
         return out
 
+    def topics(self, masked: str) -> list[_Cand]:
+        """What a stack statement is about, in lower case (issue 24, item 6): "we use Postgres 15
+        for *billing*", "*billing* is on / runs on Postgres 15", "switched / moved /
+        migrated *billing* (over) to SQLite". ``masked``: names already found are ``#``."""
+        out: list[_Cand] = []
+        for rx in _TOPIC_RES:
+            for m in rx.finditer(masked):
+                words = m.group("t").split()
+                while words and (words[-1].lower() in STOPWORDS or words[-1].lower() in _TOPIC_STOP):
+                    words.pop()
+                if not words or any(w.lower() in STOPWORDS or w.lower() in _TOPIC_STOP or "#" in w for w in words):
+                    continue
+                phrase = " ".join(words)
+                start = m.start("t")
+                out.append(_Cand(phrase, "thing", start, start + len(phrase), kind="object"))
+        return out
+
     def decisions(self, text: str) -> list[_Cand]:
         if "Decision" not in self.types_present:
             return []
@@ -486,6 +503,23 @@ class _Extractor:
             if is_safe_entity_name(phrase) and len(phrase.split()) >= 2:
                 out.append(_Cand(phrase, "decision", m.start("p"), m.end("p"), kind="decision"))
         return out
+
+
+_TOPIC = r"(?P<t>[A-Za-z][\w-]*(?: [a-z][\w-]*){0,2}?)"
+_TOPIC_END = r"(?=\s*(?:[.,;:!?]|$)|\s+(?:now|too|also|again|these days|nowadays|today|instead|as well)\b)"
+_TOPIC_RES = [
+    # "we use Postgres 15 for billing", "we run Redis for the cache now"
+    re.compile(rf"\b(?:use|uses|using|used|run|runs|running|host|hosts|rely on|relies on)\b[^.,;:!?]{{1,60}}? for (?:the |our |my )?{_TOPIC}{_TOPIC_END}", re.I),
+    # "billing is on Postgres 15", "the billing service runs on Postgres", "Noted, billing is now on SQLite"
+    re.compile(rf"(?:^|[,;:]\s*|\b(?:and|but|so|now)\s+)(?:the |our |my )?{_TOPIC} (?:is|are|runs|run|lives|live|sits)"
+               rf"(?: now| still| currently| already)? (?:on|in|with|through|via|at)", re.I),
+    # "switched billing to SQLite", "moved the blog over to Ghost"
+    re.compile(rf"\b(?:switch(?:ed|ing)?|mov(?:ed|ing|e)|migrat(?:ed|ing|e)|port(?:ed|ing)?) (?:the |our |my )?{_TOPIC}"
+               rf"(?: over| back)? (?:to|onto|from)\b", re.I),
+]
+# never a topic: pronouns, role words, generic placeholders
+_TOPIC_STOP = frozenset("it we us they them this that these those everything something stuff things thing everyone "
+                        "user users assistant it's which what who".split())
 
 
 def is_stop_or_common(word: str) -> bool:

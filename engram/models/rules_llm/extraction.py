@@ -16,6 +16,7 @@ from engram.models.rules_llm.episodes import _Doc, _FIRST_PERSON, _INLINE_CODE, 
 from engram.models.rules_llm.facts import _Entity, _Fact, _FactBuilder, _Mention, _clauses, _traceback_facts
 from engram.models.rules_llm.relations import _find_verbs
 from engram.models.rules_llm.text import _mask, _norm_key, is_safe_entity_name
+from engram.models.rules_llm.vocabulary import ROLE_WORDS
 
 
 @dataclass
@@ -55,6 +56,7 @@ def _sentence_candidates(ex: _Extractor, s: _Sentence) -> list[_Cand]:
         pre = _resolve_overlaps(cands)
         verbs = _find_verbs(_mask(prose, [(c.start, c.end) for c in pre]))
         cands += ex.objects(prose, _mask(prose, [(c.start, c.end) for c in pre], "#"), s.speaker, verbs)
+        cands += ex.topics(_mask(prose, [(c.start, c.end) for c in pre], "#"))
         cands += ex.decisions(prose)
     return _resolve_overlaps(cands)
 
@@ -145,8 +147,8 @@ def _extract(doc: _Doc, types_present: set[str], *, max_per_message: int, max_en
 
     def register(name: str, category: str, sent: _Sentence) -> str | None:
         name = name.strip()
-        if not is_safe_entity_name(name):
-            return None
+        if not is_safe_entity_name(name) or name.lower() in ROLE_WORDS:
+            return None  # "User", "assistant": a speaker role is never an entity (a named speaker is)
         key = _norm_key(name)
         if key in entities:
             ent = entities[key]
@@ -164,7 +166,7 @@ def _extract(doc: _Doc, types_present: set[str], *, max_per_message: int, max_en
     speaker_keys: dict[str, str] = {}
     for s in doc.sentences:
         if s.speaker and s.speaker not in speaker_keys:
-            k = register(s.speaker, "speaker" if s.speaker != "Assistant" else "thing", s)
+            k = register(s.speaker, "speaker", s)
             if k:
                 speaker_keys[s.speaker] = k
                 entities[k].episodes.add(s.episode)

@@ -25,8 +25,8 @@ from datetime import datetime
 from engram.models.rules_llm.coreference import Reference, annotate
 from engram.models.rules_llm.episodes import _CLAUSE_SPLIT, _Sentence
 from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP, _SWITCH_RES, _VerbHit, _find_verbs
-from engram.models.rules_llm.text import MAX_FACTS, MAX_TARGETS_PER_CLAUSE, _mask
-from engram.models.rules_llm.vocabulary import STOPWORDS, _IRREGULAR_PAST
+from engram.models.rules_llm.text import MAX_FACTS, MAX_TARGETS_PER_CLAUSE, _content_stems, _mask, _stem
+from engram.models.rules_llm.vocabulary import IRREGULAR_PREFIXES, ROLE_WORDS, STOPWORDS, _IRREGULAR_PAST
 
 
 @dataclass
@@ -62,9 +62,16 @@ _AUX_3RD = {"am": "is", "'m": "is", "’m": "is", "have": "has", "'ve": "has", "
             "don't": "doesn't", "don’t": "doesn’t", "'ll": "will", "’ll": "will", "'d": "would", "’d": "would"}
 
 
+def _irregular_past(low: str) -> bool:
+    """"wrote", and with a prefix: "rewrote", "overtook", "undid", "mistook", "withheld"."""
+    return low in _IRREGULAR_PAST or any(
+        low.startswith(p) and low[len(p):] in _IRREGULAR_PAST and len(low) - len(p) >= 3 for p in IRREGULAR_PREFIXES
+    )
+
+
 def _third_person_verb(word: str) -> str:
     low = word.lower()
-    if low in _IRREGULAR_PAST or low.endswith("ed") or not low.isalpha():
+    if _irregular_past(low) or low.endswith("ed") or not low.isalpha():
         return word
     if low == "have":
         return "has"
@@ -77,11 +84,26 @@ def _third_person_verb(word: str) -> str:
     return word + "s"
 
 
+def speaker_in_text(speaker: str | None) -> str | None:
+    """How a fact's text names its speaker: the name, or "the user"/"the assistant" for an
+    unnamed role (roles are never entities, issue 24 item 6)."""
+    if speaker and speaker.lower() in ROLE_WORDS:
+        return f"the {speaker.lower()}"
+    return speaker
+
+
 def third_person(sentence: str, speaker: str | None) -> str:
     """Replace "I", "me", "my" with the speaker's name ("I love painting" -> "Caroline loves
-    painting"). "we"/"our" are kept (they include others)."""
+    painting"; an unnamed role: "I rewrote it" -> "The assistant rewrote it"). "we"/"our" are
+    kept (they include others)."""
+    speaker = speaker_in_text(speaker)
     if not speaker:
         return sentence
+    out = _third_person(sentence, speaker)
+    return out[:1].upper() + out[1:] if out.startswith(speaker) and speaker[:1].islower() else out
+
+
+def _third_person(sentence: str, speaker: str) -> str:
 
     def repl_i(m: re.Match[str]) -> str:
         clitic = m.group("clitic")
@@ -192,23 +214,52 @@ def _vocative(text: str, m: _Mention) -> bool:
     return bool(_VOCATIVE_BEFORE.search(before)) and (not after or after[0] in ",!?.")
 
 
+# An acknowledgement and the words a restatement may add or reword ("Noted, billing is on
+# Postgres 15." after "We use Postgres 15 for billing."): not content of an echo.
+_ECHO_FREE = frozenset(_stem(w) for w in (
+    "noted note got it ok okay sure understood right great thanks thank perfect yes yep alright so then "
+    "use uses used using run runs running built based sits sit lives live hosted host on in with via"
+).split())
+
+
+def _echo_stems(fact: str) -> frozenset[str]:
+    return frozenset(s for s in _content_stems(fact) if s not in _ECHO_FREE)
+
+
 class _FactBuilder:
     def __init__(self, entities: dict[str, _Entity], max_fact_chars: int):
         self.entities = entities
         self.max_fact_chars = max_fact_chars
         self.facts: list[_Fact] = []
         self._seen: set[tuple[str, str, str, str]] = set()
+        # (episode, block, speaker, entity keys, echo stems) of each fact's sentence
+        self._said: list[tuple[int, int, str | None, frozenset[str], frozenset[str]]] = []
 
-    def add(self, source: str, target: str, relation: str, text: str, sent: _Sentence) -> None:
-        if source == target or len(self.facts) >= MAX_FACTS:
+    def _echo(self, source: str, target: str, fact: str, sent: _Sentence) -> bool:
+        """A fact another speaker stated earlier in the same episode, said again ("Noted, billing is
+        on Postgres 15." after "The billing service uses Postgres 15."): one fact, the first
+        (issue 24, item 6). Same words (acknowledgements, relation verbs and prepositions aside)
+        and an entity in common."""
+        stems = _echo_stems(fact)
+        if not stems:
+            return False
+        return any(
+            ep == sent.episode and block < sent.block and speaker != sent.speaker and keys & {source, target}
+            and stems <= said for ep, block, speaker, keys, said in self._said
+        )
+
+    def add(self, source: str, target: str, relation: str, text: str, sent: _Sentence, *, about_one: bool = False) -> None:
+        if (source == target and not about_one) or len(self.facts) >= MAX_FACTS:
             return
         if source not in self.entities or target not in self.entities:
             return
         fact = _trim(text, self.max_fact_chars)
         key = (source, target, relation, fact)
-        if key in self._seen:
+        if key in self._seen or self._echo(source, target, fact, sent):
             return
         self._seen.add(key)
+        self._said.append((sent.episode, sent.block, sent.speaker, frozenset((source, target)), _echo_stems(fact) | frozenset(
+            _content_stems(fact))))
         self.facts.append(_Fact(source, target, relation, fact, {sent.episode}, sent.reference))
         for k in (source, target):
             self.entities[k].episodes.add(sent.episode)
@@ -223,7 +274,8 @@ class _FactBuilder:
             text_named = annotate(text, references, {r.key: self.entities[r.key].name for r in references})
         else:
             text_named = text
-        fact_text = third_person(text_named, sent.speaker if speaker_key else None)
+        role = bool(sent.speaker) and sent.speaker.lower() in ROLE_WORDS  # named in the text, no entity
+        fact_text = third_person(text_named, sent.speaker if speaker_key or role else None)
         masked = _mask(text, [(m.start, m.end) for m in mentions if not m.pronoun])
         if not _has_content(masked):
             return  # "Wow, Melanie!", "Thanks, Caroline!": a name in a greeting is no fact
@@ -261,10 +313,16 @@ class _FactBuilder:
             return
         if len(keys) == 1:
             # the speaker plus one entity
+            m = non_speaker[0]
+            if m.category == "version" and m.package_key:
+                return
             if speaker_key and speaker_key in self.entities:
-                m = non_speaker[0]
-                if not (m.category == "version" and m.package_key):
-                    self.add(speaker_key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent)
+                self.add(speaker_key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent)
+            elif sent.speaker and sent.speaker.lower() in ROLE_WORDS:
+                # an unnamed user or assistant is no entity (issue 24 item 6), yet what they said
+                # about one thing is a fact about it ("Decision: pin every dependency in
+                # pyproject.toml"): kept as a fact of that entity alone (a self-edge)
+                self.add(m.key, m.key, self._relation(m, vs, text, switches, c_start), fact_text, sent, about_one=True)
             return
         # a passive verb: the agent after it acts on what precedes it ("X was caused by Y")
         v0 = vs[0] if vs else None

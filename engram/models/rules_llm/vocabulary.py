@@ -243,11 +243,22 @@ WEEKDAYS = {
 }
 _CALENDAR_WORDS = set(MONTHS) | set(WEEKDAYS) | {"mon", "tue", "wed", "thu", "fri", "sat", "sun"}
 
+#: Speaker role words (the labels of ``user:``/``assistant:`` blocks): never entities (issue 24, item 6);
+#: a named speaker ("user (Ada):") is one.
+ROLE_WORDS: frozenset[str] = frozenset(
+    ["user", "users", "assistant", "assistants", "human", "bot", "system", "the user", "the assistant", "the bot"]
+)
+
 _IRREGULAR_PAST = frozenset(
     "went made got saw took gave found told felt thought bought brought began came became ran "
     "wrote drew built met left kept read said sent spent stood understood won lost paid heard "
     "held knew grew threw flew fell ate drank sang swam taught caught fought sought sold slept "
     "chose broke spoke woke drove rode hid forgot forgave lent lit led meant put quit set shut "
     "cut hit hurt let cost was were had did could would should might must will can may shall "
-    "also just really never always still finally recently actually even already".split()
+    "also just really never always still finally recently actually even already "
+    "arose awoke bore beat bent bit bled blew bound bred bred burnt clung crept dealt dug dove dreamt fed fled "
+    "flung froze hung knelt laid leapt learnt rang rose sank shook shot shrank slid spun split spread sprang "
+    "stole stuck stung struck swept swore swung tore wore wove wound withdrew forbade spat bet fit".split()
 )
+#: prefixes of irregular verbs ("rewrote", "overtook", "undid", "mistook", "outgrew", "withheld")
+IRREGULAR_PREFIXES = ("re", "over", "under", "mis", "out", "with", "up", "fore", "un", "be")

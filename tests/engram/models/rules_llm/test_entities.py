@@ -21,7 +21,7 @@ async def test_stopword_only_names_are_never_extracted() -> None:
     )
     client = RulesExtractorClient()
     response = await client.generate_response(combined_messages(content), response_model=CombinedExtraction)
-    assert {e["name"] for e in response["extracted_entities"]} == {"User", "Assistant"}
+    assert {e["name"] for e in response["extracted_entities"]} == set()  # speaker roles are never entities
     entities = await client.generate_response(
         prompt_library.extract_nodes.extract_message(
             {"episode_content": content, "previous_episodes": [], "custom_extraction_instructions": "",
@@ -29,7 +29,7 @@ async def test_stopword_only_names_are_never_extracted() -> None:
         ),
         response_model=ExtractedEntities,
     )
-    assert {e["name"] for e in entities["extracted_entities"]} == {"User", "Assistant"}
+    assert {e["name"] for e in entities["extracted_entities"]} == set()
 
 
 CASED_STOPWORDS = sorted(STOPWORDS) + [w.capitalize() for w in sorted(STOPWORDS)] + [w.upper() for w in sorted(STOPWORDS)]

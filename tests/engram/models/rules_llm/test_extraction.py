@@ -19,7 +19,8 @@ async def test_combined_extraction_coding_turn() -> None:
     CombinedExtraction.model_validate(response)
     ids = type_ids(CODING_TYPES)
     types = {e["name"]: e["entity_type_id"] for e in response["extracted_entities"]}
-    assert list(types)[:2] == ["User", "Assistant"]  # speakers first
+    # unnamed speakers are roles, never entities (issue 24, item 6); the fact text names them
+    assert not {"User", "Assistant", "user", "assistant"} & set(types)
     expected = {
         "src/app.py": "File",
         "pyproject.toml": "File",
@@ -39,18 +40,18 @@ async def test_combined_extraction_coding_turn() -> None:
     assert "Traceback" not in types and "Address" not in types
 
     got = triples(response)
-    assert ("User", "RUNS", "pytest") in got
-    assert ("User", "RUNS", "src/app.py") in got
+    assert ("pytest", "RUNS", "src/app.py") in got
     assert ("pydantic", "USES_VERSION", "pydantic==2.14") in got
     assert ("httpx", "USES_VERSION", "httpx 0.28") in got
     assert ("pip", "INSTALLED", "httpx") in got
-    assert ("Assistant", "FIXES", "src/app.py") in got
+    assert ("src/app.py", "IMPORTS", "httpx") in got
     assert ("ModuleNotFoundError", "OCCURRED_IN", "src/app.py") in got
     assert ("/etc/nginx/nginx.conf", "RELATES_TO", "OSError: [Errno 98]") in got
-    # first person becomes the speaker, so each fact stands alone
-    assert fact_of(response, "User", "RUNS", "pytest") == (
-        "User gets ModuleNotFoundError: No module named 'httpx' when User runs pytest on src/app.py."
+    # first person becomes the speaker's role, so each fact stands alone
+    assert fact_of(response, "pytest", "RUNS", "src/app.py") == (
+        "The user gets ModuleNotFoundError: No module named 'httpx' when the user runs pytest on src/app.py."
     )
+    assert fact_of(response, "src/app.py", "IMPORTS", "httpx") == "The assistant fixed src/app.py so it imports httpx lazily."
     assert all(e["episode_indices"] == [0] for e in response["edges"])
     assert client.failures == {} and client.unhandled == {}
 
@@ -93,7 +94,7 @@ async def test_caps_on_entities_per_message_and_fact_length() -> None:
     response = await RulesExtractorClient().generate_response(combined_messages(content), response_model=CombinedExtraction)
     names = [e["name"] for e in response["extracted_entities"]]
     user_files = [n for n in names if n.startswith("src/mod")]
-    assert len(user_files) == MAX_ENTITIES_PER_MESSAGE - 1  # the speaker counts too
+    assert len(user_files) == MAX_ENTITIES_PER_MESSAGE  # an unnamed speaker is no entity, so takes no slot
     assert "src/extra.py" in names and "pytest" in names  # the next message has its own budget
     assert all(len(e["fact"]) <= 300 for e in response["edges"])
     assert any(e["fact"].endswith("...") for e in response["edges"])
