@@ -155,7 +155,7 @@ async def cost_of(shape: str, segments: list[SessionSegmentClosed], llm_factory,
             cost.outcomes[f"{step} {outcome}"] = cost.outcomes.get(f"{step} {outcome}", 0) + 1
         cost.examples.append(f"{closed.record.summary}\n  preferences: {closed.facts.facts.preferences}\n"
                              f"  notes: {closed.facts.facts.notes}")
-        if closed.summary.source == "llm":
+        if closed.summary.source in ("llm", "rules"):  # as the sessions service chains them
             previous.insert(0, closed.record.summary)
     return cost
 

@@ -31,7 +31,9 @@ one chat; a segment's summary goes to one memory, so it holds one person's conve
 MemorySource = Literal["conversation", "extraction"]
 """``conversation``: saved by the agent with a tool during the chat; ``extraction``: found by
 the session close stage in the closed segment's transcript (seed 004, 5.3)."""
-SummarySource = Literal["llm", "fallback", "empty"]
+SummarySource = Literal["llm", "rules", "fallback", "empty"]
+"""Who wrote a session summary: a language model, the offline rules model (no model ran), the
+fallback text after a failed call, or the empty-session text."""
 """``llm``: the model's hybrid summary; ``fallback``: the model failed, the fixed fallback text
 (seed 004, 7); ``empty``: nothing to summarise (no user/assistant text), no LLM call."""
 

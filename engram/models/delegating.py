@@ -12,6 +12,13 @@ from pydantic import BaseModel
 Forward = Callable[[], Awaitable[dict[str, Any]]]
 
 
+def innermost(client: LLMClient) -> LLMClient:
+    """The client under every wrapper: what really answers (the offline rules model or a model)."""
+    while isinstance(client, DelegatingLLMClient):
+        client = client.inner
+    return client
+
+
 class DelegatingLLMClient(LLMClient):
     """Subclasses override :meth:`around` to act before/after the forwarded call."""
 

@@ -226,7 +226,7 @@ class SessionCloser:
                                                   for t in event.transcript):
             # the fixed fallback and empty texts say nothing about the user: left out
             previous = [r.summary for r in await self.store.last_sessions(group, session.previous_summaries)
-                        if r.summary_source == "llm"]
+                        if r.summary_source in ("llm", "rules")]
         closed = await close_segment(self.llm, event, previous, summary_max_tokens=session.summary_max_tokens,
                                      facts_max_tokens=session.facts_max_tokens)
         # facts first, the record last: the record is what marks the segment closed

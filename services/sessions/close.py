@@ -37,6 +37,8 @@ from graphiti_core.prompts.models import Message
 from pydantic import BaseModel, Field
 
 from engram.language import detect_language
+from engram.models.delegating import innermost
+from engram.models.rules_llm import RulesExtractorClient
 from engram.tokens import CountTokens, token_counter
 from schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY, SessionRecord, SessionSegmentClosed, SummarySource, TranscriptLine
 
@@ -229,7 +231,10 @@ async def summarize_session(
     if not summary.narrative.strip() or not text:
         log.warning("session summary: the answer had no narrative; using the fallback text")
         return fallback
-    return SummaryResult(text, "llm", "ok", _language(summary.language, transcript))
+    # "llm" only when a language model wrote it: the offline rules model is named as such (the
+    # agent's context said "summary llm" when no model had run)
+    source: SummarySource = "rules" if isinstance(innermost(llm), RulesExtractorClient) else "llm"
+    return SummaryResult(text, source, "ok", _language(summary.language, transcript))
 
 
 # Grounding: a small model copies a prompt's example keys ("favorite_color: blue" from a chat that

@@ -95,7 +95,7 @@ async def test_a_published_segment_closes_into_the_users_group(clean_nats, falko
         group = h.group(event)
         assert group == subjects.user_group("engram", "alice@example.com")
         assert (record.summary_source, record.close_reason, record.token_count, record.language) == (
-            "llm", "token_limit", 30_000, "en")
+            "rules", "token_limit", 30_000, "en")
         assert record.summary.split("\n")[1].startswith("- TOPICS: ") and "- DECISIONS: " in record.summary
         prefs = {(p.key, p.value, p.source, p.session_id) for p in await h.store.preferences(group)}
         assert ("favorite_editor", "Neovim", "extraction", "e2e1") in prefs
@@ -130,7 +130,7 @@ async def test_facts_failure_session_still_closes(clean_nats, falkordb_server, t
         event = segment("factfail", ENGLISH, user="carol")
         await h.publish(event)
         record = await h.closed(event)
-        assert record.summary_source == "llm" and "- TOPICS: " in record.summary
+        assert record.summary_source == "rules" and "- TOPICS: " in record.summary
         group = h.group(event)
         assert await h.store.preferences(group, include_history=True) == [] and await h.store.notes(group) == []
     assert sample("engram_sessions_close_steps_total", step="facts", outcome="failed") == failed_before + 1
@@ -142,7 +142,7 @@ async def test_invalid_json_facts_gives_no_facts(clean_nats, falkordb_server, tm
         event = segment("factjson", ENGLISH, user="dave")
         await h.publish(event)
         record = await h.closed(event)
-        assert record.summary_source == "llm"
+        assert record.summary_source == "rules"
         group = h.group(event)
         assert await h.store.preferences(group, include_history=True) == [] and await h.store.notes(group) == []
     assert sample("engram_sessions_close_steps_total", step="facts", outcome="invalid") == invalid_before + 1
@@ -260,7 +260,7 @@ async def test_a_close_that_fails_to_store_is_retried_at_once_and_stores_facts_o
         event = segment("retry", ENGLISH, user="hana")
         await h.publish(event)
         record = await h.closed(event, timeout=15)
-        assert failures == [event.segment_id] and record.summary_source == "llm"
+        assert failures == [event.segment_id] and record.summary_source == "rules"
         group = h.group(event)
         history = await h.store.preferences(group, include_history=True)
         assert len(history) == len({p.key for p in history}) == 4  # each preference once, none replaced
