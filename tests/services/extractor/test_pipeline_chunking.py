@@ -289,3 +289,18 @@ async def test_the_next_turns_read_only_the_tail_of_a_long_previous_message(rule
     await extract_episode(clients, later, custom_instructions="", previous_window=2, chunking=settings)
     sizes = [count("\n".join(contents)) for _, contents in llm.prompts]
     assert llm.prompts and max(sizes) <= PREVIOUS_EPISODE_CHARS // 2 + PROMPT_OVERHEAD_TOKENS, max(sizes)
+
+
+async def test_an_unnamed_speakers_fact_about_one_thing_reaches_the_graph(rules_graph) -> None:
+    """Speaker roles are no entities (issue 24 item 6); a fact an unnamed user states about one
+    thing is stored as that entity's own fact (a self-edge) through graphiti's pipeline."""
+    clients, _, group_id = rules_graph
+    content = "user: Decision: pin every direct dependency in pyproject.toml so CI matches laptops.\n\nassistant: Done."
+    result = await extract_episode(clients, episode(group_id, content), custom_instructions="", previous_window=0,
+                                   chunking=ChunkingSettings())
+    assert "pyproject.toml" in {n.name for n in result.nodes}
+    assert not {n.name.lower() for n in result.nodes} & {"user", "assistant"}
+    records, _, _ = await clients.driver.execute_query(
+        "MATCH (a:Entity)-[e:RELATES_TO]->(b:Entity) WHERE e.fact CONTAINS 'pin every direct dependency' "
+        "RETURN a.name AS a, b.name AS b")
+    assert [(r["a"], r["b"]) for r in records] == [("pyproject.toml", "pyproject.toml")]
