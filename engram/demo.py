@@ -31,6 +31,9 @@ from schemas import Episode, RecallRequest, RecallResponse, RecallScopes, ScopeK
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = EXAMPLES_DIR / "coding-session.jsonl"  # package data: found in a wheel install too
+CHANGE_EXAMPLE = EXAMPLES_DIR / "billing-change.jsonl"
+"""Two sessions a week apart: Postgres for billing, then the switch to SQLite (memory changing its mind)."""
+CHANGE_QUESTION = "Are we still on Postgres for billing?"
 # beside a source checkout only (LoCoMo is not part of engram): a wheel install skips it or takes --locomo
 DEFAULT_LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"
 
@@ -122,7 +125,11 @@ def _demo_questions(with_locomo: bool) -> list[tuple[str, RecallRequest]]:
     # rather than showing "(nothing recalled: timeout after 500 ms)".
     questions = [("Why did the tests fail on CI?", RecallRequest(
         query="Why did the tests fail on CI?", scopes=RecallScopes(session="coding-1", workspace="examples/engram"),
-        max_facts=5, token_budget=600, timeout_ms=DEMO_RECALL_TIMEOUT_MS))]
+        max_facts=5, token_budget=600, timeout_ms=DEMO_RECALL_TIMEOUT_MS)),
+        # memory changing its mind: the switch comes first, the Postgres turn is marked superseded
+        (CHANGE_QUESTION + " (a week after the switch)", RecallRequest(
+            query=CHANGE_QUESTION, scopes=RecallScopes(workspace="examples/engram"),
+            max_facts=5, token_budget=400, timeout_ms=DEMO_RECALL_TIMEOUT_MS))]
     if with_locomo:
         questions.append(("When did Caroline go to the LGBTQ support group?", RecallRequest(
             query="When did Caroline go to the LGBTQ support group?", scopes=RecallScopes(user="locomo-conv-26"),
@@ -138,6 +145,9 @@ async def _ingest_and_show(settings: EngramSettings, locomo: Path | None, consol
         scopes = ScopeKeys(workspace="examples/engram", user="demo-user")
         report = await publish_events(js, read_jsonl(EXAMPLE, scopes))
         plain(console, f"ingested {EXAMPLE.name}: {report.messages} messages, {report.sessions} session")
+        report = await publish_events(js, read_jsonl(CHANGE_EXAMPLE, scopes))
+        plain(console, f"ingested {CHANGE_EXAMPLE.name}: {report.messages} messages in {report.sessions} sessions "
+                       "a week apart (billing on Postgres 15, then switched to SQLite)")
         if locomo is not None:
             report = await publish_events(js, read_locomo(locomo, ScopeKeys(user="locomo-conv-26"), ["conv-26"]))
             plain(console, f"ingested LoCoMo conv-26: {report.messages} messages in {report.sessions} sessions "
@@ -256,6 +266,8 @@ def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) ->
         return 2
     env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_NATS_URL", "ENGRAM_GRAPH_URL")}
     log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
+    plain(console, "the demo takes about 1 minute, about 4 with LoCoMo conv-26 (a 2-core laptop), and stops "
+                   "everything it started")
     plain(console, f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
     proc = subprocess.Popen(
         # -P: not the working directory's engram/ (a checkout) instead of the installed one (supervisor.py)

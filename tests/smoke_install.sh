@@ -122,5 +122,6 @@ start=$(date +%s)
     || { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo failed"; }
 grep -q "Traceback" "$WORK/demo.log" && { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo printed a traceback"; }
 grep -q "ingested coding-session.jsonl" "$WORK/demo.log" || { tail -n 40 "$WORK/demo.log" >&2; fail "engram demo did not ingest its example"; }
+grep -q "superseded" "$WORK/demo.log" || { tail -n 60 "$WORK/demo.log" >&2; fail "engram demo did not show the Postgres turn superseded by the switch"; }
 echo "smoke: engram demo ok in $(( $(date +%s) - start ))s"
 echo "smoke: ok"
