@@ -266,8 +266,8 @@ def run_demo(settings: EngramSettings, locomo: Path | None, console: Console) ->
         return 2
     env = {k: v for k, v in os.environ.items() if k not in ("ENGRAM_NATS_URL", "ENGRAM_GRAPH_URL")}
     log = open(settings.data_dir / "up.log", "wb")  # noqa: SIM115
-    plain(console, "the demo takes about 1 minute, about 4 with LoCoMo conv-26 (a 2-core laptop), and stops "
-                   "everything it started")
+    plain(console, "the demo takes 1-4 minutes on a 2-core laptop (most of it LoCoMo conv-26, when present) "
+                   "and stops everything it started")
     plain(console, f"starting engram (embedded NATS + FalkorDB) in {settings.data_dir} ...")
     proc = subprocess.Popen(
         # -P: not the working directory's engram/ (a checkout) instead of the installed one (supervisor.py)
