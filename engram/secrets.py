@@ -316,6 +316,8 @@ def _locate_aws_secret_in_prose(match: re.Match[str]) -> SecretSpan | None:
     if not (any(c.isupper() for c in value) and any(c.islower() for c in value)
             and any(c.isdigit() or c in "/+" for c in value)):
         return None
+    if value[0] == "/" or "//" in value or value.count("/") > 4:
+        return None  # a path of exactly 40 characters ("s3://bucket/Some/Path"), not a key
     text = match.string
     before = text[max(0, match.start() - _AWS_SECRET_WINDOW) : match.start()]
     after = text[match.end() : match.end() + _AWS_SECRET_WINDOW]

@@ -31,6 +31,7 @@ from typing import Any
 from engram.graph import as_utc, query_rows
 from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+from services.recall.search import shorten
 
 MAX_CHAIN = 3
 """Supersessions followed from a found turn (old -> newer -> newest): enough for a value that
@@ -94,9 +95,10 @@ def reorder(items: Sequence[RecallItem], found: dict[str, Supersession]) -> list
         if item.uuid in placed:
             return
         info = found.get(item.uuid) if item.kind == "episode" else None
-        if info is not None and depth < MAX_CHAIN:
-            for newer in info.by:
-                place(newer, depth + 1)  # the newer turn first, and what superseded it before that
+        if info is not None:
+            if depth < MAX_CHAIN:
+                for newer in info.by:
+                    place(newer, depth + 1)  # the newer turn first, and what superseded it before that
             item = item.model_copy(update={"invalid_at": info.at})
         placed.add(item.uuid)
         out.append(item)
@@ -107,8 +109,6 @@ def reorder(items: Sequence[RecallItem], found: dict[str, Supersession]) -> list
 
 
 def _turn_item(row: dict[str, Any], scope: str | None, group_id: str, chars: int) -> RecallItem:
-    from services.recall.search import shorten
-
     return RecallItem(
         uuid=row["uuid"], fact=shorten(row.get("content") or "", chars), kind="episode",
         scope=scope,  # type: ignore[arg-type]

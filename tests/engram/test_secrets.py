@@ -202,6 +202,8 @@ NEGATIVES: list[str] = [
     "SORT_KEY=created_at",
     "API_KEY=${API_KEY}",
     "MONKEY=banana42",
+    "aws s3 ls s3://Bucket9/Reports/2024/Q1/Summary/Abcdef now",  # 40 characters of path, not a key
+    "the aws path Bucket9/Reports/2024/Q1/Summary/Abcdefgh is new",
     "安全なパスワードを使ってください。",
     "",
 ]
