@@ -122,6 +122,20 @@ _TIME_WORDS: frozenset[str] = frozenset(
 )
 
 
+#: Generic head nouns of a subject: "the billing service" and "billing" name the same thing, so a
+#: switch of "the billing service" may end "we use Postgres 15 for billing" (the trial's pair). The
+#: subject's other words must still all be in OLD, and at least one must remain.
+_SUBJECT_HEADS: frozenset[str] = frozenset(_stem(w) for w in (
+    "service services app apps application system server backend project module job pipeline stack api"
+).split())
+
+
+def _subject_in(context: frozenset[str], old_stems: set[str]) -> bool:
+    """NEW's subject words all in OLD, generic head nouns aside (at least one specific word)."""
+    specific = context - _SUBJECT_HEADS
+    return bool(specific) and specific <= old_stems
+
+
 @dataclass(frozen=True)
 class Change:
     """One change phrase in a fact: ``old``/``new`` are the content stems of the replaced and the
@@ -206,7 +220,7 @@ def supersedes(new_fact: str, old_fact: str) -> ChangeKind | None:
             if change.old <= old_stems and not change.old <= change.new and change.context <= old_stems:
                 return "replacement"
         elif change.kind == "switch":
-            if (not change.new <= old_stems and change.context and change.context <= old_stems
+            if (not change.new <= old_stems and change.context and _subject_in(change.context, old_stems)
                     and _holds_a_value(old_fact) and _named_values(old_fact) - new_stems):
                 return "switch"
         elif len(change.context) >= 2 and change.context <= old_stems:

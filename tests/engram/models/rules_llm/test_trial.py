@@ -122,3 +122,11 @@ def test_what_an_unnamed_speaker_says_about_one_thing_stays_a_fact_of_that_thing
     # a named speaker still gets the two-entity fact
     named = extract("user (Ada): Decision: pin every direct dependency in pyproject.toml.\n\nassistant: Done.")
     assert any({e["source_entity_name"], e["target_entity_name"]} == {"Ada", "pyproject.toml"} for e in named["edges"])
+
+
+def test_a_switch_of_the_billing_service_ends_we_use_postgres_for_billing() -> None:
+    """The trial's other wording: the subject's generic head noun ("service") may be missing from
+    the old fact; a specific word must remain and match ("search service" ends nothing of billing)."""
+    assert supersedes("We switched the billing service to SQLite.", "We use Postgres 15 for billing.") == "switch"
+    assert supersedes("We switched the search service to OpenSearch.", "We use Postgres 15 for billing.") is None
+    assert supersedes("We switched the service to SQLite.", "We use Postgres 15 for billing.") is None
