@@ -4,6 +4,7 @@ pair examined exactly once; chat turns never split inside a role block."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter
 import json
@@ -95,21 +96,29 @@ class PairLLM(LLMClient):
         raise AssertionError(f"unexpected LLM call {name}")
 
 
-@pytest.fixture
-async def graph(falkordb_server) -> AsyncIterator[tuple[GraphitiClients, PairLLM, str]]:
-    host, port = _host_port(falkordb_server.url)
+@contextlib.asynccontextmanager
+async def _fresh_graph(url: str, llm: Any) -> AsyncIterator[tuple[GraphitiClients, Any, str]]:
+    """A graph of its own on the test FalkorDB, answered by ``llm``; dropped afterwards."""
+    host, port = _host_port(url)
     group_id = f"t_{uuid.uuid4().hex[:12]}"
     driver = FalkorDriver(host=host, port=port, database=group_id)
     if driver._init_task is not None:
         await driver._init_task
-    llm = PairLLM()
     clients = GraphitiClients(driver=driver, llm_client=llm, embedder=HashingEmbedder(64),
                               cross_encoder=NoOpCrossEncoder(), tracer=NoOpTracer())
-    yield clients, llm, group_id
     try:
-        await driver.client.select_graph(group_id).delete()
+        yield clients, llm, group_id
     finally:
-        await driver.close()
+        try:
+            await driver.client.select_graph(group_id).delete()
+        finally:
+            await driver.close()
+
+
+@pytest.fixture
+async def graph(falkordb_server) -> AsyncIterator[tuple[GraphitiClients, PairLLM, str]]:
+    async with _fresh_graph(falkordb_server.url, PairLLM()) as made:
+        yield made
 
 
 def episode(group_id: str, content: str, kind: str = "chat_turn") -> Episode:
@@ -231,19 +240,8 @@ PROMPT_OVERHEAD_TOKENS = 2500
 
 @pytest.fixture
 async def rules_graph(falkordb_server) -> AsyncIterator[tuple[GraphitiClients, RecordingLLMClient, str]]:
-    host, port = _host_port(falkordb_server.url)
-    group_id = f"t_{uuid.uuid4().hex[:12]}"
-    driver = FalkorDriver(host=host, port=port, database=group_id)
-    if driver._init_task is not None:
-        await driver._init_task
-    llm = RecordingLLMClient()
-    clients = GraphitiClients(driver=driver, llm_client=llm, embedder=HashingEmbedder(64),
-                              cross_encoder=NoOpCrossEncoder(), tracer=NoOpTracer())
-    yield clients, llm, group_id
-    try:
-        await driver.client.select_graph(group_id).delete()
-    finally:
-        await driver.close()
+    async with _fresh_graph(falkordb_server.url, RecordingLLMClient()) as made:
+        yield made
 
 
 async def test_a_50k_character_message_is_extracted_in_bounded_prompts(rules_graph) -> None:
