@@ -104,8 +104,9 @@ class PreparedPart:
 def prepare_part(message: ChatMessage, noise: NoiseSettings) -> PreparedPart:
     """Scrub secrets, then reduce noise (in that order, so truncation cannot cut a secret in
     half and hide it from the scrubber). The speaker's name (it goes into the prompt), the
-    source description and the metadata are scrubbed too: every text of a message that engram
-    keeps or prompts, whatever door the message came through."""
+    source description, the metadata and an extraction override are scrubbed too: every text of a
+    message that engram keeps or prompts, whatever door the message came through (and each secret
+    found counts, so the raw input holding it is erased at once)."""
     scrubbed = scrub_secrets(message.content)
     secrets = Counter(scrubbed.counts)
     extras: dict[str, object] = {}
@@ -116,6 +117,12 @@ def prepare_part(message: ChatMessage, noise: NoiseSettings) -> PreparedPart:
             if result.counts:
                 secrets.update(result.counts)
                 extras[field] = result.text
+    override = message.extraction
+    if override is not None and isinstance(override.preprocessing_prompt, str):
+        result = scrub_secrets(override.preprocessing_prompt)
+        if result.counts:
+            secrets.update(result.counts)
+            extras["extraction"] = override.model_copy(update={"preprocessing_prompt": result.text})
     if message.metadata:
         metadata, counts = scrub_json(message.metadata)
         if counts:

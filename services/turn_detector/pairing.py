@@ -37,7 +37,6 @@ from typing import Callable, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from engram.secrets import scrub_secrets
 from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
 from schemas.ids import SEEN_DIGEST_CHARS, episode_id_for, message_dedupe_key, seen_digest
 from schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
@@ -378,21 +377,12 @@ def apply_message(
     turn.scopes = _merge_scopes(turn.scopes, message.scopes)
     turn.source_description = turn.source_description or message.source_description
     if turn.extraction is None and message.extraction is not None:
-        turn.extraction = scrubbed_override(message.extraction)
+        turn.extraction = message.extraction  # scrubbed with the message's other texts (intake.prepare_part)
     return Transition(state, completed, outcome="late" if part.late else "accepted", closed=closed)
 
 
 _DEFAULT_SCOPES = ScopeKeys()
 MAX_SCOPES_SEEN = 16
-
-
-def scrubbed_override(override: ExtractionOverride) -> ExtractionOverride:
-    """``override`` with secrets scrubbed from its text: it is user text, stored in the session's
-    state and the Episode, and sent to the model with every extraction prompt of the turn."""
-    prompt = override.preprocessing_prompt
-    if not isinstance(prompt, str):
-        return override
-    return override.model_copy(update={"preprocessing_prompt": scrub_secrets(prompt).text})
 
 
 def dedupe_key(message: ChatMessage) -> str:

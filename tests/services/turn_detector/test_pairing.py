@@ -19,6 +19,8 @@ from services.turn_detector.pairing import (
     plan_idle,
     render_turn,
 )
+from services.turn_detector.intake import prepare_part
+from services.turn_detector.noise import NoiseSettings
 from tests.services.turn_detector.helpers import msg
 
 
@@ -238,8 +240,10 @@ def test_a_turns_extraction_override_is_its_first_messages_scrubbed_and_reaches_
     done = []
     for i, (mid, role) in enumerate([("u1", "user"), ("u2", "user"), ("a1", "assistant"), ("u3", "user")]):
         text = given_by[mid]
-        m = msg("s", mid, role, f"text {mid}", i, extraction=ExtractionOverride(preprocessing_prompt=text) if text else None)
-        tr = apply_message(state, m, TurnPart(message_id=mid, role=role, timestamp=m.timestamp, text=m.content), now=float(i))
+        raw = msg("s", mid, role, f"text {mid}", i, extraction=ExtractionOverride(preprocessing_prompt=text) if text else None)
+        prepared = prepare_part(raw, NoiseSettings())  # the turn-detector scrubs a message's texts there
+        assert sum(prepared.secrets.values()) == (1 if mid == "u2" else 0)  # counted: its raw input is erased at once
+        tr = apply_message(state, prepared.message, prepared.part, now=float(i))
         state, done = tr.state, done + tr.completed
     (turn,) = done
     (episode,) = episodes_for(turn, prefix="engram", max_chars=10_000)
