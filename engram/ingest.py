@@ -32,7 +32,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from engram import compat
 from engram.message_size import oversize_reason, server_max_payload
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
-from schemas.ids import message_dedupe_key, seen_digest
+from schemas.ids import message_dedupe_key, seen_holds
 
 Event = ChatMessage | SessionClosed
 Format = Literal["jsonl", "locomo"]
@@ -391,7 +391,7 @@ class _KnownMessages:
             except Exception:  # noqa: BLE001 - no checkpoint (a new session), or unreadable: count as published
                 seen = ""
             self._states[message.session_id] = seen if isinstance(seen, str) else ""
-        return seen_digest(message_dedupe_key(message)) + "," in self._states[message.session_id]
+        return seen_holds(self._states[message.session_id], message_dedupe_key(message))
 
 
 async def _epochs(js):  # noqa: ANN001, ANN202

@@ -44,3 +44,9 @@ def seen_digest(key: str) -> str:
     of a :func:`message_dedupe_key`. ``engram ingest`` reads checkpoints to tell which messages the
     turn-detector already took."""
     return base64.urlsafe_b64encode(hashlib.sha256(key.encode("utf-8")).digest()[:9]).decode()
+
+
+def seen_holds(seen: str, key: str) -> bool:
+    """Whether a checkpoint's ``seen`` field lists ``key``. Digests hold no ',', so a match of
+    one is always one whole entry (no match across two)."""
+    return seen_digest(key) in seen

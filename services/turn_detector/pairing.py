@@ -38,7 +38,7 @@ from typing import Callable, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
-from schemas.ids import SEEN_DIGEST_CHARS, episode_id_for, message_dedupe_key, seen_digest
+from schemas.ids import SEEN_DIGEST_CHARS, episode_id_for, message_dedupe_key, seen_digest, seen_holds
 from schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
 from schemas.subjects import _dedupe_digest, session_group, user_group, workspace_group
 
@@ -223,8 +223,7 @@ def _complete(state: SessionState, how: Literal["next_user", "idle", "session_cl
 
 
 def has_seen(state: SessionState, key: str) -> bool:
-    """Digests hold no ',', so a match is always one whole entry (no match across two)."""
-    return seen_digest(key) in state.seen
+    return seen_holds(state.seen, key)
 
 
 def _remember(state: SessionState, key: str, keep: int) -> None:
