@@ -352,16 +352,25 @@ def _locate_env_assignment(match: re.Match[str]) -> SecretSpan | None:
     kind = _env_kind(key)
     if kind is None:
         return None
+    return _assigned_value(match, key, kind, weak_context=False, inside_literal_check=False)
+
+
+def _assigned_value(match: re.Match[str], key: str, kind: str, *, weak_context: bool,
+                    inside_literal_check: bool) -> SecretSpan | None:
+    """The span of an assignment's value (groups ``dq``, ``sq`` or ``bare``) when it is a literal
+    secret. ``inside_literal_check``: a quoted value followed by an identifier character means the
+    "key" sat inside a string literal (``"password: " + x + "y"``): no assignment."""
+    text = match.string
     for group in ("dq", "sq"):
         if match.group(group) is not None:
-            value = match.group(group)
-            if not _is_literal_secret(value, key=key, kind=kind, quoted=True, weak_context=False):
+            if inside_literal_check and _IDENTIFIER_CHAR.match(text[match.end() : match.end() + 1]):
+                return None
+            if not _is_literal_secret(match.group(group), key=key, kind=kind, quoted=True, weak_context=False):
                 return None
             return match.start(group), match.end(group), kind
-    text = match.string
     start, scanned_end = match.start("bare"), match.end("bare")
     end = _strip_bare_punctuation(text, start, scanned_end)
-    if not _is_literal_secret(text[start:end], key=key, kind=kind, quoted=False, weak_context=False):
+    if not _is_literal_secret(text[start:end], key=key, kind=kind, quoted=False, weak_context=weak_context):
         return None
     if scanned_end - start == _MAX_SCANNED_VALUE:
         end = _extend(_BARE_VALUE_REST, text, scanned_end, lambda rest: rest.rstrip(_BARE_TRAILING_PUNCTUATION))
@@ -485,26 +494,9 @@ def _locate_assignment(match: re.Match[str]) -> SecretSpan | None:
     kind = assignment_kind(key)
     if kind is None:
         return None
-    text = match.string
-    for group in ("dq", "sq"):
-        if match.group(group) is not None:
-            value = match.group(group)
-            after = text[match.end() : match.end() + 1]
-            if _IDENTIFIER_CHAR.match(after):
-                return None  # the "key" sat inside a string literal: "password: " + x + "y"
-            if not _is_literal_secret(value, key=key, kind=kind, quoted=True, weak_context=False):
-                return None
-            return match.start(group), match.end(group), kind
-    start, scanned_end = match.start("bare"), match.end("bare")
-    end = _strip_bare_punctuation(text, start, scanned_end)
-    value = text[start:end]
     separator = match.group("sep")
     weak_context = separator.strip() == ":" or separator != separator.strip()
-    if not _is_literal_secret(value, key=key, kind=kind, quoted=False, weak_context=weak_context):
-        return None
-    if scanned_end - start == _MAX_SCANNED_VALUE:
-        end = _extend(_BARE_VALUE_REST, text, scanned_end, lambda rest: rest.rstrip(_BARE_TRAILING_PUNCTUATION))
-    return start, end, kind
+    return _assigned_value(match, key, kind, weak_context=weak_context, inside_literal_check=True)
 
 
 _KEYED_RULES: tuple[_Rule, ...] = (
