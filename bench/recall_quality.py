@@ -89,10 +89,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
-import bm25s  # noqa: E402
 import nats  # noqa: E402
-import numpy as np  # noqa: E402
-import Stemmer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -107,6 +104,25 @@ from bench._recall_common import (  # noqa: E402
     questions,
     split_of,
 )
+from bench._flat_bars import BAR_GRAPHITI, BAR_STORE, BarStats, graph_bars  # noqa: E402
+from bench._ranking import (  # noqa: E402, F401 - the tests import the primitives from here
+    MAX_ITEMS,
+    RRF_K,
+    Line,
+    Outcome,
+    bm25_index,
+    bm25_ranking,
+    dense_ranking,
+    fill,
+    holds,
+    need_of,
+    normalized,
+    rrf,
+    score_lines,
+    tokens_to,
+    turn_inside,
+    unit_vectors,
+)
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import offline_episodes  # noqa: E402
 from bench.reference_llm import ReferenceFactsClient  # noqa: E402
@@ -114,7 +130,6 @@ from engram.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.ingest import publish_events, read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, embedding_dim  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
-from engram.temporal import strip_grounding  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
 from schemas import ChatMessage, RecallItem, RecallRequest, RecallScopes, ScopeKeys, subjects  # noqa: E402
 from services.extractor import app as ex_app  # noqa: E402
@@ -125,10 +140,6 @@ from services.recall.merge import FOOTER, HEADER, fit_budget, render_line  # noq
 from services.turn_detector import app as td_app  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
-MAX_ITEMS = 80  # items asked for: ~25 fit 2,000 tokens; a response this long means the count bound (checked).
-# Not 200: recall's near-duplicate merge is quadratic in it (~0.5 s a request at 200 on 2 cores).
-INSIDE_SHARE = 0.8  # a shortened turn holds a message when this share of its text (from the start) is in it
-RRF_K = 60
 
 Key = tuple[str, str]  # (sample, question text)
 
@@ -149,6 +160,12 @@ class Corpus:
     def split(self) -> str:
         return split_of(self.sample)
 
+    @property
+    def turn_texts(self) -> list[str]:
+        """Each turn as the flat rows search and show it: its messages as "Speaker: text"."""
+        said = {m.message_id: f"{m.name}: {m.content}" for m in self.messages}
+        return [" ".join(said[i] for i in turn) for turn in self.turns]
+
 
 def paired_turns(events: list) -> list[list[str]]:
     """Message ids of the episodes the turn-detector makes of ``events`` (its pure pairing, offline)."""
@@ -165,167 +182,42 @@ def build_corpus(path: Path, conversation: dict, sessions: int | None) -> Corpus
     return Corpus(sample, events, messages, paired_turns(events), qs)
 
 
-# --- context at a token budget ----------------------------------------------------------------
-
-def normalized(text: str) -> str:
-    return " ".join(text.split())
-
-
-def holds(line: str, message: str, share: float = INSIDE_SHARE) -> bool:
-    """``message`` is inside ``line``: its first ``share`` of text (whitespace normalised) is there.
-    The dates recall writes after relative expressions ("last Friday (2023-05-05)") are not text
-    the message lacks: they are removed before the comparison (their tokens still count)."""
-    text = normalized(message)
-    return bool(text) and text[: max(1, math.ceil(share * len(text)))] in normalized(strip_grounding(line))
-
-
-def fill(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int], header: str = "") -> int:
-    """How many of ``lines`` (best first) the context holds: add lines until the next one does not
-    fit ``budget`` tokens (the recall service's rule), then shrink until the joined text fits."""
-    used, n = count_tokens(header), 0
-    for line in lines:
-        cost = count_tokens(line)
-        if used + cost > budget:
-            break
-        used += cost
-        n += 1
-    while n and count_tokens(header + "".join(lines[:n])) > budget:
-        n -= 1
-    return n
-
-
-@dataclass
-class Outcome:
-    """One method's result for one question at one budget."""
-
-    hit: bool  # any evidence message inside the context
-    tokens: int
-    items: int
-    hit_by_provenance: bool | None = None  # engram only: every provenance message of a kept turn counts
-    all_hit: bool = False  # every evidence message of the question inside the context (recall_all)
-    # the smallest context (tokens) holding an evidence message, by the same fill rule; inf when
-    # none does within the largest budget (budget independent: the same in each budget's outcome)
-    need: float = math.inf
-
-
-def need_of(costs: Sequence[int], joint: Callable[[int], int], holding: Sequence[bool], cap: int, base: int = 0) -> float:
-    """Tokens of the shortest prefix that holds an evidence line, under the fill rule: lines are
-    added while the summed line costs (plus ``base``, a header's) fit, then the joined text must
-    fit too, so a prefix of n lines is in the context at budget B iff max(summed, joined(n)) <= B.
-    inf when no line holds evidence or that prefix exceeds ``cap`` (the largest budget asked: what
-    lies beyond it is not measured for engram, whose response stops there)."""
-    used = base
-    for n, (cost, hold) in enumerate(zip(costs, holding), start=1):
-        used += cost
-        if used > cap:
-            return math.inf
-        if hold:
-            need = max(used, joint(n))
-            return need if need <= cap else math.inf
-    return math.inf
-
-
-def tokens_to(needs: Sequence[float], share: float) -> float:
-    """The smallest context (tokens) at which ``share`` of the questions have an evidence message
-    inside: the ceil(share * n)-th smallest per-question need; inf when not reached."""
-    if not needs:
-        return math.nan
-    ordered = sorted(needs)
-    return ordered[max(1, math.ceil(share * len(ordered) - 1e-9)) - 1]
-
-
-# --- flat retrievers over raw texts -----------------------------------------------------------
-
-_STEMMER = Stemmer.Stemmer("english")
-
-
-def bm25_index(texts: list[str], stem: bool) -> tuple[bm25s.BM25, Callable[[str], list[str]]]:
-    """A bm25s index (Lucene BM25, k1 1.5, b 0.75) and the query tokenizer that matches it."""
-    options = {"stopwords": "en", "stemmer": _STEMMER.stemWords} if stem else {"stopwords": None}
-
-    def tok(batch: list[str]) -> list[list[str]]:
-        return bm25s.tokenize(batch, return_ids=False, show_progress=False, **options)
-
-    index = bm25s.BM25()
-    index.index(tok(texts), show_progress=False)
-    vocab = index.vocab_dict
-    return index, lambda query: [t for t in tok([query])[0] if t in vocab]
-
-
-def bm25_ranking(index: bm25s.BM25, query: list[str]) -> list[int]:
-    """Documents with a positive score, best first (ties: document order)."""
-    if not query:
-        return []
-    scores = index.get_scores(query)
-    order = np.lexsort((np.arange(len(scores)), -scores))
-    return [int(i) for i in order if scores[i] > 0][:MAX_ITEMS]
-
-
-def dense_ranking(doc_vectors: np.ndarray, query_vector: np.ndarray) -> list[int]:
-    sims = doc_vectors @ query_vector
-    return [int(i) for i in np.argsort(-sims, kind="stable")[:MAX_ITEMS]]
-
-
-def rrf(*rankings: list[int], k: int = RRF_K) -> list[int]:
-    """Reciprocal-rank fusion, equal weights (ties: document order)."""
-    scores: dict[int, float] = defaultdict(float)
-    for ranking in rankings:
-        for rank, doc in enumerate(ranking):
-            scores[doc] += 1 / (k + rank + 1)
-    return sorted(scores, key=lambda d: (-scores[d], d))[:MAX_ITEMS]
-
-
-async def unit_vectors(embedder, texts: list[str], queries: bool = False) -> np.ndarray:  # noqa: ANN001
-    """``texts`` embedded as stored text, or as questions (``queries``: an e5 model's ``query:``
-    side, as recall embeds a question), unit length."""
-    create_query = getattr(embedder, "create_query", None) if queries else None
-    if create_query is not None:
-        vectors = np.asarray([await create_query(t) for t in texts], dtype=np.float32)
-    else:
-        vectors = np.asarray(await embedder.create_batch(texts), dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.where(norms == 0, 1, norms)
-
 
 async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets: Sequence[int],
                        count_tokens: Callable[[str], int]) -> dict[str, dict[int, dict[Key, Outcome]]]:
     """method -> budget -> question -> outcome, for every flat retriever."""
     out: dict[str, dict[int, dict[Key, Outcome]]] = defaultdict(lambda: defaultdict(dict))
     for corpus in corpora:
-        said = {m.message_id: f"{m.name}: {m.content}" for m in corpus.messages}
-        message_ids = [[m.message_id] for m in corpus.messages]
-        message_texts = [said[m.message_id] for m in corpus.messages]
-        turn_texts = [" ".join(said[i] for i in turn) for turn in corpus.turns]
+        content = {m.message_id: m.content for m in corpus.messages}
+        message_texts = [f"{m.name}: {m.content}" for m in corpus.messages]
+        message_lines = [Line(f"- {normalized(t)}\n", turn_inside(t, [m.message_id], content))
+                         for t, m in zip(message_texts, corpus.messages)]
+        turn_texts = corpus.turn_texts
+        turn_lines = [Line(line, turn_inside(line, turn, content))
+                      for line, turn in ((f"- {normalized(t)}\n", turn) for t, turn in zip(turn_texts, corpus.turns))]
         by_message, message_query = bm25_index(message_texts, stem=False)
         by_turn, turn_query = bm25_index(turn_texts, stem=True)
         said_on = {m.message_id: m.timestamp.date().isoformat() for m in corpus.messages}
-        dated_turns = [f"{text} (said {said_on[turn[0]]})" for text, turn in zip(turn_texts, corpus.turns)]
+        dated_lines = [Line(f"- {normalized(text)} (said {said_on[turn[0]]})\n", line.inside)
+                       for text, turn, line in zip(turn_texts, corpus.turns, turn_lines)]
         qtexts = [q.text for q in corpus.questions]
         dense_vectors = {name: (await unit_vectors(e, turn_texts), await unit_vectors(e, qtexts, queries=True)) for name, e in dense.items()}
         for qi, q in enumerate(corpus.questions):
             stemmed = bm25_ranking(by_turn, turn_query(q.text))
             rankings = {
-                "BM25 messages": (bm25_ranking(by_message, message_query(q.text)), message_ids, message_texts),
-                "BM25 turns, stemmed": (stemmed, corpus.turns, turn_texts),
+                "BM25 messages": (bm25_ranking(by_message, message_query(q.text)), message_lines),
+                "BM25 turns, stemmed": (stemmed, turn_lines),
             }
             for name, (docs, queries) in dense_vectors.items():
-                rankings[f"BM25 stemmed + {name} RRF, turns"] = (rrf(stemmed, dense_ranking(docs, queries[qi])),
-                                                                 corpus.turns, turn_texts)
+                rankings[f"BM25 stemmed + {name} RRF, turns"] = (rrf(stemmed, dense_ranking(docs, queries[qi])), turn_lines)
             for name in dense_vectors:
                 # Diagnostic: the same ranking with the date each line of engram's context carries
                 # ("(said YYYY-MM-DD)"), to show what the dates cost at a budget.
-                ranking, ids, texts = rankings[f"BM25 stemmed + {name} RRF, turns"]
-                rankings[f"BM25 stemmed + {name} RRF, turns, dated as engram's"] = (ranking, ids, dated_turns)
-            for method, (ranking, ids, texts) in rankings.items():
-                lines = [f"- {normalized(texts[d])}\n" for d in ranking]
-                need = need_of([count_tokens(line) for line in lines], lambda n: count_tokens("".join(lines[:n])),
-                               [bool(set(ids[d]) & q.evidence) for d in ranking], max(budgets))
-                for budget in budgets:
-                    n = fill(lines, budget, count_tokens)
-                    kept = {m for d in ranking[:n] for m in ids[d]}
-                    out[method][budget][(q.sample, q.text)] = Outcome(
-                        bool(kept & q.evidence), count_tokens("".join(lines[:n])) if n else 0, n,
-                        all_hit=q.evidence <= kept, need=need)
+                ranking, _ = rankings[f"BM25 stemmed + {name} RRF, turns"]
+                rankings[f"BM25 stemmed + {name} RRF, turns, dated as engram's"] = (ranking, dated_lines)
+            for method, (ranking, lines) in rankings.items():
+                for budget, outcome in score_lines([lines[d] for d in ranking], q.evidence, budgets, count_tokens).items():
+                    out[method][budget][(q.sample, q.text)] = outcome
     return out
 
 
@@ -349,13 +241,18 @@ class EngramRun:
     turn_items: int = 0
     took_ms: list[float] = field(default_factory=list)
     reference_turns: tuple[int, int] | None = None  # --facts reference: extraction prompts whose turn was (not) found
+    graph: str = ""  # the ingest this run asked (the engram variant's name and run number): its bars are that graph's
+    # bars (b) and (c) over this run's graph (bench/_flat_bars.py): bar -> budget -> question -> outcome
+    bars: dict[str, dict[int, dict[Key, Outcome]]] = field(default_factory=dict)
+    bar_stats: BarStats | None = None
 
 
 def item_inside(item: RecallItem, said: dict[str, str]) -> set[str]:
-    """Messages inside one item's line: a fact's provenance (the fact states what they said), or
-    the messages a (shortened) turn's line holds."""
+    """Messages inside one item's line, by the provenance rule every row shares (bench/_ranking.py):
+    a fact's provenance (the source messages of the turns it came from), or the messages a
+    (shortened) turn's line holds. Recall returns no entity items (they would count for none)."""
     ids = {mid for p in item.provenance for mid in p.message_ids}
-    return ids if item.kind == "fact" else {mid for mid in ids if holds(item.fact, said.get(mid, ""))}
+    return ids if item.kind == "fact" else set(turn_inside(item.fact, ids, said))
 
 
 def engram_outcome(items: list[RecallItem], section: str, evidence: frozenset[str], said: dict[str, str],
@@ -464,10 +361,12 @@ def knob_label(knobs: dict[str, str]) -> str:
 async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: str, tmp: Path,
                      corpora: list[Corpus], concurrency: int, budgets: Sequence[int],
                      count_tokens: Callable[[str], int], grid: Sequence[dict[str, str]] = ({},),
-                     make_llm: Callable[[], object] = RulesExtractorClient) -> list[EngramRun]:
+                     make_llm: Callable[[], object] = RulesExtractorClient,
+                     turn_vector_cache: dict | None = None, bars: bool = True) -> list[EngramRun]:
     """Ingest ``corpora`` once, then ask every question once per recall-knob combination of
     ``grid`` (the knobs are recall settings, read per request: no re-ingest); one run each.
-    ``make_llm``: the extractor's LLM client (``--facts``), a fresh one per ingest."""
+    ``make_llm``: the extractor's LLM client (``--facts``), a fresh one per ingest. With ``bars``
+    the bars (b) and (c) are computed over the same graph after the ingest (bench/_flat_bars.py)."""
     runs = [EngramRun(name + knob_label(knobs)) for knobs in grid]
     run = runs[0]
     work = tmp / re.sub(r"\W", "_", name)
@@ -509,9 +408,14 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             facts += corpus_facts
         if isinstance(llm, ReferenceFactsClient):
             run.reference_turns = (llm.matched_turns, llm.unmatched_turns)
+        run.graph = name
+        if bars:
+            run.bars, run.bar_stats = await graph_bars(
+                recall.recall, extractor.extractor.embedder, prefix, corpora, budgets, count_tokens, concurrency,
+                turn_vector_cache if turn_vector_cache is not None else {}, embedder_settings.provider)
         for knobs, this in zip(grid, runs):
             recall.recall.configure(rc_app.RecallSettings(**knobs))
-            for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns"):
+            for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns", "graph", "bars", "bar_stats"):
                 setattr(this, attr, getattr(run, attr))
             this.ceiling, this.facts = ceiling, facts
             await ask_all(this, nc, corpora, concurrency, budgets, count_tokens, said)
@@ -602,6 +506,10 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
                      spread + ("" if len(runs) > 1 else " (1 run)")))
     oracle_rows = [(f"[dim]{name}: oracle (its items, evidence first)[/dim]", [r.oracle for r in runs],
                     "perfect ranking of the same items") for name, runs in engram.items()]
+    for bar, label, per_run in bar_rows(engram):
+        spread = " / ".join(f"{min(recall_of(o[b], qs) for o in per_run):.1f}-{max(recall_of(o[b], qs) for o in per_run):.1f}"
+                            for b in budgets)
+        rows.append((label, per_run, spread + (" (same runs)" if len(per_run) > 1 else " (1 run)")))
     rows += [(name, [by_budget], "deterministic") for name, by_budget in flat.items()]
     for name, outcomes, spread in rows + oracle_rows:
         per_cat = [" / ".join(f"{median_of(outcomes, b, by_cat[c]):.1f}" for b in budgets) for c in cats]
@@ -627,6 +535,7 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
             best_name, best = max(((n, recall_of(o[b], qs)) for n, o in flat.items() if "dated" not in n),
                                   key=lambda x: x[1])
             print(f"  {b} tokens: {next(iter(engram))} {mine:.1f} vs best flat ({best_name}) {best:.1f} = {mine - best:+.1f} points")
+    print_bar_margins(qs, budgets, engram, flat)
     for name, runs in engram.items():
         print(f"  margins of {name} over each flat row at {' / '.join(str(b) for b in budgets)} tokens, points "
               f"(any evidence; every evidence):")
@@ -637,6 +546,66 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
                     f"{statistics.median(recall_of(r.outcomes[b], qs, measure) for r in runs) - recall_of(by_budget[b], qs, measure):+.1f}"
                     for b in budgets))
             print(f"    vs {flat_name}: {cells[0]}; {cells[1]}")
+
+
+def bar_rows(engram: dict[str, list[EngramRun]]) -> list[tuple[str, str, list[dict[int, dict[Key, Outcome]]]]]:
+    """(bar, row label, its outcomes per run) for each ingest series that has bars: a --sweep's
+    rows share their ingests, so each series of graphs is shown once."""
+    out, seen = [], set()
+    for runs in engram.values():
+        graphs = tuple(r.graph for r in runs)
+        if not runs[0].bars or graphs in seen:
+            continue
+        seen.add(graphs)
+        variant = re.sub(r" run\d+$", "", runs[0].graph)
+        median = f" (median of {len(runs)})" if len(runs) > 1 else ""
+        out += [(bar, f"{bar}, graph of {variant}{median}", [r.bars[bar] for r in runs]) for bar in runs[0].bars]
+    return out
+
+
+def flat_turn_rows(flat: dict[str, dict[int, dict[Key, Outcome]]]) -> dict[str, dict[int, dict[Key, Outcome]]]:
+    """The flat retrievers over turns that bar (a) is chosen from (not the dated diagnostic)."""
+    return {name: rows for name, rows in flat.items() if "turns" in name and "dated" not in name}
+
+
+def bar_margins(qs: list[Question], budgets: Sequence[int], runs: list[EngramRun],
+                flat: dict[str, dict[int, dict[Key, Outcome]]],
+                measure: Callable[[Outcome], bool]) -> dict[str, tuple[list[float], str]]:
+    """bar -> (engram's margin over it at each budget, points; what the bar was), for one engram
+    row and one measure. (a) the best flat turn retriever at that budget and measure
+    (deterministic: engram's median minus it); (b), (c) over the same run's graph: the median of
+    the per-run differences (each run against its own graph's bar)."""
+    out: dict[str, tuple[list[float], str]] = {}
+    turns = flat_turn_rows(flat)
+    if turns:
+        margins, names = [], []
+        for b in budgets:
+            best_name, best = max(((n, recall_of(o[b], qs, measure)) for n, o in turns.items()), key=lambda x: x[1])
+            margins.append(statistics.median(recall_of(r.outcomes[b], qs, measure) for r in runs) - best)
+            names.append(best_name)
+        picked = " / ".join(names) if len(set(names)) > 1 else names[0]
+        out["(a) best flat turn retriever"] = (margins, picked)
+    for bar in runs[0].bars:
+        out[bar] = (
+            [statistics.median(recall_of(r.outcomes[b], qs, measure) - recall_of(r.bars[bar][b], qs, measure) for r in runs)
+             for b in budgets], "same graph, paired by run")
+    return out
+
+
+def print_bar_margins(qs: list[Question], budgets: Sequence[int], engram: dict[str, list[EngramRun]],
+                      flat: dict[str, dict[int, dict[Key, Outcome]]]) -> None:
+    """Issue 24, item 3: the margin of every engram row over each bar at each budget, for "hit"
+    (any evidence message inside) and recall_all (every evidence message inside)."""
+    cells = " / ".join(str(b) for b in budgets)
+    for name, runs in engram.items():
+        print(f"  margins of {name} over the bars at {cells} tokens, points (hit: any evidence; recall_all: every evidence):")
+        hit = bar_margins(qs, budgets, runs, flat, lambda o: o.hit)
+        every = bar_margins(qs, budgets, runs, flat, lambda o: o.all_hit)
+        for bar, (margins, what) in hit.items():
+            all_margins, all_what = every[bar]
+            shown = what if what == all_what else f"hit: {what}; recall_all: {all_what}"
+            print(f"    vs {bar} [{shown}]: hit {' / '.join(f'{m:+.1f}' for m in margins)}; "
+                  f"recall_all {' / '.join(f'{m:+.1f}' for m in all_margins)}")
 
 
 def tokens_cell(value: float, cap: int) -> str:
@@ -725,13 +694,15 @@ async def main(args: argparse.Namespace) -> int:
     flat = await flat_methods(corpora, dense, budgets, count_tokens)
     flat_s = time.perf_counter() - started
     engram: dict[str, list[EngramRun]] = defaultdict(list)
+    turn_vector_cache: dict = {}  # (embedder, sample) -> the bars' turn vectors: the turns are the same each run
     with tempfile.TemporaryDirectory() as tmp:
         falkordb = start_falkordb(Path(tmp))
         try:
             for i in range(args.runs):
                 for name, emb in variants:
                     runs = await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb, falkordb.url,
-                                            Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid, make_llm)
+                                            Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid, make_llm,
+                                            turn_vector_cache, not args.no_bars)
                     for knobs, run in zip(grid, runs):
                         engram[name + knob_label(knobs)].append(run)
         finally:
@@ -752,6 +723,17 @@ async def main(args: argparse.Namespace) -> int:
                   f"turns returned; degraded {r.degraded}; dead letters {r.dead_letters}; capped at {MAX_ITEMS} items {r.capped}"
                   + (f"; reference facts: {r.reference_turns[0]} extraction prompts matched to LoCoMo turns, "
                      f"{r.reference_turns[1]} not" if r.reference_turns else ""))
+    shown = set()
+    for runs in engram.values():
+        for r in runs:
+            if r.bar_stats is None or r.graph in shown:
+                continue
+            shown.add(r.graph)
+            st = r.bar_stats
+            print(f"bars on the graph of {r.graph}: flat store {st.facts} facts ({st.expired} expired, kept) + {st.turns} turns, "
+                  f"fact vectors {'stored on the edges (this embedder)' if st.stored_vectors else 'embedded again'}, "
+                  f"{st.store_s:.1f}s; graphiti search returned "
+                  + ", ".join(f"{n} {k}" for k, n in st.graphiti_items.items()) + f" in all, {st.graphiti_s:.1f}s")
     print(f"flat retrievers ({len(flat)} methods, {len(qs)} questions x {len(budgets)} budgets, dense: "
           f"{', '.join(dense)}): {flat_s:.1f}s")
     print(f"run time {time.perf_counter() - wall:.0f}s; load average {tuple(round(x, 2) for x in os.getloadavg())}")
@@ -818,6 +800,8 @@ if __name__ == "__main__":
     parser.add_argument("--llm-base-url", help="--facts llm: an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
     parser.add_argument("--llm-model", default="local", help="--facts llm: the model name sent")
     parser.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
+    parser.add_argument("--no-bars", action="store_true",
+                        help="skip the bars computed over each engram run's graph (flat facts+turns store, graphiti search)")
     parser.add_argument("--sweep", nargs="*", default=[], metavar="NAME=V1,V2",
                         help="recall settings (ENGRAM_RECALL_<NAME>) to try after one ingest: one engram row per "
                         "combination; choose knobs on the tuning split only")
