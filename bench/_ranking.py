@@ -142,6 +142,8 @@ def rrf(*rankings: list[int], k: int = RRF_K, limit: int = MAX_ITEMS) -> list[in
 async def unit_vectors(embedder, texts: list[str], queries: bool = False) -> np.ndarray:  # noqa: ANN001
     """``texts`` embedded as stored text, or as questions (``queries``: an e5 model's ``query:``
     side, as recall embeds a question), unit length."""
+    if not texts:
+        return np.zeros((0, 1), dtype=np.float32)
     create_query = getattr(embedder, "create_query", None) if queries else None
     if create_query is not None:
         vectors = np.asarray([await create_query(t) for t in texts], dtype=np.float32)

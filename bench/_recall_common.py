@@ -56,7 +56,7 @@ def evidence_ids(evidence: Iterable[str], sample: str) -> frozenset[str]:
 class Question:
     sample: str
     text: str
-    category: int
+    category: int | str  # LoCoMo's category number, or a LongMemEval question_type
     evidence: frozenset[str]
 
 

@@ -105,6 +105,7 @@ from bench._recall_common import (  # noqa: E402
     split_of,
 )
 from bench._flat_bars import BAR_GRAPHITI, BAR_STORE, BarStats, graph_bars  # noqa: E402
+from bench._longmemeval import is_longmemeval, longmemeval_item  # noqa: E402
 from bench._ranking import (  # noqa: E402, F401 - the tests import the primitives from here
     MAX_ITEMS,
     RRF_K,
@@ -179,6 +180,14 @@ def build_corpus(path: Path, conversation: dict, sessions: int | None) -> Corpus
     ingested = {m.message_id for m in messages}
     qs = [Question(q.sample, q.text, q.category, q.evidence & ingested) for q in questions(conversation)
           if q.evidence & ingested]
+    return Corpus(sample, events, messages, paired_turns(events), qs)
+
+
+def longmemeval_corpus(item: dict, sessions: int | None) -> Corpus:
+    """One LongMemEval item as a corpus: its haystack, its one question (bench/_longmemeval.py)."""
+    sample, events, question, category, evidence = longmemeval_item(item, sessions)
+    messages = [e for e in events if isinstance(e, ChatMessage)]
+    qs = [Question(sample, question, category, evidence)] if evidence else []
     return Corpus(sample, events, messages, paired_turns(events), qs)
 
 
@@ -476,15 +485,16 @@ def mean_tokens(outcomes: dict[Key, Outcome], qs: list[Question]) -> float:
 
 
 def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets: Sequence[int],
-                engram: dict[str, list[EngramRun]], flat: dict[str, dict[int, dict[Key, Outcome]]]) -> None:
+                engram: dict[str, list[EngramRun]], flat: dict[str, dict[int, dict[Key, Outcome]]],
+                dataset: str = "LoCoMo") -> None:
     qs = [q for c in corpora for q in c.questions]
     cats = sorted({q.category for q in qs})
     by_cat = {c: [q for q in qs if q.category == c] for c in cats}
     messages = sum(len(c.messages) for c in corpora)
     cells = " / ".join(str(b) for b in budgets)
-    title = (f"LoCoMo evidence recall (%), {len(corpora)} conversation(s) ({', '.join(c.sample for c in corpora)}), "
-             f"{'all' if sessions is None else sessions} sessions each, {messages} messages, {len(qs)} questions of "
-             f"categories 1-4 -- {label}; at a context of {cells} cl100k tokens")
+    title = (f"{dataset} evidence recall (%), {len(corpora)} conversation(s) ({', '.join(c.sample for c in corpora)}), "
+             f"{'all' if sessions is None else sessions} sessions each, {messages} messages, {len(qs)} questions "
+             f"{'of categories 1-4' if dataset == 'LoCoMo' else 'with has_answer turns'} -- {label}; at a context of {cells} cl100k tokens")
     table = Table(title=title)
     table.add_column("method")
     for c in cats:
@@ -506,10 +516,10 @@ def print_split(label: str, corpora: list[Corpus], sessions: int | None, budgets
                      spread + ("" if len(runs) > 1 else " (1 run)")))
     oracle_rows = [(f"[dim]{name}: oracle (its items, evidence first)[/dim]", [r.oracle for r in runs],
                     "perfect ranking of the same items") for name, runs in engram.items()]
-    for bar, label, per_run in bar_rows(engram):
+    for _, bar_label, per_run in bar_rows(engram):
         spread = " / ".join(f"{min(recall_of(o[b], qs) for o in per_run):.1f}-{max(recall_of(o[b], qs) for o in per_run):.1f}"
                             for b in budgets)
-        rows.append((label, per_run, spread + (" (same runs)" if len(per_run) > 1 else " (1 run)")))
+        rows.append((bar_label, per_run, spread + (" (same runs)" if len(per_run) > 1 else " (1 run)")))
     rows += [(name, [by_budget], "deterministic") for name, by_budget in flat.items()]
     for name, outcomes, spread in rows + oracle_rows:
         per_cat = [" / ".join(f"{median_of(outcomes, b, by_cat[c]):.1f}" for b in budgets) for c in cats]
@@ -650,12 +660,26 @@ async def main(args: argparse.Namespace) -> int:
     budgets = sorted(args.budgets)
     conversations = load_conversations(data)
     wanted = None if args.samples == ["all"] else set(args.samples)
-    corpora = [build_corpus(data, c, args.sessions) for c in conversations
-               if wanted is None or c.get("sample_id", "conv") in wanted]
+    longmemeval = is_longmemeval(conversations)
+    if longmemeval:
+        if args.facts == "reference":
+            raise SystemExit("--facts reference answers with LoCoMo's observations: a LongMemEval file has none")
+        corpora = [longmemeval_corpus(item, args.sessions) for item in conversations
+                   if wanted is None or str(item["question_id"]) in wanted]
+        read = len(corpora)
+        skipped = [c.sample for c in corpora if not c.questions]
+        if skipped:  # abstention items, or --sessions cut the evidence off: nothing to find (as LoCoMo's category 5)
+            print(f"LongMemEval items with no has_answer turn in the sessions read (left out): {', '.join(skipped)}")
+        corpora = [c for c in corpora if c.questions]
+    else:
+        corpora = [build_corpus(data, c, args.sessions) for c in conversations
+                   if wanted is None or c.get("sample_id", "conv") in wanted]
+        read = len(corpora)
     if not corpora:
-        raise SystemExit(f"no LoCoMo sample matches {args.samples} in {data}")
+        raise SystemExit(f"no {'LongMemEval item' if longmemeval else 'LoCoMo sample'} matches {args.samples} in {data}")
+    dataset = "LongMemEval-format" if longmemeval else "LoCoMo"
     qs = [q for c in corpora for q in c.questions]
-    print(f"data: {data}; tuning split (knobs are chosen here only): {', '.join(TUNING_SPLIT)}; "
+    print(f"data: {data} ({dataset}: {read} {'items' if longmemeval else 'conversations'} read, {len(corpora)} with questions); tuning split (knobs are chosen here only): {', '.join(TUNING_SPLIT)}; "
           f"report split (the numbers the docs quote): {', '.join(REPORT_SPLIT)}; "
           f"any other conversation is reported as 'other (held out)'")
 
@@ -713,7 +737,7 @@ async def main(args: argparse.Namespace) -> int:
     for split in ("tuning", "report", "other"):
         part = [c for c in corpora if c.split == split]
         if part:
-            print_split(labels[split], part, args.sessions, budgets, engram, flat)
+            print_split(labels[split], part, args.sessions, budgets, engram, flat, dataset)
     for runs in engram.values():
         for r in runs:
             took = sorted(r.took_ms)
@@ -750,6 +774,32 @@ async def main(args: argparse.Namespace) -> int:
     every = [(name, by_budget) for name, by_budget in flat.items()]
     every += [(r.name + what, outcomes) for runs in engram.values() for r in runs
               for what, outcomes in (("", r.outcomes), (" oracle", r.oracle))]
+    for runs in engram.values():
+        for r in runs:
+            if args.no_bars:
+                continue
+            check.that(set(r.bars) == {BAR_STORE, BAR_GRAPHITI}, f"{r.name}: bars {sorted(r.bars)}")
+            st = r.bar_stats
+            check.that(st is not None and st.facts > 0 and st.turns > 0, f"{r.name}: the flat store holds no fact or no turn")
+            check.that(st is not None and st.graphiti_items["edges"] > 0 and st.graphiti_items["episodes"] > 0,
+                       f"{r.name}: graphiti search found no edge or no episode ({st and st.graphiti_items})")
+            for bar, by_budget in r.bars.items():
+                every.append((f"{r.name}: {bar}", by_budget))
+                for b in budgets:
+                    check.that(len(by_budget[b]) == len(qs), f"{r.name}: {bar} answered {len(by_budget[b])} of {len(qs)} at {b}")
+                    check.number(f"{r.name}: {bar} @{b} tokens", recall_of(by_budget[b], qs))
+                    check.number(f"{r.name}: {bar} recall_all @{b} tokens", recall_of(by_budget[b], qs, lambda o: o.all_hit))
+                    check.that(all(o.tokens <= b for o in by_budget[b].values()), f"{r.name}: {bar}: a context over {b} tokens")
+                check.that(all(recall_of(by_budget[a], qs) <= recall_of(by_budget[b], qs) for a, b in zip(budgets, budgets[1:])),
+                           f"{r.name}: {bar}: recall fell with a larger budget")
+    for name, runs in engram.items():
+        if not args.no_bars:
+            for measure in (lambda o: o.hit, lambda o: o.all_hit):
+                margins = bar_margins(qs, budgets, runs, flat, measure)
+                check.that(len(margins) == 3, f"{name}: margins over {sorted(margins)}, not bars (a), (b), (c)")
+                for bar, (cells, _) in margins.items():
+                    for b, m in zip(budgets, cells):
+                        check.number(f"{name}: margin over {bar} @{b}", m)
     for name, by_budget in every:
         for b in budgets:
             # the per-question need is computed apart from the fill at each budget: they must agree
