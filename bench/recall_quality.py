@@ -1,4 +1,5 @@
-"""Benchmark: LoCoMo evidence recall of engram's recall vs flat retrievers at the same context size.
+"""Benchmark: LoCoMo (or LongMemEval-format) evidence recall of engram's recall vs flat retrievers
+and the bars its graph must clear, at the same context size.
 
 Issue 11, item 1: methods are compared at the same cl100k token budget of returned context (500,
 1,000 and 2,000 tokens), not at k items (one engram item covers about two messages; comparing at
@@ -6,6 +7,13 @@ k flattered engram). Each method ranks items; the bench renders them as the cont
 gets and keeps adding items, best first, until the next one does not fit (the recall service's
 own rule, ``services.recall.merge.fit_budget``). A question is a hit when the message of one of
 its evidence dia ids is inside that context.
+
+One provenance rule for every row, engram's, the flat rows and the bars (bench/_ranking.py): a
+line holding a fact counts for the messages of the turn it came from (its episodes' source
+message ids, stored on the Episodic nodes); a line holding a turn counts for the messages whose
+text it holds (the first 80% of the message's text in the line, see below); a line holding an
+entity (name and summary: only graphiti's search returns those) counts for no message, since a
+summary cites none.
 
 * engram: the real turn-detector, extractor (offline rules "LLM", ``RulesExtractorClient``) and
   recall service over NATS, with an embedded nats-server and FalkorDB, one ingest per
@@ -16,11 +24,11 @@ its evidence dia ids is inside that context.
   ``fit_budget`` on the same ranked items (what asking at that budget returns). ``--sweep
   NAME=V1,V2`` asks again with each combination of recall settings (``RecallSettings``, read per
   request) after the one ingest: one row per combination. The context is the service's
-  ``prompt_section`` (header, one line per fact or turn, dates). Inside: a fact's source messages
-  (its provenance: the fact states what they said); for a past turn (shortened to 1,000
-  characters by recall) a message whose first 80% of text is in the line, the dates recall adds
-  after relative expressions removed first (their tokens still count). "by provenance" in the
-  notes counts every provenance message of a kept turn, to show what the shortening costs.
+  ``prompt_section`` (header, one line per fact or turn, dates). Inside, by the rule above: a
+  fact's provenance (the messages of its turns); for a past turn (shortened to 1,000 characters
+  by recall) a message whose first 80% of text is in the line, the dates recall adds after
+  relative expressions removed first (their tokens still count). "by provenance" in the notes
+  counts every provenance message of a kept turn, to show what the shortening costs.
 * flat baselines, raw texts, one "- " line per item, no header: BM25 over the raw messages
   ("Speaker: text", bm25s, no stemming or stopwords); stemmed BM25 over turns (bm25s with
   PyStemmer's English stemmer and English stopwords); BM25 + dense over turns fused by RRF
@@ -30,6 +38,21 @@ its evidence dia ids is inside that context.
 * "…, dated as engram's" (diagnostic): a BM25 + dense row with each turn's date appended as engram's
   lines carry it ("(said YYYY-MM-DD)"): what the dates an agent needs cost at a budget. Never the
   "best flat" of the comparison lines.
+* The bars of issue 24, item 3, each engram row is compared with ("margins ... over the bars"):
+  (a) the best flat retriever over turns (of the rows above, not the messages row nor the dated
+  diagnostic; the best at each budget and measure, named). (b) "flat facts+turns store, graph of
+  <engram row>": after each engram ingest, every fact of that run's graph as extracted (expired
+  ones too: a flat store has no invalidation) and the turns (the turn rows' texts), each ranked by
+  stemmed BM25 and by dense cosine (the run's own embedder, questions as recall embeds them; the
+  facts' stored vectors when they are that embedder's, else embedded again), the four rankings
+  fused by RRF (k=60), "- fact" and "- turn" lines, no header: what a vector-memory peer does with
+  the same facts. (c) "graphiti search, graph of <engram row>": graphiti-core's own ``search()``
+  with ``COMBINED_HYBRID_SEARCH_RRF`` (edges and nodes: BM25 + cosine, RRF; episodes: BM25) over
+  the same group with graphiti's default filters, ``limit`` 80 per list, the lists interleaved by
+  RRF rank; edges as "- fact", nodes as "- Name: summary", episodes as turns. Both are computed
+  over the same graph in the same run as the engram row (bench/_flat_bars.py); with ``--runs``
+  their cells are medians over the runs and engram's margin over them is the median of the
+  per-run differences (each run against its own graph). ``--no-bars`` skips (b) and (c).
 * "fact ceiling" (diagnostic, not a method): questions whose evidence produced a current fact.
 * "oracle (its items, evidence first)" (diagnostic, not a method): engram's own returned items
   (at the largest budget) in a perfect order: the items holding an evidence message first,
@@ -50,7 +73,17 @@ the same fill rule (lines added while their summed costs fit, the joined text mu
 smoke checks that a hit at each budget agrees with it); tokens to X% is the ceil(X * n)-th
 smallest of those; ">2000" when not reached within the largest budget (engram's response stops
 there, so nothing beyond it is measured for any method). Per category, per split; then the margin
-of each engram row over every flat row at each budget (any evidence; every evidence).
+of each engram row over each bar (a), (b), (c) and over every flat row at each budget (any
+evidence; every evidence).
+
+LongMemEval-format files (``--data``): a JSON list of items (question_id, question_type,
+question, answer, haystack_sessions of {role, content, has_answer?}, haystack_dates,
+haystack_session_ids, answer_session_ids) is read as one corpus per item (its haystack, sessions
+in date order; ``--sessions N`` keeps the first N), category = question_type, evidence = the
+turns with ``has_answer`` (items with none, abstention, are left out); bench/_longmemeval.py.
+``--facts reference`` needs LoCoMo's observations and refuses such a file. The real LongMemEval
+data is not in this workplace (no package on PyPI or npm ships it, no model or data hub is
+reachable): the loader is tested on a small hand-written file (tests/bench/data/longmemeval_mini.json).
 
 Splits: the 7 shared conversations are split into a tuning split (4) and a report split (3),
 fixed in bench/_recall_common.py with the reason; both are printed and labelled. Knobs are chosen
@@ -63,6 +96,7 @@ are deterministic (computed once, said so).
     python bench/recall_quality.py --samples conv-26 conv-30 conv-42 conv-44 --runs 1 --sweep followers=0,1,3
                                                      # choose a knob on the tuning split, one ingest
     python bench/recall_quality.py --data other.json --runs 1   # any LoCoMo-format file (unknown fields ignored)
+    python bench/recall_quality.py --data longmemeval_s.json --runs 1   # a LongMemEval-format file
     python bench/recall_quality.py --samples conv-26 --sessions 3 --runs 1   # a quick check
     python bench/recall_quality.py --smoke       # CI: conv-26, 2 sessions, 1 run; checks, not quality
     python bench/recall_quality.py --facts reference --smoke   # the same over LoCoMo's reference facts
