@@ -79,11 +79,13 @@ evidence; every evidence).
 LongMemEval-format files (``--data``): a JSON list of items (question_id, question_type,
 question, answer, haystack_sessions of {role, content, has_answer?}, haystack_dates,
 haystack_session_ids, answer_session_ids) is read as one corpus per item (its haystack, sessions
-in date order; ``--sessions N`` keeps the first N), category = question_type, evidence = the
-turns with ``has_answer`` (items with none, abstention, are left out); bench/_longmemeval.py.
-``--facts reference`` needs LoCoMo's observations and refuses such a file. The real LongMemEval
-data is not in this workplace (no package on PyPI or npm ships it, no model or data hub is
-reachable): the loader is tested on a small hand-written file (tests/bench/data/longmemeval_mini.json).
+in date order; ``--sessions N`` keeps the first N; ``--samples`` takes question ids), category =
+question_type, evidence = the turns with ``has_answer`` (items with none, abstention, are left
+out); bench/_longmemeval.py. ``--facts reference`` needs LoCoMo's observations and refuses such a
+file. The real LongMemEval data is not in this workplace (none of the PyPI or npm packages tried
+ships it, no model or data hub is reachable): the loader is tested on a small hand-written file
+(tests/bench/data/longmemeval_mini.json). LongMemEval_S holds ~50 sessions per item: pick items
+with ``--samples`` and ``--sessions``, the offline extractor takes ~2 turns/s on 2 cores.
 
 Splits: the 7 shared conversations are split into a tuning split (4) and a report split (3),
 fixed in bench/_recall_common.py with the reason; both are printed and labelled. Knobs are chosen
