@@ -110,6 +110,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import logging
 import math
@@ -440,10 +441,16 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
         js = nc.jetstream()
         run.turns = sum(len(c.turns) for c in corpora)
         started = time.perf_counter()
-        for corpus in corpora:
-            await publish_events(js, corpus.events)
-        run.published = await wait_extracted(js, run.turns, timeout=4 * 3600, label=name)
-        run.ingest_s = time.perf_counter() - started
+        marker = work / "ingested"
+        if marker.exists():  # --keep: this ingest is already in the kept graph and streams
+            run.published = int(marker.read_text())
+            print(f"[{name}] reusing the kept ingest in {work} ({run.published} episodes)", file=sys.stderr)
+        else:
+            for corpus in corpora:
+                await publish_events(js, corpus.events)
+            run.published = await wait_extracted(js, run.turns, timeout=4 * 3600, label=name)
+            marker.write_text(str(run.published))
+        run.ingest_s = max(time.perf_counter() - started, 1e-9)
         try:
             run.dead_letters = (await js.stream_info(subjects.STREAM_DLQ)).state.messages
         except Exception:  # noqa: BLE001 - no DLQ stream = no dead letters
@@ -764,7 +771,9 @@ async def main(args: argparse.Namespace) -> int:
     flat = await flat_methods(corpora, dense, budgets, count_tokens, turn_vector_cache)
     flat_s = time.perf_counter() - started
     engram: dict[str, list[EngramRun]] = defaultdict(list)
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
         falkordb = start_falkordb(Path(tmp))
         try:
             for i in range(args.runs):
@@ -900,6 +909,10 @@ if __name__ == "__main__":
     parser.add_argument("--sweep", nargs="*", default=[], metavar="NAME=V1,V2",
                         help="recall settings (ENGRAM_RECALL_<NAME>) to try after one ingest: one engram row per "
                         "combination; choose knobs on the tuning split only")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="keep the graph and streams in DIR; a later run with the same DIR, data, samples, "
+                        "--facts and embedder reuses that ingest and only asks (for choosing recall knobs after a "
+                        "code change; say so when quoting its ingest time)")
     args = parse(parser, {"samples": ["conv-26"], "sessions": 2, "runs": 1, "dense": ["hashing"]})
     if args.facts == "llm" and not args.llm_base_url:
         parser.error("--facts llm needs --llm-base-url")

@@ -45,6 +45,7 @@ from services.recall.temporal import rank_for_query
 log = logging.getLogger("engram.recall")
 QUEUE_GROUP = "recall"
 QUERY_VECTORS_KEPT = 1024
+MIN_SIMILARITY_SEMANTIC: float | None = None  # the relevance floor's default, chosen on the tuning split
 
 RECALL_SECONDS = Histogram(
     "engram_recall_seconds", "Recall request latency, by outcome (ok, empty, timeout, error, bad_request).",
@@ -114,6 +115,22 @@ class RecallSettings(BaseSettings):
         True,
         description="Leave out a fact when every turn it came from is already in the answer, ranked above it.",
     )
+    fact_keys: bool = Field(
+        True,
+        description="A past turn is also found by the text of the facts extracted from it (its BM25 key is the turn "
+        "and its facts: LongMemEval's K = V + fact).",
+    )
+    entity_facts: int = Field(
+        40, ge=0, le=1000,
+        description="The entities a question names (their name, casefolded) bring up to this many of their current "
+        "facts, nearest to the question first, fused with the fact search (services/recall/entities.py); 0: off.",
+    )
+    min_similarity: float | None = Field(
+        None, ge=-1.0, le=1.0,
+        description="Relevance floor: a fact or past turn that shares no word with the question is returned only "
+        "when its embedding's cosine to the question's is at least this. Unset: the default for a semantic "
+        "embedder (MIN_SIMILARITY_SEMANTIC), none with the hashing embedder (its cosine is word overlap).",
+    )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,
         description="Groups whose BM25 index over past turns is kept in memory; the least recently used "
@@ -136,7 +153,6 @@ class Recall:
         self.query_vectors: OrderedDict[str, list[float]] = OrderedDict()  # least recently used first
         self.configure(RecallSettings())
         # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
-        self.lexical = LexicalEpisodes(self.options.lexical_max_groups, self.options.lexical_max_bytes)
 
     async def query_vector(self, query: str) -> list[float]:
         """The question's embedding; the last ``QUERY_VECTORS_KEPT`` are kept (a local model takes
@@ -156,8 +172,16 @@ class Recall:
     def configure(self, options: RecallSettings) -> None:
         """Use ``options`` from the next request on (read per request; bench/recall_quality.py
         sweeps them over one ingest)."""
+        lexical = getattr(self, "lexical", None)
+        if lexical is None or (lexical.max_groups, lexical.max_bytes, lexical.fact_keys) != \
+                (options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys):
+            # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
+            self.lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys)
         self.options = options
-        self.dense_episodes = options.dense_episodes if options.dense_episodes is not None else is_semantic(self.embedder)
+        semantic = is_semantic(self.embedder)
+        self.dense_episodes = options.dense_episodes if options.dense_episodes is not None else semantic
+        self.min_similarity = options.min_similarity if options.min_similarity is not None else \
+            (MIN_SIMILARITY_SEMANTIC if semantic else None)
 
     async def start(self) -> None:
         self.graph.validate()
@@ -220,7 +244,8 @@ class Recall:
         items = await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
                                    episode_weight=self.options.episode_weight, episodes=episodes,
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
-                                   followers=self.options.followers, with_facts=self.options.facts)
+                                   followers=self.options.followers, with_facts=self.options.facts,
+                                   entity_facts=self.options.entity_facts, min_cosine=self.min_similarity)
         if self.options.supersession and episodes:
             found = await find_supersessions(driver, group, scope, items, self.options.episode_chars)
             items = reorder(items, found)

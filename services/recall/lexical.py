@@ -59,7 +59,7 @@ import re
 import unicodedata
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import KeysView
+from collections.abc import KeysView, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
@@ -104,6 +104,15 @@ Q_EPISODES = f"MATCH (e:Episodic) WHERE e.group_id = $g RETURN {_FIELDS} ORDER B
 Q_EPISODES_IN = (
     f"MATCH (e:Episodic) WHERE e.group_id = $g AND e.uuid IN $uuids RETURN {_FIELDS} ORDER BY e.created_at, e.uuid"
 )
+# The facts each episode produced (fact-augmented turn keys): from the episode's MENTIONS edges to
+# the facts between the entities it mentions that cite it. Superseded facts too: the turn said them.
+Q_FACTS_OF = (
+    "UNWIND $uuids AS u "
+    "MATCH (e:Episodic {uuid: u})-[:MENTIONS]->(:Entity)-[r:RELATES_TO]-(:Entity) "
+    "WHERE e.group_id = $g AND u IN r.episodes "
+    "RETURN u AS uuid, collect(DISTINCT r.fact) AS facts"
+)
+FACT_KEY_BATCH = 2000  # episodes per facts query
 
 EVICTIONS = PromCounter(
     "engram_recall_lexical_evictions_total",
@@ -266,14 +275,21 @@ class Doc:
     held_bytes: int = 0  # UTF-8 text + float32 vector: what the memory bound counts
     votes: Counter[str] = field(default_factory=Counter)  # stopword votes per language
     vector: np.ndarray | None = None  # the turn's embedding (unit length), None when it has none
+    facts: str = ""  # the text of the facts it produced, searched with it (fact-augmented keys)
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Doc:
+    def of(cls, row: dict[str, Any], facts: Sequence[str] = ()) -> Doc:
         content = row.get("content") or ""
         vector = unit_vector(row.get("vector"))
-        held = len(content.encode("utf-8", "surrogatepass")) + (vector.nbytes if vector is not None else 0)
+        fact_text = "\n".join(sorted(facts))
+        held = len((content + fact_text).encode("utf-8", "surrogatepass")) + (vector.nbytes if vector is not None else 0)
         return cls(row["uuid"], content, row.get("valid_at"), row.get("created_at"), held,
-                   language_votes(content), vector)
+                   language_votes(content), vector, fact_text)
+
+    @property
+    def key(self) -> str:
+        """What BM25 searches: the turn's text, and its facts' when the index keeps them."""
+        return f"{self.content}\n{self.facts}" if self.facts else self.content
 
 
 @dataclass
@@ -351,7 +367,7 @@ class EpisodeIndex:
         vocab = self.vocab
         for at, doc in enumerate(self.docs):
             if doc is not None and self.terms[at] is None:
-                ids = [vocab.setdefault(t, len(vocab)) for t in tokens(doc.content, language)]
+                ids = [vocab.setdefault(t, len(vocab)) for t in tokens(doc.key, language)]
                 self.terms[at] = np.asarray(ids, dtype=np.int32)
 
     def _built(self) -> BM25:
@@ -409,13 +425,18 @@ class EpisodeIndex:
             self.successor = {a.uuid: b for a, b in zip(ordered, ordered[1:])}
         return self.successor.get(uuid)
 
-    def hybrid(self, query: str, vector: Any, k: int, rrf_k: int = RRF_K) -> list[tuple[Doc, float]]:
+    def hybrid(self, query: str, vector: Any, k: int, rrf_k: int = RRF_K,
+               min_cosine: float | None = None) -> list[tuple[Doc, float]]:
         """BM25 and dense rankings fused by reciprocal rank (equal weights, rank constant
         ``rrf_k``), best ``k`` first -- the flat retriever bench/recall_quality.py measured best.
-        Each side contributes its ``CANDIDATES_PER_K`` x ``k`` best; without a vector, BM25 alone."""
+        Each side contributes its ``CANDIDATES_PER_K`` x ``k`` best; without a vector, BM25 alone.
+        ``min_cosine`` (the relevance floor): a turn the dense side finds counts only at this
+        cosine or above, so a turn sharing no word with the question and unlike it is left out."""
         depth = max(k * CANDIDATES_PER_K, k)
         lexical = self.search(query, depth)
         dense = self.nearest(vector, depth) if vector is not None else []
+        if min_cosine is not None:
+            dense = [(doc, cos) for doc, cos in dense if cos >= min_cosine]
         if not dense:
             return lexical[:k]
         fused: dict[str, float] = {}
@@ -431,9 +452,15 @@ class EpisodeIndex:
 class LexicalEpisodes:
     """BM25 indexes of the groups this recall replica searched most recently (bounded LRU)."""
 
-    def __init__(self, max_groups: int = DEFAULT_MAX_GROUPS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_groups: int = DEFAULT_MAX_GROUPS, max_bytes: int = DEFAULT_MAX_BYTES,
+                 fact_keys: bool = False) -> None:
         self.max_groups = max_groups
         self.max_bytes = max_bytes
+        # A turn is also found by the text of the facts it produced (LongMemEval's K = V + fact).
+        # Read when the turn is indexed: a fact a later turn adds to it (a restatement) joins its
+        # key when the index is rebuilt (eviction, restart), not before -- partial, on purpose: a
+        # re-read of every turn's facts per change would cost O(facts) per request.
+        self.fact_keys = fact_keys
         self.indexes: OrderedDict[str, EpisodeIndex] = OrderedDict()  # least recently used first
         self.indexed_bytes = 0
         # One lock per group while some request uses it: a map of every group ever seen would
@@ -495,29 +522,45 @@ class LexicalEpisodes:
                     rows = await query_rows(driver, Q_EPISODES_IN, g=group_id, uuids=sorted(missing))
                 # Read after the uuids: an episode written in between is added now, one deleted
                 # in between is absent here; the next request's comparison settles either.
+                facts = await self._facts_of(driver, group_id, [r["uuid"] for r in rows if r["uuid"] not in index.uuids])
                 for r in rows:
                     if r["uuid"] not in index.uuids:
-                        index.add(Doc.of(r))
+                        index.add(Doc.of(r, facts.get(r["uuid"], ())))
             index.listing = listing if index.uuids == in_graph else None
             self._keep(group_id, index)
             return index
 
+    async def _facts_of(self, driver: Any, group_id: str, uuids: list[str]) -> dict[str, list[str]]:
+        """episode uuid -> the facts it produced, when the index keeps fact keys."""
+        if not self.fact_keys or not uuids:
+            return {}
+        out: dict[str, list[str]] = {}
+        for at in range(0, len(uuids), FACT_KEY_BATCH):
+            rows = await query_rows(driver, Q_FACTS_OF, g=group_id, uuids=uuids[at:at + FACT_KEY_BATCH])
+            out.update({r["uuid"]: [f for f in r["facts"] or [] if f] for r in rows})
+        return out
+
     async def search(self, driver: Any, group_id: str, query: str, k: int,
-                     vector: Any = None, followers: int = 0) -> list[tuple[Doc, float]]:
+                     vector: Any = None, followers: int = 0, min_cosine: float | None = None) -> list[tuple[Doc, float]]:
         """The group's best ``k`` past turns for ``query``: BM25 fused with the turn vectors'
         cosine to ``vector`` when given (:meth:`EpisodeIndex.hybrid`), else BM25 alone. The first
         ``followers`` turns each bring the turn that follows them right after them (when not
         already returned), with the score of the turn they follow: an answer often continues in
-        the next exchange."""
+        the next exchange. ``min_cosine``: the relevance floor (:meth:`EpisodeIndex.hybrid`); a
+        follower below it is not brought either ("Thanks, that's all for today" after the answer)."""
         index = await self._current(driver, group_id)
-        hits = index.hybrid(query, vector, k) if vector is not None else index.search(query, k)
+        hits = index.hybrid(query, vector, k, min_cosine=min_cosine) if vector is not None else index.search(query, k)
         if followers <= 0:
             return hits
         seen = {doc.uuid for doc, _ in hits}
+        query_unit = unit_vector(vector) if min_cosine is not None and vector is not None else None
         out: list[tuple[Doc, float]] = []
         for rank, (doc, score) in enumerate(hits):
             out.append((doc, score))
             after = index.following(doc.uuid) if rank < followers else None
+            if after is not None and query_unit is not None and after.vector is not None \
+                    and after.vector.size == query_unit.size and float(after.vector @ query_unit) < min_cosine:
+                after = None  # below the floor: an exchange unlike the question adds nothing
             if after is not None and after.uuid not in seen:
                 seen.add(after.uuid)
                 out.append((after, score))

@@ -26,6 +26,9 @@ from engram.graph import as_utc, query_rows
 from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
+from services.recall.entities import entity_fact_ranking
+from bm25s.stopwords import STOPWORDS_EN_PLUS
+
 from services.recall.lexical import LexicalEpisodes
 from services.recall.vector import hybrid_fact_search_scored
 
@@ -34,6 +37,8 @@ FACTS_AND_EPISODES = EDGE_HYBRID_SEARCH_RRF.model_copy(
     update={"episode_config": EpisodeSearchConfig(search_methods=[EpisodeSearchMethod.bm25], reranker=EpisodeReranker.rrf)}
 )
 RRF_K = 60
+# one-word phrases that never name an entity ("what", "did", "she"): bm25s's longer English list
+ENGLISH_STOPWORDS = frozenset(STOPWORDS_EN_PLUS)
 EPISODE_CHARS = 1000  # default cut of a past turn in the prompt section (ENGRAM_RECALL_EPISODE_CHARS)
 
 
@@ -86,12 +91,17 @@ async def search_group(
     dense_episodes: bool = False,
     followers: int = 0,
     with_facts: bool = True,
+    entity_facts: int = 0,
+    min_cosine: float | None = None,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
     Past turns come from ``lexical`` (BM25 kept by the recall service, fused with the turn
     vectors' cosine to ``query_vector`` when ``dense_episodes``) when given, else from the graph's
-    episode fulltext index. ``with_facts`` False: past turns only, no fact search."""
+    episode fulltext index. ``with_facts`` False: past turns only, no fact search.
+    ``entity_facts``: the current facts of the entities the question names, this many at most,
+    fused as a third fact ranking (services/recall/entities.py); 0: none. ``min_cosine``: the
+    relevance floor, a fact or turn found only by embedding counts at this cosine or above."""
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
 
@@ -99,7 +109,11 @@ async def search_group(
         # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
         if query_vector is not None:
-            scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit)
+            named = await entity_fact_ranking(clients.driver, group_id, query, query_vector, entity_facts,
+                                              min_cosine, ENGLISH_STOPWORDS) if entity_facts else []
+            scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit,
+                                                     extra=[[u for u, _ in named]] if named else (),
+                                                     min_cosine=min_cosine)
             if scored is not None:
                 return [e for e, _ in scored], [s for _, s in scored], []
         results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector)
@@ -108,7 +122,8 @@ async def search_group(
 
     if episodes and lexical is not None:
         turn_search = lexical.search(clients.driver, group_id, query, limit,
-                                     vector=query_vector if dense_episodes else None, followers=followers)
+                                     vector=query_vector if dense_episodes else None, followers=followers,
+                                     min_cosine=min_cosine)
         if with_facts:
             (edges, scores, _), hits = await asyncio.gather(facts(), turn_search)
         else:

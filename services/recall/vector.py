@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from graphiti_core.driver.driver import GraphProvider
@@ -155,21 +156,25 @@ async def fetch_facts(driver: Any, group_id: str, uuids: list[str]) -> list[Enti
 
 
 async def hybrid_fact_search_scored(
-    clients: Any, group_id: str, query: str, vector: list[float], limit: int
+    clients: Any, group_id: str, query: str, vector: list[float], limit: int,
+    *, extra: Sequence[list[str]] = (), min_cosine: float | None = None,
 ) -> list[tuple[EntityEdge, float]] | None:
-    """:func:`hybrid_fact_search` with each fact's RRF score (graphiti's ``edge_reranker_scores``)."""
+    """:func:`hybrid_fact_search` with each fact's RRF score (graphiti's ``edge_reranker_scores``).
+    ``extra``: further rankings of edge uuids fused with the two (recall's entity-centric one);
+    ``min_cosine``: the relevance floor of the vector half, when above graphiti's own."""
     if not query.strip() or limit <= 0:
         return []  # graphiti's search() answers an empty query with nothing
     driver = clients.driver
     if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
         return None
+    floor = GRAPHITI_MIN_COSINE if min_cosine is None else max(GRAPHITI_MIN_COSINE, min_cosine)
     keyword, nearest = await asyncio.gather(
         fulltext_fact_search(driver, group_id, query, 2 * limit),
-        vector_fact_search(driver, group_id, vector, 2 * limit, min_score=GRAPHITI_MIN_COSINE),
+        vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor),
     )
     if nearest is None:
         return None
-    uuids, scores = rrf([keyword, [u for u, _ in nearest]])
+    uuids, scores = rrf([keyword, [u for u, _ in nearest], *extra])
     score_of = dict(zip(uuids[:limit], scores[:limit]))
     edges = await fetch_facts(driver, group_id, uuids[:limit])
     return [(edge, score_of[edge.uuid]) for edge in edges]

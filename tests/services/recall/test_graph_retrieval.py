@@ -1,0 +1,105 @@
+"""Recall shaped by the graph (issue 24, item 4): entity-centric retrieval, fact-augmented turn
+keys and the relevance floor. Pure parts first, then each against a real stack (turn-detector,
+extractor with the offline rules model, recall; real NATS and FalkorDB)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+
+from engram.graph import GraphDrivers
+from schemas import subjects
+from services.recall.entities import entity_fact_ranking, named_entities, phrases
+from services.recall.lexical import Doc, EpisodeIndex, LexicalEpisodes
+from services.recall.search import ENGLISH_STOPWORDS
+from tests.services.recall.test_fact_changes import MONDAY, USER, _say
+from tests.services.recall.test_service import stack
+
+
+def test_phrases_take_off_possessives_and_edge_punctuation_and_skip_one_word_stopwords() -> None:
+    found = phrases("What did Caroline's sister say about Node.js?", ENGLISH_STOPWORDS)
+    assert "caroline" in found and "node.js" in found and "caroline sister" in found
+    assert "what" not in found and "did" not in found  # one stopword names nothing
+    assert "say about" in found  # longer phrases are kept: a name may hold a stopword ("Bank of America")
+    assert phrases("") == [] and phrases("?? !!") == []
+    assert len(max(phrases("a b c d e f g"), key=len).split()) == 4  # MAX_NAME_WORDS
+
+
+def clients_embedder(settings):  # noqa: ANN001, ANN201 - the suite's embedder, as the stack's extractor has it
+    from engram.models.factory import EmbedderSettings, build_embedder
+    return build_embedder(EmbedderSettings())
+
+
+def _doc(uuid: str, content: str, facts: str = "", vector: list[float] | None = None) -> Doc:
+    doc = Doc.of({"uuid": uuid, "content": content, "vector": vector}, facts.split("|") if facts else ())
+    return doc
+
+
+def test_a_turn_is_found_by_the_words_of_its_facts() -> None:
+    # The turn never says "adoption": its fact does (LongMemEval's K = V + fact).
+    plain = EpisodeIndex.of([_doc("t1", "I went to that meeting about it yesterday, so moving!"),
+                             _doc("t2", "The weather was lovely by the lake.")])
+    keyed = EpisodeIndex.of([_doc("t1", "I went to that meeting about it yesterday, so moving!",
+                                  "Caroline attended an adoption council meeting."),
+                             _doc("t2", "The weather was lovely by the lake.")])
+    assert plain.search("adoption meeting Caroline", 5)[0][0].uuid == "t1"  # "meeting" alone
+    assert plain.search("adoption Caroline", 5) == []
+    assert [d.uuid for d, _ in keyed.search("adoption Caroline", 5)] == ["t1"]
+    # what recall shows is the turn, not its key
+    assert keyed.search("adoption", 1)[0][0].content.startswith("I went")
+
+
+def test_the_floor_keeps_dense_only_turns_at_or_above_it_and_words_always_count() -> None:
+    q = [1.0, 0.0]
+    index = EpisodeIndex.of([
+        _doc("shares-a-word", "billing moved", vector=[0.0, 1.0]),            # cosine 0, a shared word
+        _doc("similar", "our payments store changed", vector=[0.9, 0.1]),     # cosine ~0.99
+        _doc("unlike", "thanks, that's all for today", vector=[0.2, 0.98]),   # cosine ~0.2
+    ])
+    everything = {d.uuid for d, _ in index.hybrid("billing", q, 10)}
+    assert everything == {"shares-a-word", "similar", "unlike"}
+    floored = {d.uuid for d, _ in index.hybrid("billing", q, 10, min_cosine=0.5)}
+    assert floored == {"shares-a-word", "similar"}
+
+
+async def test_entities_named_in_the_question_bring_their_facts_and_turns_are_found_by_facts(
+    clean_nats, falkordb_server, tmp_path  # noqa: ANN001
+) -> None:
+    async with stack(clean_nats, falkordb_server.url, tmp_path) as (nc, settings):
+        await _say(nc, "s1", MONDAY, "I researched adoption agencies in Sweden.", "Good luck.")
+        await _say(nc, "s2", MONDAY + timedelta(days=1), "I painted Lake Tahoe at sunrise.", "Lovely.")
+        await _say(nc, "s3", MONDAY + timedelta(days=2), "I run a pottery class at Clayworks on Tuesdays.", "Nice.")
+        group = subjects.user_group(settings.group_prefix, USER.user)
+        graph = GraphDrivers(settings)
+        try:
+            driver = await graph.driver(group)
+            assert len(await named_entities(driver, group, "When did I paint lake tahoe?", ENGLISH_STOPWORDS)) == 1
+            assert await named_entities(driver, group, "What did the team research?", ENGLISH_STOPWORDS) == []
+            vector = await clients_embedder(settings).create(['pottery class'])
+            ranked = await entity_fact_ranking(driver, group, "What happens at Clayworks?", vector, 10,
+                                               stopwords=ENGLISH_STOPWORDS)
+            rows = await driver.execute_query(
+                "MATCH ()-[r:RELATES_TO]->() WHERE r.uuid IN $u RETURN r.fact AS fact", u=[u for u, _ in ranked])
+            facts = [r["fact"] for r in rows[0]]
+            assert facts and all("Clayworks" in f for f in facts), facts  # not Sweden's, not Lake Tahoe's
+            # Ada is the subject of every fact (4 edges: the pottery class is at Clayworks and on Tuesdays)
+            assert len(await entity_fact_ranking(driver, group, "What does Ada do?", vector, 10,
+                                                 stopwords=ENGLISH_STOPWORDS)) == 4
+            # a floor above every similarity leaves nothing
+            assert await entity_fact_ranking(driver, group, "What happens at Clayworks?", vector, 10, min_cosine=1.01,
+                                             stopwords=ENGLISH_STOPWORDS) == []
+
+            # fact-augmented keys: the index reads each turn's facts with it
+            lexical = LexicalEpisodes(fact_keys=True)
+            index = await lexical._current(driver, group)
+            keyed = [d for d in index.docs if d is not None and d.facts]
+            assert keyed and any("Clayworks" in d.facts for d in keyed)
+            assert not any(d.facts for d in (await LexicalEpisodes()._current(driver, group)).docs if d is not None)
+        finally:
+            await graph.close()
+
+
+def test_unit_vectors_used_by_the_floor_are_cosines() -> None:
+    doc = _doc("x", "text", vector=[3.0, 4.0])
+    assert doc.vector is not None and np.isclose(float(doc.vector @ np.array([0.6, 0.8], np.float32)), 1.0)
