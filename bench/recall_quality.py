@@ -146,16 +146,13 @@ from bench._recall_common import (  # noqa: E402
 )
 from bench._flat_bars import BAR_GRAPHITI, BAR_STORE, BarStats, graph_bars  # noqa: E402
 from bench._longmemeval import is_longmemeval, longmemeval_item  # noqa: E402
-from bench._ranking import (  # noqa: E402, F401 - the tests import the primitives from here
+from bench._ranking import (  # noqa: E402
     MAX_ITEMS,
-    RRF_K,
     Line,
     Outcome,
     bm25_index,
     bm25_ranking,
     dense_ranking,
-    fill,
-    holds,
     need_of,
     normalized,
     rrf,

@@ -1,7 +1,9 @@
 """bench/recall_quality.py at equal context size (issue 11, item 1): the budget rule, what counts
 as inside a shortened turn, the fixed splits, and ``--data`` on a LoCoMo-format file the bench
 has never seen (extra fields ignored, its conversation reported as held out). Issue 24, item 2:
-recall_all, tokens to reach X% recall, the oracle ordering; ``--facts reference`` end to end."""
+recall_all, tokens to reach X% recall, the oracle ordering; ``--facts reference`` end to end.
+Issue 24, item 3: the one provenance rule, the bars' rankings and fusion (bench/_flat_bars.py),
+margins paired by run, and LongMemEval-format input (bench/_longmemeval.py)."""
 
 from __future__ import annotations
 
@@ -24,20 +26,8 @@ from graphiti_core.search.search_config import SearchResults
 
 from bench._flat_bars import FlatStore, fact_vectors, graphiti_lines, store_lines
 from bench._longmemeval import is_longmemeval, longmemeval_item, session_date, session_key
-from bench._ranking import ENTITY_INSIDE, Line, fact_inside, score_lines, turn_inside
-from bench.recall_quality import (
-    Outcome,
-    engram_need,
-    engram_outcome,
-    fill,
-    holds,
-    item_inside,
-    longmemeval_corpus,
-    need_of,
-    oracle_order,
-    rrf,
-    tokens_to,
-)
+from bench._ranking import ENTITY_INSIDE, Line, Outcome, fact_inside, fill, holds, need_of, rrf, score_lines, tokens_to, turn_inside
+from bench.recall_quality import engram_need, engram_outcome, item_inside, longmemeval_corpus, oracle_order
 from schemas import ChatMessage, Provenance, RecallItem, SessionClosed
 from services.recall.merge import fit_budget
 from engram.tokens import token_counter
