@@ -174,7 +174,7 @@ from services.extractor import app as ex_app  # noqa: E402
 from services.extractor.chunking import token_counter  # noqa: E402
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
 from services.recall import app as rc_app  # noqa: E402
-from services.recall.merge import FOOTER, HEADER, fit_budget, render_line  # noqa: E402
+from services.recall.merge import Layout, fit_budget, line_costs, render_line, render_section  # noqa: E402
 from services.turn_detector import app as td_app  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
@@ -276,6 +276,7 @@ async def flat_methods(corpora: list[Corpus], dense: dict[str, object], budgets:
 @dataclass
 class EngramRun:
     name: str
+    layout: Layout = "ranked"  # the recall service's prompt layout for this run's knobs
     outcomes: dict[int, dict[Key, Outcome]] = field(default_factory=lambda: defaultdict(dict))
     oracle: dict[int, dict[Key, Outcome]] = field(default_factory=lambda: defaultdict(dict))  # its items, evidence first
     ceiling: dict[Key, bool] = field(default_factory=dict)
@@ -319,15 +320,13 @@ def engram_outcome(items: list[RecallItem], section: str, evidence: frozenset[st
 
 
 def engram_need(items: list[RecallItem], evidence: frozenset[str], said: dict[str, str],
-                count_tokens: Callable[[str], int], cap: int) -> float:
-    """:func:`need_of` for recall's rendering (``services.recall.merge.fit_budget``: header and
-    footer, one line per item)."""
+                count_tokens: Callable[[str], int], cap: int, layout: Layout = "ranked") -> float:
+    """:func:`need_of` for recall's rendering (``services.recall.merge.fit_budget`` in ``layout``:
+    header and footer, one line per item, a day's heading with its first item in ``by_day``)."""
     show_scope = len({item.scope for item in items}) > 1
-    lines = [render_line(item, show_scope=show_scope) for item in items]
-    return need_of([count_tokens(line) for line in lines],
-                   lambda n: count_tokens(HEADER + "".join(lines[:n]) + FOOTER),
-                   [bool(item_inside(item, said) & evidence) for item in items], cap,
-                   base=count_tokens(HEADER) + count_tokens(FOOTER))
+    base, costs = line_costs(items, count_tokens, layout, show_scope)
+    return need_of(costs, lambda n: count_tokens(render_section(items[:n], layout, show_scope)),
+                   [bool(item_inside(item, said) & evidence) for item in items], cap, base=base)
 
 
 def oracle_order(items: list[RecallItem], evidence: frozenset[str], said: dict[str, str],
@@ -474,6 +473,7 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns", "graph", "bars", "bar_stats"):
                 setattr(this, attr, getattr(run, attr))
             this.ceiling, this.facts = ceiling, facts
+            this.layout = recall.recall.options.layout  # smaller budgets are fitted in the service's layout
             await ask_all(this, nc, corpora, concurrency, budgets, count_tokens, said)
         await nc.close()
     finally:
@@ -487,6 +487,7 @@ async def ask_all(run: EngramRun, nc, corpora: list[Corpus], concurrency: int, b
                   count_tokens: Callable[[str], int], said: dict[str, str]) -> None:
     """Ask every question of ``corpora`` once, recording each budget's outcome in ``run``."""
     gate = asyncio.Semaphore(concurrency)
+    layout = run.layout
 
     async def one(q: Question) -> None:
         async with gate:
@@ -497,18 +498,18 @@ async def ask_all(run: EngramRun, nc, corpora: list[Corpus], concurrency: int, b
         run.took_ms.append(response.took_ms)
         run.fact_items += sum(i.kind == "fact" for i in response.items)
         run.turn_items += sum(i.kind == "episode" for i in response.items)
-        need = engram_need(response.items, q.evidence, said, count_tokens, max(budgets))
+        need = engram_need(response.items, q.evidence, said, count_tokens, max(budgets), layout)
         perfect = oracle_order(response.items, q.evidence, said, count_tokens)
-        perfect_need = engram_need(perfect, q.evidence, said, count_tokens, max(budgets))
+        perfect_need = engram_need(perfect, q.evidence, said, count_tokens, max(budgets), layout)
         for budget in budgets:
             # The service's ranked list does not depend on the budget and fit_budget keeps its
             # longest fitting prefix: fitting the largest budget's items again is what asking
             # at the smaller budget returns, for a third of the requests.
             items, section = (response.items, response.prompt_section) if budget == max(budgets) else \
-                fit_budget(response.items, budget, count_tokens)
+                fit_budget(response.items, budget, count_tokens, layout)
             run.outcomes[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens,
                                                                       need)
-            items, section = fit_budget(perfect, budget, count_tokens)
+            items, section = fit_budget(perfect, budget, count_tokens, layout)
             run.oracle[budget][(q.sample, q.text)] = engram_outcome(items, section, q.evidence, said, count_tokens,
                                                                     perfect_need)
 

@@ -36,7 +36,7 @@ from schemas import RecallRequest, RecallResponse, subjects
 from schemas.validation import error_locations
 from services.extractor.app import NoRerank
 from services.recall.admin import register_admin
-from services.recall.merge import drop_covered_facts, fit_budget, groups_for, merge, query_text
+from services.recall.merge import Layout, drop_covered_facts, fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes
 from services.recall.search import EPISODE_CHARS, search_group
 from services.recall.supersession import find_supersessions, reorder
@@ -130,6 +130,12 @@ class RecallSettings(BaseSettings):
         description="Relevance floor: a fact or past turn that shares no word with the question is returned only "
         "when its embedding's cosine to the question's is at least this. Unset: the default for a semantic "
         "embedder (MIN_SIMILARITY_SEMANTIC), none with the hashing embedder (its cosine is word overlap).",
+    )
+    layout: Layout = Field(
+        "ranked",
+        description="The prompt section's layout: ranked (one line per item, most relevant first, each dated) or "
+        "by_day (the same items under one heading per day, oldest day first: a date said once a day, not once a "
+        "line); services/recall/merge.py.",
     )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,
@@ -231,7 +237,7 @@ class Recall:
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:
             items = drop_covered_facts(items)
-        kept, section = fit_budget(items, request.token_budget, self.count_tokens)
+        kept, section = fit_budget(items, request.token_budget, self.count_tokens, self.options.layout)
         return RecallResponse(items=kept, prompt_section=section)
 
     async def _search(self, group: str, scope: str | None, query: str, vector: list[float], limit: int,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import Literal
 from datetime import datetime, timezone
 
 from engram.secrets import scrub_secrets
@@ -108,18 +109,31 @@ HEADER = (
     "<graphiti_memory>\n"
     "Remembered facts and past exchanges, most relevant first; they may be stale: what the user says now wins.\n"
 )
+HEADER_BY_DAY = (
+    "<graphiti_memory>\n"
+    "Remembered facts and past exchanges under the day they were said; they may be stale: what the user says now "
+    "wins.\n"
+)
 FOOTER = "</graphiti_memory>"
+UNDATED = "undated"
+Layout = Literal["ranked", "by_day"]
+"""How recall's prompt section lays its items out. ``ranked``: one line per item, most relevant
+first, each line with its date ("said 2023-05-08", "since ..."). ``by_day``: the same items (the
+budget still keeps the most relevant ones), grouped under a heading per day, days oldest first,
+each day's items most relevant first; a line keeps only its end mark ("superseded ...",
+"until ..."). A date costs ~10 cl100k tokens a line, more than a short fact itself: said once
+per day, the same budget holds more of what was said, with every date still in the text."""
 
 
-def _date(item: RecallItem, now: datetime | None = None) -> str:
+def _date(item: RecallItem, now: datetime | None = None, dated: bool = True) -> str:
     if item.kind == "episode":
-        said = f"said {item.valid_at.date().isoformat()}" if item.valid_at else ""
+        said = f"said {item.valid_at.date().isoformat()}" if item.valid_at and dated else ""
         if item.invalid_at is not None:
             # every fact of this turn was superseded (services/recall/supersession.py)
             end = f"superseded {item.invalid_at.date().isoformat()}"
             return f" ({said}, {end})" if said else f" ({end})"
         return f" ({said})" if said else ""
-    since = f"since {item.valid_at.date().isoformat()}" if item.valid_at else ""
+    since = f"since {item.valid_at.date().isoformat()}" if item.valid_at and dated else ""
     if item.invalid_at:
         # a fact whose end has passed is marked superseded, so a model does not take it as current
         end = f"{'superseded' if superseded(item, now) else 'until'} {item.invalid_at.date().isoformat()}"
@@ -127,37 +141,76 @@ def _date(item: RecallItem, now: datetime | None = None) -> str:
     return f" ({since})" if since else ""
 
 
-def render_line(item: RecallItem, now: datetime | None = None, show_scope: bool = True) -> str:
+def render_line(item: RecallItem, now: datetime | None = None, show_scope: bool = True, dated: bool = True) -> str:
+    """One item's line; ``dated`` False leaves its start date out (the ``by_day`` layout's heading says it)."""
     scope = f"[{item.scope}] " if item.scope and show_scope else ""
     text = item.fact.strip()
     if item.kind == "episode":
         # a past turn's "last Friday" is written out against the day it was said (valid_at)
         text = ground(text, item.valid_at)
-    return f"- {scope}{text}{_date(item, now)}\n"
+    return f"- {scope}{text}{_date(item, now, dated)}\n"
 
 
-def fit_budget(items: Sequence[RecallItem], token_budget: int, count_tokens: Callable[[str], int]) -> tuple[list[RecallItem], str]:
-    """The longest prefix of ``items`` whose rendered section fits ``token_budget`` tokens, and
-    that section ("" when not even one item fits). Lines name their scope only when the items
-    come from more than one."""
-    show_scope = len({item.scope for item in items}) > 1
-    used = count_tokens(HEADER) + count_tokens(FOOTER)
-    kept: list[RecallItem] = []
-    lines: list[str] = []
+def day_of(item: RecallItem) -> str:
+    """The heading an item goes under in the ``by_day`` layout: the day it was said (a fact: the
+    day it became true), ISO; ``undated`` when unknown."""
+    return item.valid_at.date().isoformat() if item.valid_at else UNDATED
+
+
+def _heading(day: str) -> str:
+    return f"{day}:\n"
+
+
+def render_section(items: Sequence[RecallItem], layout: Layout = "ranked", show_scope: bool | None = None) -> str:
+    """The prompt section of ``items`` (in their order of relevance) in ``layout``; "" for none."""
+    if not items:
+        return ""
+    if show_scope is None:
+        show_scope = len({item.scope for item in items}) > 1
+    if layout == "ranked":
+        return HEADER + "".join(render_line(i, show_scope=show_scope) for i in items) + FOOTER
+    by_day: dict[str, list[str]] = {}
     for item in items:
-        line = render_line(item, show_scope=show_scope)
-        cost = count_tokens(line)
+        by_day.setdefault(day_of(item), []).append(render_line(item, show_scope=show_scope, dated=False))
+    days = sorted(d for d in by_day if d != UNDATED) + ([UNDATED] if UNDATED in by_day else [])
+    return HEADER_BY_DAY + "".join(_heading(d) + "".join(by_day[d]) for d in days) + FOOTER
+
+
+def line_costs(items: Sequence[RecallItem], count_tokens: Callable[[str], int], layout: Layout = "ranked",
+               show_scope: bool | None = None) -> tuple[int, list[int]]:
+    """Tokens of the section's frame (header and footer) and what each item adds to it, in
+    order: its line, and in the ``by_day`` layout its day's heading when it is the day's first
+    item. Sums of counts, not the count of the joined text (``fit_budget`` checks that too)."""
+    if show_scope is None:
+        show_scope = len({item.scope for item in items}) > 1
+    base = count_tokens(HEADER if layout == "ranked" else HEADER_BY_DAY) + count_tokens(FOOTER)
+    costs: list[int] = []
+    days: set[str] = set()
+    for item in items:
+        cost = count_tokens(render_line(item, show_scope=show_scope, dated=layout == "ranked"))
+        if layout == "by_day" and day_of(item) not in days:
+            days.add(day_of(item))
+            cost += count_tokens(_heading(day_of(item)))
+        costs.append(cost)
+    return base, costs
+
+
+def fit_budget(items: Sequence[RecallItem], token_budget: int, count_tokens: Callable[[str], int],
+               layout: Layout = "ranked") -> tuple[list[RecallItem], str]:
+    """The longest prefix of ``items`` whose rendered section (``layout``) fits ``token_budget``
+    tokens, and that section ("" when not even one item fits). Lines name their scope only when
+    the items come from more than one."""
+    show_scope = len({item.scope for item in items}) > 1
+    used, costs = line_costs(items, count_tokens, layout, show_scope)
+    kept: list[RecallItem] = []
+    for item, cost in zip(items, costs):
         if used + cost > token_budget:
             break
         used += cost
         kept.append(item)
-        lines.append(line)
-    if not kept:
-        return [], ""
-    section = HEADER + "".join(lines) + FOOTER
+    section = render_section(kept, layout, show_scope)
     # token counts of concatenations are not additive: shrink until the real count fits
     while kept and count_tokens(section) > token_budget:
         kept.pop()
-        lines.pop()
-        section = HEADER + "".join(lines) + FOOTER if kept else ""
+        section = render_section(kept, layout, show_scope)
     return kept, section

@@ -137,3 +137,37 @@ def test_extraction_template_carries_the_canonical_vocabulary() -> None:
 
     template = (Path(__file__).resolve().parents[3] / "templates" / "default-session-turn.md").read_text()
     assert all(name in template for name in CANONICAL_RELATIONS)
+
+
+def test_the_by_day_layout_says_each_day_once_oldest_first_and_keeps_the_most_relevant_items() -> None:
+    from datetime import timedelta
+
+    from services.recall.merge import HEADER_BY_DAY, line_costs, render_section
+
+    later = T + timedelta(days=3)
+    ended = RecallItem(uuid="p", fact="The billing service uses Postgres 15.", group_id="g", valid_at=T,
+                       invalid_at=later, expired_at=later)
+    items = [  # by relevance: the newest first
+        RecallItem(uuid="s", fact="The billing service uses SQLite.", group_id="g", valid_at=later),
+        RecallItem(uuid="t", fact="user: we moved billing to SQLite", kind="episode", group_id="g", valid_at=later),
+        ended,
+        RecallItem(uuid="u", fact="No date known.", group_id="g"),
+    ]
+    section = render_section(items, "by_day")
+    assert section == (
+        HEADER_BY_DAY
+        + "2024-05-01:\n- The billing service uses Postgres 15. (superseded 2024-05-04)\n"
+        + "2024-05-04:\n- The billing service uses SQLite.\n- user: we moved billing to SQLite\n"
+        + "undated:\n- No date known.\n"
+        + FOOTER
+    )
+    # the same items in the ranked layout pay a date on every line
+    assert COUNT(section) < COUNT(render_section(items, "ranked"))
+    base, costs = line_costs(items, COUNT, "by_day")
+    assert costs[1] < costs[0]  # the second item of a day pays no heading
+    # the budget keeps the most relevant prefix, whatever the day order on the page
+    for budget in range(COUNT(HEADER_BY_DAY + FOOTER), COUNT(section) + 5):
+        kept, fitted = fit_budget(items, budget, COUNT, "by_day")
+        assert kept == items[: len(kept)]
+        assert COUNT(fitted) <= budget if kept else fitted == ""
+    assert fit_budget(items, 10_000, COUNT, "by_day") == (items, section)
