@@ -179,17 +179,18 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
+async def serve(settings: Any, embedder: str = "hashing") -> AsyncIterator[Stack]:
+    """engram's services in this process on the servers ``settings`` names: turn-detector,
+    extractor (offline rules model), recall, sessions, the gateway and the MCP server (uvicorn on
+    loopback), with a NATS connection, an HTTP client on the gateway and an MCP client session."""
     import httpx
     import httpx2
     import nats
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    from engram.embedded import start_falkordb, start_nats
     from engram.models.factory import EmbedderSettings, build_embedder
     from engram.models.rules_llm import RulesExtractorClient
-    from engram.settings import EngramSettings, TurnDetectorSettings
     from services.extractor import app as ex_app
     from services.gateway import app as gw_app
     from services.gateway.settings import GatewaySettings
@@ -199,16 +200,14 @@ async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
     from services.sessions import app as ss_app
     from services.turn_detector import app as td_app
 
-    nats_proc, graph_proc = start_nats(tmp / "nats"), start_falkordb(tmp / "falkordb")
-    apps: list[Any] = []
+    emb = EmbedderSettings(provider=embedder)
+    apps = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=emb),
+            rc_app.build(settings, embedder=build_embedder(emb)), ss_app.build(settings, llm=RulesExtractorClient())]
+    started: list[Any] = []
     try:
-        settings = EngramSettings(nats_url=nats_proc.url, graph_url=graph_proc.url, data_dir=tmp / "engram",
-                                  partitions=2, turn=TurnDetectorSettings(idle_timeout_s=3600))
-        emb = EmbedderSettings(provider=embedder)
-        apps = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=emb),
-                rc_app.build(settings, embedder=build_embedder(emb)), ss_app.build(settings, llm=RulesExtractorClient())]
         for app in apps:
             await app.start()
+            started.append(app)
         nc = await nats.connect(settings.nats_url)
         try:
             async with _uvicorn(gw_app.build(settings, GatewaySettings()).asgi()) as gw_url, \
@@ -222,9 +221,32 @@ async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
         finally:
             await nc.close()
     finally:
-        for app in reversed(apps):
+        for app in reversed(started):
             await app.stop()
-        graph_proc.stop()
+
+
+def settings_for(nats_url: str, graph_url: str, data_dir: Path, group_prefix: str = "engram") -> Any:
+    from engram.settings import EngramSettings, TurnDetectorSettings
+
+    # sessions end by their close events, never by idling
+    return EngramSettings(nats_url=nats_url, graph_url=graph_url, data_dir=data_dir, partitions=2,
+                          group_prefix=group_prefix, turn=TurnDetectorSettings(idle_timeout_s=3600))
+
+
+@contextlib.asynccontextmanager
+async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
+    """nats-server and FalkorDB from the pip-installed binaries in ``tmp``, and :func:`serve` on them."""
+    from engram.embedded import start_falkordb, start_nats
+
+    nats_proc = start_nats(tmp / "nats")
+    try:
+        graph_proc = start_falkordb(tmp / "falkordb")
+        try:
+            async with serve(settings_for(nats_proc.url, graph_proc.url, tmp / "engram"), embedder) as s:
+                yield s
+        finally:
+            graph_proc.stop()
+    finally:
         nats_proc.stop()
 
 
@@ -334,23 +356,28 @@ class Result:
     shown: dict[str, Shown]
 
 
+async def tell_and_ask(s: Stack, cases: list[Case], timeout: float, first_user: int = 0) -> list[Result]:
+    """Tell every case (its earlier chat on day 0, then, once extracted, its later one a week on),
+    then ask its question through every door; case ``k`` is user ``ku-<first_user + k>``."""
+    js = s.nc.jetstream()
+    for k, c in enumerate(cases):
+        await tell(js, first_user + k, "a", DAY0, c.earlier, c.earlier_ack)
+    await settle(js, timeout)
+    for k, c in enumerate(cases):
+        await tell(js, first_user + k, "b", DAY0 + WEEK, c.later, c.later_ack)
+    await settle(js, timeout)
+    out = []
+    for k, c in enumerate(cases):
+        shown = {door: await ASK[door](s, first_user + k, c.question) for door in DOORS}
+        out.append(Result(c, {d: judge(shown[d], c.old, c.new) for d in DOORS}, shown))
+    return out
+
+
 async def run(cases: list[Case], embedder: str, timeout: float) -> list[Result]:
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="ku-") as tmp:
         async with stack(Path(tmp), embedder) as s:
-            js = s.nc.jetstream()
-            # every pair's earlier chat on day 0, then, once extracted, every later one a week on
-            for i, c in enumerate(cases):
-                await tell(js, i, "a", DAY0, c.earlier, c.earlier_ack)
-            await settle(js, timeout)
-            for i, c in enumerate(cases):
-                await tell(js, i, "b", DAY0 + WEEK, c.later, c.later_ack)
-            await settle(js, timeout)
-            out = []
-            for i, c in enumerate(cases):
-                shown = {door: await ASK[door](s, i, c.question) for door in DOORS}
-                out.append(Result(c, {d: judge(shown[d], c.old, c.new) for d in DOORS}, shown))
-            return out
+            return await tell_and_ask(s, cases, timeout)
 
 
 def pct(results: list[Result], door: str, count: str) -> str:
