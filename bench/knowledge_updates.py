@@ -13,7 +13,10 @@ question is asked through the four doors an agent reads memory by:
 * ``mcp``      -- the MCP server's ``search_memory_facts`` over the same group, through the MCP
   SDK's client over streamable HTTP;
 * ``context``  -- ``engram.context`` for the user with the question as ``query`` (what ``engram
-  context`` sends); the lines of its prompt, every layer.
+  context`` sends); the lines of its prompt, every layer. Its session-summary layer comes before
+  its recall layer and is here always the later chat's (each pair's last session), so the row
+  ``ctx-recall`` scores the recall layer alone as well: the context as it reads when the last
+  session was about something else.
 
 Each door is scored on two counts, shown side by side (an item is a fact, or a line of a prompt;
 one naming both values, "we moved from X to Y", counts as naming the new one):
@@ -58,7 +61,8 @@ os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 from bench._smoke import Checks, parse  # noqa: E402
 from bench.fact_changes import CORPUS, load  # noqa: E402
 
-DOORS = ("recall", "/search", "mcp", "context")
+DOORS = ("recall", "/search", "mcp", "context", "ctx-recall")
+"""The four doors, and the context's recall layer alone (``ctx-recall``: a row, not a door)."""
 DAY0 = datetime(2026, 3, 2, 10, 0, tzinfo=timezone.utc)
 WEEK = timedelta(days=7)
 ACK = "Noted."
@@ -334,7 +338,7 @@ async def ask_mcp(s: Stack, i: int, question: str) -> Shown:
     return _facts(out["facts"])
 
 
-async def ask_context(s: Stack, i: int, question: str) -> Shown:
+async def _context(s: Stack, i: int, question: str, layers: tuple[str, ...] = ()) -> Shown:
     from schemas import subjects
     from schemas.memory import ContextRequest, ContextResponse, MemoryScopes
 
@@ -343,10 +347,23 @@ async def ask_context(s: Stack, i: int, question: str) -> Shown:
     answer = ContextResponse.model_validate_json(reply.data)
     if answer.degraded or answer.status == "error":
         return Shown(error=f"degraded: {answer.reason}")
+    if layers:
+        return Shown([line for section in answer.sections if section.layer in layers for line in _lines(section.text)])
     return Shown(_lines(answer.prompt))
 
 
-ASK = {"recall": ask_recall, "/search": ask_search, "mcp": ask_mcp, "context": ask_context}
+async def ask_context(s: Stack, i: int, question: str) -> Shown:
+    return await _context(s, i, question)
+
+
+async def ask_context_recall(s: Stack, i: int, question: str) -> Shown:
+    """The context's recall layer alone: without the session summary, which here is always the
+    later chat's (each pair's last session), so it names the new value before recall's lines."""
+    return await _context(s, i, question, ("recall",))
+
+
+ASK = {"recall": ask_recall, "/search": ask_search, "mcp": ask_mcp, "context": ask_context,
+       "ctx-recall": ask_context_recall}
 
 
 @dataclass
@@ -419,13 +436,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.embedder} embedder, {took:.0f} s")
     print("% of pairs: first = the first item naming the old or new value names the new one; "
           "marked = first, and every item naming only the old value is marked superseded / has invalid_at")
-    print(f"{'door':8} {'rows':8} {'first':>14} {'marked':>14}")
+    print(f"{'door':10} {'rows':8} {'first':>14} {'marked':>14}")
     check = Checks()
     for door in DOORS:
         for split in ("trial", "tuning", "heldout"):
             rows = [r for r in results if r.case.split == split]
             if rows:
-                print(f"{door:8} {split:8} {pct(rows, door, 'first'):>14} {pct(rows, door, 'marked'):>14}")
+                print(f"{door:10} {split:8} {pct(rows, door, 'first'):>14} {pct(rows, door, 'marked'):>14}")
                 check.number(f"{door} {split}", sum(r.verdicts[door].first for r in rows) / len(rows))
     print("trial pairs, one by one:")
     for r in results:
