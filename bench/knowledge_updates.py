@@ -58,6 +58,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/x.py` finds bench._smoke
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
+from bench._drain import wait_drained  # noqa: E402
+from bench._serve import serve_asgi  # noqa: E402
 from bench._smoke import Checks, parse  # noqa: E402
 from bench.fact_changes import CORPUS, load  # noqa: E402
 
@@ -153,27 +155,6 @@ def _lines(text: str) -> list[tuple[str, bool]]:
 
 # --- the stack --------------------------------------------------------------------------------
 
-@contextlib.asynccontextmanager
-async def _uvicorn(asgi: Any) -> AsyncIterator[str]:
-    import uvicorn
-
-    from engram.embedded import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
-
-
 @dataclass
 class Stack:
     nc: Any
@@ -214,8 +195,8 @@ async def serve(settings: Any, embedder: str = "hashing") -> AsyncIterator[Stack
             started.append(app)
         nc = await nats.connect(settings.nats_url)
         try:
-            async with _uvicorn(gw_app.build(settings, GatewaySettings()).asgi()) as gw_url, \
-                    _uvicorn(mcp_app.build(settings, McpSettings(api_key=MCP_KEY)).asgi()) as mcp_url, \
+            async with serve_asgi(gw_app.build(settings, GatewaySettings()).asgi()) as gw_url, \
+                    serve_asgi(mcp_app.build(settings, McpSettings(api_key=MCP_KEY)).asgi()) as mcp_url, \
                     httpx.AsyncClient(base_url=gw_url, timeout=60) as http:
                 client = httpx2.AsyncClient(headers={"x-api-key": MCP_KEY}, timeout=60)
                 async with client, streamable_http_client(f"{mcp_url}/mcp", http_client=client) as (read, write), \
@@ -254,24 +235,12 @@ async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
         nats_proc.stop()
 
 
-async def _idle(js: Any, streams: tuple[str, ...]) -> bool:
-    for stream in streams:
-        infos = [c for c in await js.consumers_info(stream) if c.config.durable_name]
-        if not infos or any(c.num_pending or c.num_ack_pending for c in infos):
-            return False
-    return True
-
-
 async def settle(js: Any, timeout: float) -> None:
+    """Every consumer of the chat, episode and session streams drained, for half a second."""
     from schemas import subjects
 
-    streams = (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_SESSIONS)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await _idle(js, streams) and await _idle(js, streams):  # twice: upstream may hand on meanwhile
-            return
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"pipeline not idle after {timeout:.0f} s")
+    await wait_drained(js, (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_SESSIONS),
+                       timeout=timeout, quiet_s=0.5, poll_s=0.2)
 
 
 def user_of(i: int) -> str:

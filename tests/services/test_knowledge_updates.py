@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from bench.knowledge_updates import DAY0, DOORS, TRIAL, WEEK, Case, serve, settings_for, tell_and_ask, user_of
-from engram.graph import GraphDrivers, as_utc, query_rows
+from engram.graph import as_utc
 from schemas import subjects
+from tests.services.recall.test_fact_changes import group_facts
 
 BACKDATED = Case("backdated change", "tuning", "Maya lives in Lisbon.", "Maya moved to Porto last month.",
                  "Where does Maya live?", "Lisbon", "Porto")
@@ -47,17 +48,7 @@ async def test_the_current_value_comes_first_through_every_door(
 
         # the backdated change in the graph: Porto current (its own date kept), Lisbon ended when
         # the move was told
-        group = subjects.user_group(settings.group_prefix, user_of(cases.index(BACKDATED)))
-        graph = GraphDrivers(settings)
-        try:
-            rows = await query_rows(
-                await graph.driver(group),
-                "MATCH (:Entity)-[e:RELATES_TO]->(:Entity) WHERE e.group_id = $g "
-                "RETURN e.fact AS fact, e.valid_at AS valid_at, e.invalid_at AS invalid_at, e.expired_at AS expired_at",
-                g=group,
-            )
-        finally:
-            await graph.close()
+        rows = await group_facts(settings, subjects.user_group(settings.group_prefix, user_of(cases.index(BACKDATED))))
         lisbon = [r for r in rows if "Lisbon" in r["fact"]]
         porto = [r for r in rows if "Porto" in r["fact"]]
         assert lisbon and porto, rows
