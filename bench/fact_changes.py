@@ -7,7 +7,9 @@ Reads ``bench/data/fact_changes.jsonl``: pairs of statements a user makes some d
 to React in 2023" after "the frontend is built with React") or ``unrelated`` (another subject,
 often with shared words or a change phrase about something else). Each row belongs to a
 ``split``: ``tuning`` (the pairs the change rules were chosen on) or ``heldout`` (written at the
-same time, before any rule was changed, and never looked at while choosing them).
+same time, before any rule was changed, and never looked at while choosing them). Change pairs
+also carry ``question``, ``old`` and ``new`` (a question about the value, the words naming it
+before and after), read by bench/knowledge_updates.py.
 
 For each pair it runs the path the extractor runs with the offline default, minus the graph:
 
@@ -65,6 +67,11 @@ class Pair:
     later: str
     label: str
     split: str
+    # change pairs only: a question about the value and the words naming the value before and
+    # after (bench/knowledge_updates.py asks the question and looks for the words)
+    question: str = ""
+    old: str = ""
+    new: str = ""
 
 
 @dataclass(frozen=True)

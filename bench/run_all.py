@@ -43,6 +43,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("summary_guard.py", []),
     ("restatement_threshold.py", ["--embedders", "hashing"]),
     ("fact_changes.py", ["--graph"]),
+    ("knowledge_updates.py", []),
     ("temporal_grounding.py", []),
     ("embedders.py", []),
     ("recall_quality.py", []),

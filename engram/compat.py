@@ -13,7 +13,8 @@ Hooks (library, pinned version, private name):
   and ``AsgiFastStream.not_found`` (:func:`route_unmatched_http`);
 * graphiti-core 0.31.1: FalkorDriver's ``_get_graph`` (:func:`falkor_graph`), a driver's
   ``_database`` (:func:`driver_database`) and ``_init_task`` (:func:`take_index_build`),
-  ``dedup_helpers._normalize_string_exact`` (:func:`normalize_name_exact`);
+  ``dedup_helpers._normalize_string_exact`` (:func:`normalize_name_exact`),
+  ``edge_operations._apply_temporal_invalidation`` (:func:`wrap_temporal_invalidation`);
 * graphiti-core 0.31.1 LLMClient helpers that engram's OpenAI-compatible client (which
   replaces ``generate_response``) keeps using: ``_generate_response_with_retry``
   (:func:`generate_with_retry`), ``_apply_attribute_extraction_preamble``
@@ -136,6 +137,34 @@ def normalize_name_exact(name: str) -> str:
     from graphiti_core.utils.maintenance.dedup_helpers import _normalize_string_exact
 
     return _normalize_string_exact(name)
+
+
+TemporalInvalidation = Callable[[Any, list[Any]], list[Any]]
+
+
+def wrap_temporal_invalidation(wrap: Callable[[TemporalInvalidation], TemporalInvalidation]) -> None:
+    """Replace graphiti's date rule for contradicted facts with ``wrap(graphiti's rule)``, once
+    (a second call is a no-op: the wrapper carries ``__engram_wraps__``).
+
+    The rule, ``_apply_temporal_invalidation(resolved_edge, contradicted_candidates)``, ends the
+    contradicted facts that started before the new fact, or ends the new fact itself when a
+    contradicted one started after it, and returns the facts it ended.
+
+    Why private: graphiti-core 0.31.1 applies it inside ``resolve_extracted_edges`` (engram's
+    extractor calls that for dedupe and contradiction) after the LLM's contradiction answer and
+    returns neither the candidates nor a hook; the function is looked up in its module's globals
+    at each call, so replacing the module attribute changes what ``resolve_extracted_edges``
+    does. engram's wrapper (services/extractor/told_later.py) changes the outcome only while the
+    extractor has set the episode's reference time, and calls graphiti's rule otherwise.
+    """
+    from graphiti_core.utils.maintenance import edge_operations
+
+    current = edge_operations._apply_temporal_invalidation
+    if getattr(current, "__engram_wraps__", None) is not None:
+        return
+    wrapper = wrap(current)
+    wrapper.__engram_wraps__ = current  # type: ignore[attr-defined]
+    edge_operations._apply_temporal_invalidation = wrapper
 
 
 # --------------------------------------------------------------------------------- graphiti LLMClient

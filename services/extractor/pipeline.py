@@ -25,7 +25,9 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    use them as endpoints -- BEFORE anything queries the database: FalkorDB 4.16 segfaults on
    graphiti's exact-name lookup when a name equals a stopword of graphiti's fulltext index;
 5. ``resolve_extracted_nodes`` (dedupe), ``resolve_edge_pointers``, ``resolve_extracted_edges``
-   (dedupe + contradiction -> invalidated edges, with graphiti's ``invalidated_by`` mapping);
+   (dedupe + contradiction -> invalidated edges, with graphiti's ``invalidated_by`` mapping;
+   a contradicted fact in force when the episode was told is ended even when the new fact is
+   dated earlier: :mod:`services.extractor.told_later`);
    then an invalidation whose invalidating fact restates the invalidated one (same episode,
    same text or words, or embeddings at least ``restatement_similarity`` apart from a replaced
    value) is rejected and the edge restored before the save -- a fact must not invalidate
@@ -124,6 +126,7 @@ from services.extractor.chunking import (
 )
 from services.extractor.deltas import build_node_deltas
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
+from services.extractor.told_later import telling
 
 log = logging.getLogger("engram.extractor")
 
@@ -794,9 +797,12 @@ async def extract_episode(
 
     start = perf_counter()
     invalidated_by: dict[str, list[str]] = {}
-    resolved_edges, invalidated_edges, new_edges = await resolve_extracted_edges(
-        run, extracted.edges, episode_node, nodes, {}, DEFAULT_EDGE_TYPE_MAP, invalidated_by=invalidated_by
-    )
+    # a change told now but dated earlier ("moved to Porto last month") still ends the fact it
+    # contradicts when that fact was in force by now (services/extractor/told_later.py)
+    with telling(episode_node.valid_at):
+        resolved_edges, invalidated_edges, new_edges = await resolve_extracted_edges(
+            run, extracted.edges, episode_node, nodes, {}, DEFAULT_EDGE_TYPE_MAP, invalidated_by=invalidated_by
+        )
     # A fact must not invalidate itself: drop invalidations by a restatement, and restore the
     # edge before the save so nothing is written for it.
     review = review_invalidations(

@@ -30,6 +30,7 @@ BENCHES = [
     ("recall.py", True, "recall latency (ms), 10 queries per path"),
     ("restatement_threshold.py", False, "hashing: held-out pairs at threshold"),
     ("fact_changes.py", False, "fact-change invalidation, rules model"),
+    ("knowledge_updates.py", False, "knowledge updates: is the current value first?"),
     ("temporal_grounding.py", True, "tuning split (conv-26): "),
     ("sessions.py", True, "LLM cost per closed segment (offline rules model)"),
     ("load.py", True, "load: 2 groups at once"),

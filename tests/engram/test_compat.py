@@ -195,6 +195,21 @@ def test_normalize_name_exact_is_graphitis_key() -> None:
     assert "_normalize_string_exact" in inspect.getsource(dedup_helpers._build_candidate_indexes)
 
 
+def test_wrap_temporal_invalidation_replaces_the_rule_resolve_extracted_edges_calls() -> None:
+    from graphiti_core.utils.maintenance import edge_operations
+
+    import services.extractor.told_later  # noqa: F401 - installs engram's wrapper
+
+    wrapper = edge_operations._apply_temporal_invalidation
+    original = wrapper.__engram_wraps__
+    assert list(inspect.signature(original).parameters) == ["resolved_edge", "invalidation_candidates"]
+    # looked up in the module's globals at the call, by name: replacing the attribute takes effect
+    assert "_apply_temporal_invalidation(resolved_edge, candidates)" in inspect.getsource(
+        edge_operations.resolve_extracted_edges)
+    compat.wrap_temporal_invalidation(lambda rule: rule)  # a second wrap is a no-op
+    assert edge_operations._apply_temporal_invalidation is wrapper
+
+
 # ------------------------------------------------------------------ bm25s: scorer selection
 
 

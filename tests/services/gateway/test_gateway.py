@@ -7,7 +7,6 @@ never given for a message the broker did not store."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -18,10 +17,10 @@ from typing import Any
 import httpx
 import nats
 import pytest
-import uvicorn
 from falkordb.asyncio import FalkorDB
 
-from engram.embedded import free_port, start_nats
+from bench._serve import serve_asgi
+from engram.embedded import start_nats
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
 from schemas import ChatMessage, Episode, subjects
@@ -39,21 +38,9 @@ BOT = "Good call: FastAPI uses pydantic for validation."
 @contextlib.asynccontextmanager
 async def serve_gateway(settings: EngramSettings, gateway: GatewaySettings | None = None) -> AsyncIterator[httpx.AsyncClient]:
     """`engram serve gateway` in-process: the service's ASGI app under uvicorn on a real socket."""
-    service = gw_app.build(settings, gateway or GatewaySettings())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(service.asgi(), host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()  # start-up failed: raise it
-            await asyncio.sleep(0.02)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
+    async with serve_asgi(gw_app.build(settings, gateway or GatewaySettings()).asgi()) as url, \
+            httpx.AsyncClient(base_url=url, timeout=30) as client:
+        yield client
 
 
 @contextlib.asynccontextmanager

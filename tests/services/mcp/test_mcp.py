@@ -5,7 +5,6 @@ over stdio (``engram serve mcp --transport stdio`` as a subprocess)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -20,11 +19,11 @@ import httpx2
 import nats
 import pytest
 from prometheus_client import REGISTRY
-import uvicorn
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from bench._serve import serve_asgi
 from engram.embedded import free_port
 from schemas import Episode, subjects
 from schemas.ids import episode_id_for
@@ -44,20 +43,8 @@ TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "d
 @contextlib.asynccontextmanager
 async def serve_mcp(settings, mcp: McpSettings) -> AsyncIterator[str]:  # noqa: ANN001
     """`engram serve mcp` in-process; yields the base URL."""
-    service = mcp_app.build(settings, mcp)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(service.asgi(), host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
+    async with serve_asgi(mcp_app.build(settings, mcp).asgi()) as url:
+        yield url
 
 
 async def call(session: ClientSession, tool: str, **arguments: Any) -> dict:

@@ -35,6 +35,20 @@ async def _say(nc: nats.NATS, session: str, at: datetime, user_text: str, reply:
     assert await wait_for(lambda: _idle(js, subjects.STREAM_EPISODES), 60)
 
 
+async def group_facts(settings, group: str) -> list[dict]:  # noqa: ANN001
+    """Every fact of ``group``: its text, valid_at, invalid_at and expired_at."""
+    graph = GraphDrivers(settings)
+    try:
+        return await query_rows(
+            await graph.driver(group),
+            "MATCH (:Entity)-[e:RELATES_TO]->(:Entity) WHERE e.group_id = $g "
+            "RETURN e.fact AS fact, e.valid_at AS valid_at, e.invalid_at AS invalid_at, e.expired_at AS expired_at",
+            g=group,
+        )
+    finally:
+        await graph.close()
+
+
 async def test_a_switch_invalidates_the_old_fact_and_recall_puts_the_new_one_first(
     clean_nats, falkordb_server, tmp_path  # noqa: ANN001
 ) -> None:
@@ -42,17 +56,7 @@ async def test_a_switch_invalidates_the_old_fact_and_recall_puts_the_new_one_fir
         await _say(nc, "monday", MONDAY, "The billing service uses Postgres 15.", "Noted.")
         await _say(nc, "thursday", THURSDAY, "We switched the billing service to SQLite.", "Noted.")
 
-        group = subjects.user_group(settings.group_prefix, USER.user)
-        graph = GraphDrivers(settings)
-        try:
-            rows = await query_rows(
-                await graph.driver(group),
-                "MATCH (:Entity)-[e:RELATES_TO]->(:Entity) WHERE e.group_id = $g "
-                "RETURN e.fact AS fact, e.invalid_at AS invalid_at, e.expired_at AS expired_at",
-                g=group,
-            )
-        finally:
-            await graph.close()
+        rows = await group_facts(settings, subjects.user_group(settings.group_prefix, USER.user))
         postgres = [r for r in rows if "Postgres" in r["fact"]]
         sqlite = [r for r in rows if "SQLite" in r["fact"]]
         assert postgres and sqlite, rows
