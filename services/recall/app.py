@@ -37,7 +37,7 @@ from schemas.validation import error_locations
 from services.extractor.app import NoRerank
 from services.recall.admin import register_admin
 from services.recall.merge import Layout, drop_covered_facts, fit_budget, groups_for, merge, query_text
-from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, LexicalEpisodes
+from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes
 from services.recall.search import EPISODE_CHARS, search_group
 from services.recall.supersession import find_supersessions, reorder
 from services.recall.temporal import rank_for_query
@@ -120,6 +120,11 @@ class RecallSettings(BaseSettings):
         description="A past turn is also found by the text of the facts extracted from it (its BM25 key is the turn "
         "and its facts: LongMemEval's K = V + fact).",
     )
+    fact_bm25: bool = Field(
+        True,
+        description="Rank facts' words with recall's own BM25 index over the current facts (stemmed, as for past "
+        "turns) instead of the graph's fulltext index; fused with the vector search either way.",
+    )
     entity_facts: int = Field(
         40, ge=0, le=1000,
         description="The entities a question names (their name, casefolded) bring up to this many of their current "
@@ -158,7 +163,6 @@ class Recall:
         self.count_tokens = token_counter()
         self.query_vectors: OrderedDict[str, list[float]] = OrderedDict()  # least recently used first
         self.configure(RecallSettings())
-        # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
 
     async def query_vector(self, query: str) -> list[float]:
         """The question's embedding; the last ``QUERY_VECTORS_KEPT`` are kept (a local model takes
@@ -183,6 +187,7 @@ class Recall:
                 (options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys):
             # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
             self.lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys)
+            self.fact_lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, source=FACTS)
         self.options = options
         semantic = is_semantic(self.embedder)
         self.dense_episodes = options.dense_episodes if options.dense_episodes is not None else semantic
@@ -251,7 +256,8 @@ class Recall:
                                    episode_weight=self.options.episode_weight, episodes=episodes,
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
                                    followers=self.options.followers, with_facts=self.options.facts,
-                                   entity_facts=self.options.entity_facts, min_cosine=self.min_similarity)
+                                   entity_facts=self.options.entity_facts, min_cosine=self.min_similarity,
+                                   fact_lexical=self.fact_lexical if self.options.fact_bm25 else None)
         if self.options.supersession and episodes:
             found = await find_supersessions(driver, group, scope, items, self.options.episode_chars)
             items = reorder(items, found)

@@ -114,6 +114,30 @@ Q_FACTS_OF = (
 )
 FACT_KEY_BATCH = 2000  # episodes per facts query
 
+
+@dataclass(frozen=True)
+class Source:
+    """What an index holds: the queries listing and reading its documents (``$g``: the group)."""
+
+    name: str
+    uuids_joined: str  # FalkorDB: every uuid in one string joined by $sep
+    uuids: str  # other graphs: a list
+    rows: str  # every document: uuid, content, valid_at, created_at, vector
+    rows_in: str  # the documents among $uuids
+
+
+EPISODES = Source("episodes", Q_UUIDS_JOINED, Q_UUIDS, Q_EPISODES, Q_EPISODES_IN)
+# The group's current facts (BM25 over their text; their vectors stay in the graph's vector index).
+_CURRENT_FACT = "MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $g AND r.expired_at IS NULL"
+_FACT_FIELDS = "r.uuid AS uuid, r.fact AS content, r.valid_at AS valid_at, r.created_at AS created_at, null AS vector"
+FACTS = Source(
+    "facts",
+    f"{_CURRENT_FACT} RETURN string.join(collect(r.uuid), $sep) AS uuids",
+    f"{_CURRENT_FACT} RETURN collect(r.uuid) AS uuids",
+    f"{_CURRENT_FACT} RETURN {_FACT_FIELDS} ORDER BY r.created_at, r.uuid",
+    f"{_CURRENT_FACT} AND r.uuid IN $uuids RETURN {_FACT_FIELDS} ORDER BY r.created_at, r.uuid",
+)
+
 EVICTIONS = PromCounter(
     "engram_recall_lexical_evictions_total",
     "Group BM25 indexes dropped from memory, by reason (groups, bytes: a bound was passed; "
@@ -206,12 +230,13 @@ def tokens(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
 Listing = str | tuple[str, ...]
 
 
-async def episode_listing(driver: Any, group_id: str) -> Listing:
-    """The uuids of the group's Episodic nodes, in one query, as the graph returned them."""
+async def episode_listing(driver: Any, group_id: str, source: Source = EPISODES) -> Listing:
+    """The uuids of the group's Episodic nodes (or ``source``'s documents), in one query, as the
+    graph returned them."""
     if getattr(driver, "provider", None) == GraphProvider.FALKORDB:
-        rows = await query_rows(driver, Q_UUIDS_JOINED, g=group_id, sep=UUID_SEPARATOR)
+        rows = await query_rows(driver, source.uuids_joined, g=group_id, sep=UUID_SEPARATOR)
         return (rows[0]["uuids"] or "") if rows else ""
-    rows = await query_rows(driver, Q_UUIDS, g=group_id)
+    rows = await query_rows(driver, source.uuids, g=group_id)
     return tuple(rows[0]["uuids"] or ()) if rows else ()
 
 
@@ -453,7 +478,8 @@ class LexicalEpisodes:
     """BM25 indexes of the groups this recall replica searched most recently (bounded LRU)."""
 
     def __init__(self, max_groups: int = DEFAULT_MAX_GROUPS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 fact_keys: bool = False) -> None:
+                 fact_keys: bool = False, source: Source = EPISODES) -> None:
+        self.source = source  # EPISODES (past turns) or FACTS (current facts' text)
         self.max_groups = max_groups
         self.max_bytes = max_bytes
         # A turn is also found by the text of the facts it produced (LongMemEval's K = V + fact).
@@ -498,7 +524,7 @@ class LexicalEpisodes:
         if lock is None:
             lock = self.locks[group_id] = asyncio.Lock()
         async with lock:
-            listing = await episode_listing(driver, group_id)
+            listing = await episode_listing(driver, group_id, self.source)
             index = self.indexes.get(group_id)
             # The listing the index was last found equal to: the same set, for one string comparison
             if index is not None and index.listing == listing:
@@ -517,9 +543,9 @@ class LexicalEpisodes:
             missing = in_graph - index.uuids
             if missing:
                 if len(missing) * 2 > len(in_graph):  # mostly new: one scan beats a long IN list
-                    rows = await query_rows(driver, Q_EPISODES, g=group_id)
+                    rows = await query_rows(driver, self.source.rows, g=group_id)
                 else:
-                    rows = await query_rows(driver, Q_EPISODES_IN, g=group_id, uuids=sorted(missing))
+                    rows = await query_rows(driver, self.source.rows_in, g=group_id, uuids=sorted(missing))
                 # Read after the uuids: an episode written in between is added now, one deleted
                 # in between is absent here; the next request's comparison settles either.
                 facts = await self._facts_of(driver, group_id, [r["uuid"] for r in rows if r["uuid"] not in index.uuids])
@@ -532,7 +558,7 @@ class LexicalEpisodes:
 
     async def _facts_of(self, driver: Any, group_id: str, uuids: list[str]) -> dict[str, list[str]]:
         """episode uuid -> the facts it produced, when the index keeps fact keys."""
-        if not self.fact_keys or not uuids:
+        if not self.fact_keys or not uuids or self.source is not EPISODES:
             return {}
         out: dict[str, list[str]] = {}
         for at in range(0, len(uuids), FACT_KEY_BATCH):

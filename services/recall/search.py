@@ -93,6 +93,7 @@ async def search_group(
     with_facts: bool = True,
     entity_facts: int = 0,
     min_cosine: float | None = None,
+    fact_lexical: LexicalEpisodes | None = None,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
@@ -101,7 +102,9 @@ async def search_group(
     episode fulltext index. ``with_facts`` False: past turns only, no fact search.
     ``entity_facts``: the current facts of the entities the question names, this many at most,
     fused as a third fact ranking (services/recall/entities.py); 0: none. ``min_cosine``: the
-    relevance floor, a fact or turn found only by embedding counts at this cosine or above."""
+    relevance floor, a fact or turn found only by embedding counts at this cosine or above.
+    ``fact_lexical``: BM25 over the current facts' text (services/recall/lexical.py, ``FACTS``)
+    as the facts' keyword half instead of the graph's fulltext index (FalkorDB's TF-IDF)."""
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
 
@@ -111,9 +114,12 @@ async def search_group(
         if query_vector is not None:
             named = await entity_fact_ranking(clients.driver, group_id, query, query_vector, entity_facts,
                                               min_cosine, ENGLISH_STOPWORDS) if entity_facts else []
+            keyword = None
+            if fact_lexical is not None and query.strip():
+                keyword = [d.uuid for d, _ in await fact_lexical.search(clients.driver, group_id, query, 2 * limit)]
             scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit,
                                                      extra=[[u for u, _ in named]] if named else (),
-                                                     min_cosine=min_cosine)
+                                                     min_cosine=min_cosine, keyword=keyword)
             if scored is not None:
                 return [e for e, _ in scored], [s for _, s in scored], []
         results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector)

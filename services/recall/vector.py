@@ -157,21 +157,26 @@ async def fetch_facts(driver: Any, group_id: str, uuids: list[str]) -> list[Enti
 
 async def hybrid_fact_search_scored(
     clients: Any, group_id: str, query: str, vector: list[float], limit: int,
-    *, extra: Sequence[list[str]] = (), min_cosine: float | None = None,
+    *, extra: Sequence[list[str]] = (), min_cosine: float | None = None, keyword: list[str] | None = None,
 ) -> list[tuple[EntityEdge, float]] | None:
     """:func:`hybrid_fact_search` with each fact's RRF score (graphiti's ``edge_reranker_scores``).
     ``extra``: further rankings of edge uuids fused with the two (recall's entity-centric one);
-    ``min_cosine``: the relevance floor of the vector half, when above graphiti's own."""
+    ``min_cosine``: the relevance floor of the vector half, when above graphiti's own.
+    ``keyword``: the BM25 half already ranked (recall's own index over the facts' text), instead
+    of the graph's fulltext query."""
     if not query.strip() or limit <= 0:
         return []  # graphiti's search() answers an empty query with nothing
     driver = clients.driver
     if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
         return None
     floor = GRAPHITI_MIN_COSINE if min_cosine is None else max(GRAPHITI_MIN_COSINE, min_cosine)
-    keyword, nearest = await asyncio.gather(
-        fulltext_fact_search(driver, group_id, query, 2 * limit),
-        vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor),
-    )
+    if keyword is None:
+        keyword, nearest = await asyncio.gather(
+            fulltext_fact_search(driver, group_id, query, 2 * limit),
+            vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor),
+        )
+    else:
+        nearest = await vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor)
     if nearest is None:
         return None
     uuids, scores = rrf([keyword, [u for u, _ in nearest], *extra])

@@ -11,7 +11,7 @@ import numpy as np
 from engram.graph import GraphDrivers
 from schemas import subjects
 from services.recall.entities import entity_fact_ranking, named_entities, phrases
-from services.recall.lexical import Doc, EpisodeIndex, LexicalEpisodes
+from services.recall.lexical import FACTS, Doc, EpisodeIndex, LexicalEpisodes
 from services.recall.search import ENGLISH_STOPWORDS
 from tests.services.recall.test_fact_changes import MONDAY, USER, _say
 from tests.services.recall.test_service import stack
@@ -96,6 +96,15 @@ async def test_entities_named_in_the_question_bring_their_facts_and_turns_are_fo
             keyed = [d for d in index.docs if d is not None and d.facts]
             assert keyed and any("Clayworks" in d.facts for d in keyed)
             assert not any(d.facts for d in (await LexicalEpisodes()._current(driver, group)).docs if d is not None)
+
+            # BM25 over the current facts' text: stemmed ("paintings" finds "painted")
+            facts_index = LexicalEpisodes(source=FACTS)
+            found = await facts_index.search(driver, group, "paintings of lakes", 5)
+            assert found and "Lake Tahoe" in found[0][0].content
+            # a fact that ends leaves the index on the next search
+            await driver.execute_query("MATCH ()-[r:RELATES_TO]->() WHERE r.uuid = $u SET r.expired_at = $t",
+                                       u=found[0][0].uuid, t=MONDAY.isoformat())
+            assert all("Lake Tahoe" not in d.content for d, _ in await facts_index.search(driver, group, "lake", 5))
         finally:
             await graph.close()
 
