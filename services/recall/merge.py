@@ -111,15 +111,15 @@ HEADER = (
 )
 HEADER_BY_DAY = (
     "<graphiti_memory>\n"
-    "Remembered facts and past exchanges under the day they were said; they may be stale: what the user says now "
-    "wins.\n"
+    "Remembered facts and past exchanges under the day they were said, newest first; they may be stale: what the "
+    "user says now wins.\n"
 )
 FOOTER = "</graphiti_memory>"
 UNDATED = "undated"
 Layout = Literal["ranked", "by_day"]
 """How recall's prompt section lays its items out. ``ranked``: one line per item, most relevant
 first, each line with its date ("said 2023-05-08", "since ..."). ``by_day``: the same items (the
-budget still keeps the most relevant ones), grouped under a heading per day, days oldest first,
+budget still keeps the most relevant ones), grouped under a heading per day, newest day first,
 each day's items most relevant first; a line keeps only its end mark ("superseded ...",
 "until ..."). A date costs ~10 cl100k tokens a line, more than a short fact itself: said once
 per day, the same budget holds more of what was said, with every date still in the text."""
@@ -172,7 +172,8 @@ def render_section(items: Sequence[RecallItem], layout: Layout = "ranked", show_
     by_day: dict[str, list[str]] = {}
     for item in items:
         by_day.setdefault(day_of(item), []).append(render_line(item, show_scope=show_scope, dated=False))
-    days = sorted(d for d in by_day if d != UNDATED) + ([UNDATED] if UNDATED in by_day else [])
+    # newest day first: what replaced a fact is read before it (knowledge updates), as in the ranked layout
+    days = sorted((d for d in by_day if d != UNDATED), reverse=True) + ([UNDATED] if UNDATED in by_day else [])
     return HEADER_BY_DAY + "".join(_heading(d) + "".join(by_day[d]) for d in days) + FOOTER
 
 

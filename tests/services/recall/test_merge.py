@@ -139,7 +139,7 @@ def test_extraction_template_carries_the_canonical_vocabulary() -> None:
     assert all(name in template for name in CANONICAL_RELATIONS)
 
 
-def test_the_by_day_layout_says_each_day_once_oldest_first_and_keeps_the_most_relevant_items() -> None:
+def test_the_by_day_layout_says_each_day_once_newest_first_and_keeps_the_most_relevant_items() -> None:
     from datetime import timedelta
 
     from services.recall.merge import HEADER_BY_DAY, line_costs, render_section
@@ -156,8 +156,8 @@ def test_the_by_day_layout_says_each_day_once_oldest_first_and_keeps_the_most_re
     section = render_section(items, "by_day")
     assert section == (
         HEADER_BY_DAY
-        + "2024-05-01:\n- The billing service uses Postgres 15. (superseded 2024-05-04)\n"
         + "2024-05-04:\n- The billing service uses SQLite.\n- user: we moved billing to SQLite\n"
+        + "2024-05-01:\n- The billing service uses Postgres 15. (superseded 2024-05-04)\n"
         + "undated:\n- No date known.\n"
         + FOOTER
     )

@@ -92,8 +92,9 @@ async def ingest(nc: nats.NATS, session: str, conversation: list, scopes: ScopeK
 async def test_recall_returns_session_facts_with_provenance(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     async with stack(clean_nats, falkordb_server.url, tmp_path) as (nc, settings):
         ids = await ingest(nc, "recall-a", CONVERSATION_A, ScopeKeys(user="ada@example.org"))
+        # 12 items: facts rank before the turns they came from (episode weight 0.8), 5 would be all facts
         response = await ask(nc, RecallRequest(query="Which web framework does the billing API use?",
-                                                scopes=RecallScopes(session="recall-a"), max_facts=5))
+                                                scopes=RecallScopes(session="recall-a"), max_facts=12))
         assert not response.degraded and response.items, response.reason
         assert any("FastAPI" in i.fact for i in response.items)
         assert all(i.scope == "session" and i.group_id == subjects.session_group(settings.group_prefix, "recall-a")
