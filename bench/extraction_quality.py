@@ -120,6 +120,13 @@ def build_slice(path: Path, conversations: Sequence[dict], samples: Sequence[str
     return out
 
 
+def round_robin(turns: Sequence[SliceTurn]) -> list[SliceTurn]:
+    """The order of extraction: each conversation's turn 0, then each one's turn 1, ... Every
+    conversation is its own graph, so this changes nothing a turn sees, and a slow run stopped early
+    (``--out`` keeps what finished) holds the first turns of every conversation."""
+    return sorted(turns, key=lambda t: t.index)  # stable: conversations keep their order
+
+
 # --- junk flags ----------------------------------------------------------------------------------
 
 ROLES = {"user", "assistant", "the user", "the assistant", "speaker", "the speaker"}
@@ -140,15 +147,35 @@ _ED_S_WORDS = {"needs", "seeds", "feeds", "speeds", "breeds", "beds", "reeds", "
                "creeds", "greeds", "shreds", "reds", "weds", "peds", "eds", "keds", "breds"}
 
 
+_NOT_VERBS = {"always", "sometimes", "perhaps", "besides", "afterwards", "towards", "nevertheless", "thus", "plus",
+              "also", "was", "has", "is", "does", "this", "his", "hers", "its", "as", "us", "less", "unless"}
+_NAME_S_PAST = re.compile(r"\b[A-Z][a-z]+ ([a-z]+s) (?:[a-z]+ed|" + "|".join(_IRREGULAR_PAST) + r")\b")
+_INTERJECTION = re.compile(r"^\W*(?:wow|hey|hi|hello|oh|yeah|yes|no|thanks|thank you|sorry|congrats|congratulations|"
+                           r"cool|awesome|great|nice|amazing|aw+|haha|omg|good luck|bye)\b", re.IGNORECASE)
+
+
 def broken_verbs(text: str) -> list[str]:
     """Verb forms no English speaker writes: an irregular past with an -s ("rewrotes", "wents"),
-    a regular past with an -s ("decideds")."""
+    a regular past with an -s ("decideds"), an -s word between a name and a past tense
+    ("Joanna firsts watched")."""
     out = []
     for word in re.findall(r"[A-Za-z]+", text):
         w = word.lower()
         if w in _PAST_PLUS_S or (w.endswith("eds") and len(w) > 5 and w not in _ED_S_WORDS):
             out.append(word)
+    out += [m.group(1) for m in _NAME_S_PAST.finditer(text) if m.group(1) not in _NOT_VERBS]
     return out
+
+
+def remark_to_listener(fact: str, people: Sequence[str]) -> bool:
+    """A line of the conversation rather than a fact: addressed to "you", a question, an
+    interjection ("Wow, love that painting!"), or a speech act naming both speakers."""
+    if re.search(r"\b(?:you|your|yours|you're|ya)\b", fact, re.IGNORECASE) or fact.rstrip().endswith("?"):
+        return True
+    if _INTERJECTION.search(fact):
+        return True
+    named = sum(bool(re.search(rf"\b{re.escape(p)}\b", fact)) for p in people if p)
+    return bool(_SPEECH_ACT.search(fact)) and named >= 2
 
 
 def junk_flags(fact: str, entities: Sequence[str], speaker: str | None, listener: str | None) -> list[str]:
@@ -157,13 +184,7 @@ def junk_flags(fact: str, entities: Sequence[str], speaker: str | None, listener
     flags = []
     if any(e.strip().casefold() in ROLES for e in entities) or _ROLE_WORD.search(fact):
         flags.append("role as entity")
-    people = [p for p in (speaker, listener) if p]
-    if _SPEECH_ACT.search(fact) and (
-        re.search(r"\byou\b", fact, re.IGNORECASE)
-        or sum(bool(re.search(rf"\b{re.escape(p)}\b", fact)) for p in people) >= 2
-        or any(e.strip().casefold() in {p.casefold() for p in people} for e in entities[1:2])
-        and sum(e.strip().casefold() in {p.casefold() for p in people} for e in entities) == 2
-    ):
+    if remark_to_listener(fact, [p for p in (speaker, listener) if p]):
         flags.append("remark to the listener")
     if broken_verbs(fact):
         flags.append("broken verb form")
@@ -408,7 +429,7 @@ async def main(args: argparse.Namespace) -> int:
         label = (f"{who}; {len(turns)} turns ({', '.join(samples)}: first {args.turns_per_conversation} turns each)")
         if args.out is not None and args.out.exists():
             args.out.unlink()
-        records = await extract(turns, make_llm(args), embedder, args.out)
+        records = await extract(round_robin(turns), make_llm(args), embedder, args.out)
     pairs = load_pairs(args.pairs)
     sim = Similarity(embedder)
     await sim.add([p["fact"] for p in pairs] + [p["observation"] for p in pairs])
