@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,6 +110,9 @@ def serve(model: Path, port: int, threads: int, n_ctx: int) -> None:  # pragma: 
     params.port = port
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
     server = x.Server(params)
+    # llama.cpp's server takes SIGTERM/SIGINT for itself and does not exit on them here: exit at once
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: os._exit(0))
     print(f"serving http://127.0.0.1:{port}/v1 ({server.listening_address})", flush=True)
     while True:
         time.sleep(3600)
