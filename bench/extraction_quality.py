@@ -44,6 +44,11 @@ early still scores the turns it did: ``--score-only FILE`` scores such a file wi
     python bench/local_llm.py --model qwen2.5-coder-0.5b --dir /tmp/m --port 8080 &   # another venv, see there
     python bench/extraction_quality.py --llm-base-url http://127.0.0.1:8080/v1 --llm-model qwen2.5-coder-0.5b
     python bench/extraction_quality.py --score-only /tmp/eq-qwen.jsonl
+
+The Qwen rows in docs/architecture.md ("Extraction quality against reference facts") ran with
+``ENGRAM_LLM_MAX_TOKENS_BY_PROMPT='{"extract_nodes_and_edges.extract_message": 1024}'`` (the
+built-in cap, 4,096, let Qwen2.5-Coder-0.5B's first answer run away for ~10 minutes on a busy
+2-core machine) and ``--out``, each server with 1 thread.
     python bench/extraction_quality.py --smoke                          # CI: rules model, 2 conversations x 3 turns
 """
 
