@@ -187,7 +187,7 @@ def junk_flags(fact: str, entities: Sequence[str], speaker: str | None, listener
     """Why an extracted fact is junk (empty: no automatic flag). ``entities``: its endpoints' names;
     ``speaker`` / ``listener``: the two people of the conversation (either order)."""
     flags = []
-    if any(e.strip().casefold() in ROLES for e in entities) or _ROLE_WORD.search(fact):
+    if any(e.strip().casefold() in ROLES or _ROLE_WORD.search(e) for e in entities) or _ROLE_WORD.search(fact):
         flags.append("role as entity")
     if remark_to_listener(fact, [p for p in (speaker, listener) if p]):
         flags.append("remark to the listener")

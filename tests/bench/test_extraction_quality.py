@@ -46,6 +46,8 @@ def test_threshold_refuses_mismatched_input() -> None:
     ("Assistant rewrotes the parser in Rust", ["Assistant", "parser"], "role as entity"),
     ("The user likes hiking", ["Caroline", "hiking"], "role as entity"),
     ("Caroline likes hiking", ["User", "hiking"], "role as entity"),
+    ("Audrey got new collars for her dogs", ["user (Audrey)", "collars"], "role as entity"),
+    ("Hey Joanna! I won my first video game tournament", ["Nate", "Joanna"], "remark to the listener"),
     ("Assistant rewrotes the parser in Rust", ["Assistant", "parser"], "broken verb form"),
     ("Caroline decideds to adopt", ["Caroline", "adoption"], "broken verb form"),
     ("Joanna firsts watched it around 3 years ago", ["Joanna", "movie"], "broken verb form"),
