@@ -175,7 +175,7 @@ def broken_verbs(text: str) -> list[str]:
 def remark_to_listener(fact: str, people: Sequence[str]) -> bool:
     """A line of the conversation rather than a fact: addressed to "you", a question, an
     interjection ("Wow, love that painting!"), or a speech act naming both speakers."""
-    if re.search(r"\b(?:you|your|yours|you're|ya)\b", fact, re.IGNORECASE) or fact.rstrip().endswith("?"):
+    if re.search(r"\b(?:you|your|yours|yourself|you're|ya)\b", fact, re.IGNORECASE) or fact.rstrip().endswith("?"):
         return True
     if _INTERJECTION.search(fact):
         return True

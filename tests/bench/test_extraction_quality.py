@@ -53,6 +53,7 @@ def test_threshold_refuses_mismatched_input() -> None:
     ("Joanna firsts watched it around 3 years ago", ["Joanna", "movie"], "broken verb form"),
     ("What type of movies do you like best?", ["Nate", "movies"], "remark to the listener"),
     ("Wow, love that painting!", ["Melanie", "painting"], "remark to the listener"),
+    ("Painting looks like a great outlet for expressing yourself.", ["Caroline", "painting"], "remark to the listener"),
     ("Melanie thanked Caroline for the kind words", ["Melanie", "Caroline"], "remark to the listener"),
 ])
 def test_junk_flags(fact: str, entities: list[str], flag: str) -> None:
