@@ -27,6 +27,7 @@ BENCHES = [
     ("summary_gate.py", True, "drift_threshold sweep"),
     ("summary_guard.py", False, "chosen threshold:"),
     ("recall_quality.py", True, "LoCoMo evidence recall (%), 1 conversation(s) (conv-26), 2 sessions"),
+    ("extraction_quality.py", True, "extraction quality vs LoCoMo observations: offline rules model; 6 turns"),
     ("recall.py", True, "recall latency (ms), 10 queries per path"),
     ("restatement_threshold.py", False, "hashing: held-out pairs at threshold"),
     ("fact_changes.py", False, "fact-change invalidation, rules model"),

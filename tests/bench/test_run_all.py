@@ -23,6 +23,7 @@ NOT_BENCHES = {
     "run_all.py": "the runner itself",
     "llm_simulator.py": "the misbehaving LLM server that bench/chaos.py and the LLM fault tests use",
     "reference_llm.py": "the LLM client answering from LoCoMo's observations (recall_quality.py --facts reference)",
+    "local_llm.py": "serves a small GGUF model with xllamacpp for extraction_quality.py runs outside CI",
 }
 
 
