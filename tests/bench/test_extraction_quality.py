@@ -1,5 +1,6 @@
 """bench/extraction_quality.py: the match threshold, the junk flags, the scoring, the labelled
-pairs and the slice (its smoke run is in test_bench_smoke.py)."""
+pairs (references resolved at run time) and the slice (its smoke run, which also re-extracts the
+rules-model facts the pairs name, is in test_bench_smoke.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from bench.extraction_quality import (
     choose_threshold,
     junk_flags,
     load_pairs,
+    observation_texts,
+    pair_turns,
+    resolve_pairs,
     score,
+    text_sha,
     turn_observations,
 )
 from tests.conftest import LOCOMO
@@ -116,13 +121,65 @@ def test_turn_observations_follow_the_cited_dia_ids() -> None:
     assert turn_observations(conversation, ["conv-y:D1:2", "conv-x:D1:9"]) == []
 
 
-def test_labelled_pairs_are_enough_and_both_ways() -> None:
+def test_labelled_pairs_are_enough_both_ways_and_hold_no_text() -> None:
     pairs = load_pairs(PAIRS)
     assert len(pairs) >= 45
-    assert all(set(p) >= {"fact", "observation", "same", "source"} and isinstance(p["same"], bool) for p in pairs)
+    for p in pairs:
+        assert set(p) == {"turn", "fact_sha256", "observation", "observation_sha256", "same"}, "references only"
+        assert isinstance(p["same"], bool)
+        assert len(p["fact_sha256"]) == len(p["observation_sha256"]) == 12
+        assert p["turn"].split("#")[0] == p["observation"].split(":")[0], "an observation of the fact's conversation"
     same = sum(p["same"] for p in pairs)
     assert 10 <= same <= len(pairs) - 10, "both labels need enough cases to place a threshold"
-    assert len({(p["fact"], p["observation"]) for p in pairs}) == len(pairs), "a pair is labelled once"
+    assert len({(p["turn"], p["fact_sha256"], p["observation"]) for p in pairs}) == len(pairs), "a pair is labelled once"
+    assert set(pair_turns(pairs)) <= set(TUNING_SPLIT)
+
+
+_CONVERSATION = {
+    "sample_id": "conv-x",
+    "observation": {"session_1_observation": {
+        "Caroline": [["Caroline went  hiking.", "D1:2"], ["", "D1:3"], ["Caroline is a painter.", "D1:5"]],
+        "Melanie": [["Melanie has two kids.", "D1:5"]],
+    }, "session_1_summary": "not an observation"},
+}
+
+
+def test_observations_are_addressed_by_session_speaker_and_position() -> None:
+    assert observation_texts([_CONVERSATION]) == {
+        "conv-x:session_1:Caroline:0": "Caroline went hiking.",  # whitespace-normalised as observations_of
+        "conv-x:session_1:Caroline:2": "Caroline is a painter.",  # the position counts the empty entry
+        "conv-x:session_1:Melanie:0": "Melanie has two kids.",
+    }
+
+
+def test_pairs_resolve_to_the_rules_facts_and_observations_and_report_what_does_not() -> None:
+    observations = observation_texts([_CONVERSATION])
+    facts = {"conv-x#0": ["Caroline went hiking yesterday.", "Melanie has kids."], "conv-x#1": []}
+
+    def pair(turn: str, fact: str, obs: str, same: bool, obs_text: str | None = None) -> dict:
+        return {"turn": turn, "fact_sha256": text_sha(fact), "observation": obs,
+                "observation_sha256": text_sha(obs_text or observations.get(obs, "")), "same": same}
+
+    pairs = [pair("conv-x#0", "Caroline went hiking yesterday.", "conv-x:session_1:Caroline:0", True),
+             pair("conv-x#0", "Melanie has kids.", "conv-x:session_1:Caroline:2", False),
+             pair("conv-x#1", "Gone with the rules model", "conv-x:session_1:Melanie:0", True),
+             pair("conv-x#0", "Melanie has kids.", "conv-x:session_1:Melanie:0", True, obs_text="Melanie has 3 kids."),
+             pair("conv-x#0", "Melanie has kids.", "conv-x:session_2:Melanie:0", True)]
+    resolved, problems = resolve_pairs(pairs, observations, facts)
+    assert resolved == [
+        {"fact": "Caroline went hiking yesterday.", "observation": "Caroline went hiking.", "same": True, "turn": "conv-x#0"},
+        {"fact": "Melanie has kids.", "observation": "Caroline is a painter.", "same": False, "turn": "conv-x#0"},
+    ]
+    assert len(problems) == 3
+    assert "no rules-model fact" in problems[0] and "changed" in problems[1] and "missing" in problems[2]
+    assert pair_turns(pairs) == {"conv-x": 2}
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason=f"LoCoMo data not found at {LOCOMO}")
+def test_every_labelled_observation_resolves_in_locomo() -> None:
+    observations = observation_texts(load_conversations(LOCOMO))
+    for p in load_pairs(PAIRS):
+        assert text_sha(observations[p["observation"]]) == p["observation_sha256"], p["observation"]
 
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason=f"LoCoMo data not found at {LOCOMO}")
