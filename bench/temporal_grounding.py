@@ -28,7 +28,8 @@ os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
 from bench._recall_common import LOCOMO, load_conversations  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
-from bench.recall_quality import BUDGETS, Corpus, bm25_index, bm25_ranking, build_corpus, fill, normalized  # noqa: E402
+from bench._ranking import bm25_index, bm25_ranking, fill, normalized  # noqa: E402
+from bench.recall_quality import BUDGETS, Corpus, build_corpus  # noqa: E402
 from engram.temporal import ground  # noqa: E402
 from schemas import RecallItem  # noqa: E402
 from services.extractor.chunking import token_counter  # noqa: E402
