@@ -427,7 +427,9 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
     # the extractor builds its embedder and the thresholds that go with it from these settings
     llm = make_llm()
     extractor = ex_app.build(settings, llm=llm, embedder_settings=embedder_settings)
-    recall = rc_app.build(settings, embedder=extractor.extractor.embedder)
+    # recall's defaults that depend on who extracts (episode weight): the rules model, or a model's facts
+    facts_from = "rules" if isinstance(llm, RulesExtractorClient) else "model"
+    recall = rc_app.build(settings, embedder=extractor.extractor.embedder, facts_from=facts_from)
     apps = [detector, extractor, recall]
     said = {m.message_id: m.content for c in corpora for m in c.messages}
     try:

@@ -340,6 +340,9 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
         subject, msg_id = subject_and_id(event, session_epoch[event.session_id], last_id.get(event.session_id, ""))
         if isinstance(event, ChatMessage):
             last_id[event.session_id] = msg_id
+        # Asked before publishing: after it, the turn-detector may take the message and checkpoint
+        # it before the question, and a first-time message would count as already present.
+        known_before = isinstance(event, ChatMessage) and await known.has(event)
         payload = event.model_dump_json().encode()
         headers = turns.headers_for(event.session_id, event.role if isinstance(event, ChatMessage) else None,
                                     {subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"})
@@ -348,15 +351,19 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
                                            stop=stop_after_delay(retry_s), reraise=True):
             with attempt:
                 ack = await js.publish(subject, payload, headers=headers)
-        if attempt.retry_state.attempt_number > 1:
+        retried = attempt.retry_state.attempt_number > 1
+        if retried:
             report.retried += 1
+        # A duplicate ack after a retry is most likely this run's own earlier attempt, which landed
+        # before its PubAck was lost: counted as published, not "already present".
+        duplicate = ack.duplicate and not retried
         if isinstance(event, ChatMessage):
             sessions.add(event.session_id)
-            if ack.duplicate or await known.has(event):
+            if duplicate or known_before:
                 report.duplicates += 1
             else:
                 report.messages += 1
-        elif not ack.duplicate:
+        elif not duplicate:
             report.closes += 1
         if progress is not None:
             progress()

