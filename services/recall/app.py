@@ -202,12 +202,15 @@ class Recall:
     def configure(self, options: RecallSettings) -> None:
         """Use ``options`` from the next request on (read per request; bench/recall_quality.py
         sweeps them over one ingest)."""
+        # BM25 over each group's past turns and over its current facts (services/recall/lexical.py),
+        # bounded LRU; each built anew only when its own parameters change (a sweep keeps the rest)
+        bounds = (options.lexical_max_groups, options.lexical_max_bytes)
         lexical = getattr(self, "lexical", None)
-        if lexical is None or (lexical.max_groups, lexical.max_bytes, lexical.fact_keys) != \
-                (options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys):
-            # BM25 over each group's past turns (services/recall/lexical.py), bounded LRU
-            self.lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, options.fact_keys)
-            self.fact_lexical = LexicalEpisodes(options.lexical_max_groups, options.lexical_max_bytes, source=FACTS)
+        if lexical is None or (lexical.max_groups, lexical.max_bytes, lexical.fact_keys) != (*bounds, options.fact_keys):
+            self.lexical = LexicalEpisodes(*bounds, options.fact_keys)
+        fact_lexical = getattr(self, "fact_lexical", None)
+        if fact_lexical is None or (fact_lexical.max_groups, fact_lexical.max_bytes) != bounds:
+            self.fact_lexical = LexicalEpisodes(*bounds, source=FACTS)
         self.options = options
         self.episode_weight = options.episode_weight if options.episode_weight is not None else \
             EPISODE_WEIGHT_BY_EXTRACTOR[self.facts_from]

@@ -119,19 +119,17 @@ FACT_KEY_BATCH = 2000  # episodes per facts query
 class Source:
     """What an index holds: the queries listing and reading its documents (``$g``: the group)."""
 
-    name: str
     uuids_joined: str  # FalkorDB: every uuid in one string joined by $sep
     uuids: str  # other graphs: a list
     rows: str  # every document: uuid, content, valid_at, created_at, vector
     rows_in: str  # the documents among $uuids
 
 
-EPISODES = Source("episodes", Q_UUIDS_JOINED, Q_UUIDS, Q_EPISODES, Q_EPISODES_IN)
+EPISODES = Source(Q_UUIDS_JOINED, Q_UUIDS, Q_EPISODES, Q_EPISODES_IN)
 # The group's current facts (BM25 over their text; their vectors stay in the graph's vector index).
 _CURRENT_FACT = "MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $g AND r.expired_at IS NULL"
 _FACT_FIELDS = "r.uuid AS uuid, r.fact AS content, r.valid_at AS valid_at, r.created_at AS created_at, null AS vector"
 FACTS = Source(
-    "facts",
     f"{_CURRENT_FACT} RETURN string.join(collect(r.uuid), $sep) AS uuids",
     f"{_CURRENT_FACT} RETURN collect(r.uuid) AS uuids",
     f"{_CURRENT_FACT} RETURN {_FACT_FIELDS} ORDER BY r.created_at, r.uuid",

@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from bm25s.stopwords import STOPWORDS_EN_PLUS
 from graphiti_core.edges import EntityEdge
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.search.search import search
@@ -27,8 +28,6 @@ from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
 from services.recall.entities import entity_fact_ranking
-from bm25s.stopwords import STOPWORDS_EN_PLUS
-
 from services.recall.lexical import LexicalEpisodes
 from services.recall.vector import hybrid_fact_search_scored
 
@@ -112,11 +111,19 @@ async def search_group(
         # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
         if query_vector is not None:
-            named = await entity_fact_ranking(clients.driver, group_id, query, query_vector, entity_facts,
-                                              min_cosine, ENGLISH_STOPWORDS) if entity_facts else []
-            keyword = None
-            if fact_lexical is not None and query.strip():
-                keyword = [d.uuid for d, _ in await fact_lexical.search(clients.driver, group_id, query, 2 * limit)]
+            async def keyword_ranking() -> list[str] | None:
+                if fact_lexical is None or not query.strip():
+                    return None  # the graph's fulltext half, in hybrid_fact_search_scored
+                return [d.uuid for d, _ in await fact_lexical.search(clients.driver, group_id, query, 2 * limit)]
+
+            async def named_ranking() -> list[tuple[str, float]]:
+                if not entity_facts:
+                    return []
+                return await entity_fact_ranking(clients.driver, group_id, query, query_vector, entity_facts,
+                                                 min_cosine, ENGLISH_STOPWORDS)
+
+            # independent reads: the entity ranking and the facts' BM25 index side by side
+            named, keyword = await asyncio.gather(named_ranking(), keyword_ranking())
             scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit,
                                                      extra=[[u for u, _ in named]] if named else (),
                                                      min_cosine=min_cosine, keyword=keyword)
