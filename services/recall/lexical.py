@@ -460,8 +460,8 @@ class EpisodeIndex:
         dense = self.nearest(vector, depth) if vector is not None else []
         if min_cosine is not None:
             dense = [(doc, cos) for doc, cos in dense if cos >= min_cosine]
-        if not dense:
-            return lexical[:k]
+        if not dense:  # BM25 alone, scored as the fusion would (recall's score fusion compares them)
+            return [(doc, 1.0 / (rrf_k + rank + 1)) for rank, (doc, _) in enumerate(lexical[:k])]
         fused: dict[str, float] = {}
         by_uuid: dict[str, Doc] = {}
         for ranking in (lexical, dense):

@@ -54,10 +54,22 @@ def shorten(text: str, limit: int = EPISODE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def fuse(facts: list[RecallItem], episodes: list[RecallItem], limit: int, episode_weight: float = 1.0) -> list[RecallItem]:
-    """Reciprocal-rank fusion of the two rankings (best first), ``limit`` items."""
-    scored = [(1.0 / (RRF_K + i), item) for i, item in enumerate(facts)]
-    scored += [(episode_weight / (RRF_K + i), item) for i, item in enumerate(episodes)]
+def fuse(facts: list[RecallItem], episodes: list[RecallItem], limit: int, episode_weight: float = 1.0,
+         by_score: bool = False) -> list[RecallItem]:
+    """The facts' and the turns' rankings (each best first) as one, ``limit`` items.
+
+    ``by_score`` False: reciprocal-rank fusion of the two fused rankings (an item's place in its
+    own list is all that counts). True: each item keeps its own RRF score (k = 60) over the
+    rankings that found it -- facts' BM25, vector and entity rankings, turns' BM25 and vector --
+    the turns' times ``episode_weight``: one fusion of all of them, so a fact both halves found
+    outranks a turn only one found (what the flat facts+turns store of bench/recall_quality.py
+    does with equal weights)."""
+    if by_score:
+        scored = [(item.score or 0.0, item) for item in facts]
+        scored += [(episode_weight * (item.score or 0.0), item) for item in episodes]
+    else:
+        scored = [(1.0 / (RRF_K + i), item) for i, item in enumerate(facts)]
+        scored += [(episode_weight / (RRF_K + i), item) for i, item in enumerate(episodes)]
     scored.sort(key=lambda pair: -pair[0])
     return [item.model_copy(update={"score": round(score, 6)}) for score, item in scored[:limit]]
 
@@ -93,6 +105,7 @@ async def search_group(
     entity_facts: int = 0,
     min_cosine: float | None = None,
     fact_lexical: LexicalEpisodes | None = None,
+    fusion: str = "ranks",
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
@@ -103,11 +116,17 @@ async def search_group(
     fused as a third fact ranking (services/recall/entities.py); 0: none. ``min_cosine``: the
     relevance floor, a fact or turn found only by embedding counts at this cosine or above.
     ``fact_lexical``: BM25 over the current facts' text (services/recall/lexical.py, ``FACTS``)
-    as the facts' keyword half instead of the graph's fulltext index (FalkorDB's TF-IDF)."""
+    as the facts' keyword half instead of the graph's fulltext index (FalkorDB's TF-IDF).
+    ``fusion``: ``ranks`` or ``scores`` (:func:`fuse`); ``scores`` needs the RRF scores of the
+    vector index path and of ``lexical``'s hybrid ranking, and falls back to ``ranks`` when the
+    facts came from graphiti's own search (its scores are on another scale)."""
+    # one scale for both rankings: the facts' RRF (vector index path) and the turns' (lexical hybrid)
+    by_score = fusion == "scores" and query_vector is not None and lexical is not None and dense_episodes
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
 
     async def facts() -> tuple[list[EntityEdge], list[float | None], list[Any]]:
+        nonlocal by_score
         # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
         if query_vector is not None:
@@ -126,9 +145,11 @@ async def search_group(
             named, keyword = await asyncio.gather(named_ranking(), keyword_ranking())
             scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit,
                                                      extra=[[u for u, _ in named]] if named else (),
-                                                     min_cosine=min_cosine, keyword=keyword)
+                                                     min_cosine=min_cosine, keyword=keyword,
+                                                     rank_const=RRF_K + 1 if by_score else 1)
             if scored is not None:
                 return [e for e, _ in scored], [s for _, s in scored], []
+        by_score = False  # graphiti's scores (RRF with rank constant 1) are not the turns' scale
         results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector)
         edges = results.edges[:limit]
         return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit]
@@ -142,11 +163,13 @@ async def search_group(
         else:
             edges, scores, hits = [], [], await turn_search
         turns_found = [_Turn(d.uuid, d.content, d.valid_at, d.created_at) for d, _ in hits]
+        turn_scores = {d.uuid: score for d, score in reversed(hits)}  # a follower repeated: its first score
     else:
         edges, scores, graph_episodes = await facts()
         if not with_facts:
             edges, scores = [], []
         turns_found = [_Turn(ep.uuid, ep.content, ep.valid_at, ep.created_at) for ep in graph_episodes] if episodes else []
+        turn_scores = {}
     sources = await provenance(
         clients.driver, group_id, sorted({u for e in edges for u in e.episodes} | {ep.uuid for ep in turns_found})
     )
@@ -177,7 +200,8 @@ async def search_group(
             valid_at=as_utc(ep.valid_at),
             created_at=as_utc(ep.created_at),
             provenance=[Provenance(episode_id=ep.uuid, message_ids=sources.get(ep.uuid, []))],
+            score=turn_scores.get(ep.uuid),
         )
         for ep in turns_found
     ]
-    return fuse(fact_items, turns, limit, episode_weight)
+    return fuse(fact_items, turns, limit, episode_weight, by_score=by_score)

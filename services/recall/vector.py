@@ -158,12 +158,15 @@ async def fetch_facts(driver: Any, group_id: str, uuids: list[str]) -> list[Enti
 async def hybrid_fact_search_scored(
     clients: Any, group_id: str, query: str, vector: list[float], limit: int,
     *, extra: Sequence[list[str]] = (), min_cosine: float | None = None, keyword: list[str] | None = None,
+    rank_const: int = 1,
 ) -> list[tuple[EntityEdge, float]] | None:
     """:func:`hybrid_fact_search` with each fact's RRF score (graphiti's ``edge_reranker_scores``).
     ``extra``: further rankings of edge uuids fused with the two (recall's entity-centric one);
     ``min_cosine``: the relevance floor of the vector half, when above graphiti's own.
     ``keyword``: the BM25 half already ranked (recall's own index over the facts' text), instead
-    of the graph's fulltext query."""
+    of the graph's fulltext query. ``rank_const``: RRF's constant, 1/(rank + rank_const) from rank
+    0 (graphiti's 1; recall's score fusion passes 61, the usual k = 60, to put facts and turns on
+    one scale)."""
     if not query.strip() or limit <= 0:
         return []  # graphiti's search() answers an empty query with nothing
     driver = clients.driver
@@ -179,7 +182,7 @@ async def hybrid_fact_search_scored(
         nearest = await vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor)
     if nearest is None:
         return None
-    uuids, scores = rrf([keyword, [u for u, _ in nearest], *extra])
+    uuids, scores = rrf([keyword, [u for u, _ in nearest], *extra], rank_const=rank_const)
     score_of = dict(zip(uuids[:limit], scores[:limit]))
     edges = await fetch_facts(driver, group_id, uuids[:limit])
     return [(edge, score_of[edge.uuid]) for edge in edges]

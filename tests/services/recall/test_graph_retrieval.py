@@ -112,3 +112,24 @@ async def test_entities_named_in_the_question_bring_their_facts_and_turns_are_fo
 def test_unit_vectors_used_by_the_floor_are_cosines() -> None:
     doc = _doc("x", "text", vector=[3.0, 4.0])
     assert doc.vector is not None and np.isclose(float(doc.vector @ np.array([0.6, 0.8], np.float32)), 1.0)
+
+
+def test_score_fusion_puts_what_both_halves_found_first_across_facts_and_turns() -> None:
+    from schemas import RecallItem
+    from services.recall.search import fuse
+
+    def item(uuid: str, kind: str, score: float) -> RecallItem:
+        return RecallItem(uuid=uuid, fact=uuid, kind=kind, score=score, group_id="g")  # type: ignore[arg-type]
+
+    both = 1 / 61 + 1 / 62      # ranked 1st and 2nd by its two halves (RRF, k 60)
+    one = 1 / 61                # found by one half only, at its top
+    facts = [item("fact-one-half", "fact", one)]
+    turns = [item("turn-both", "episode", both), item("turn-one-half", "episode", one)]
+    # by place, each list's first ties: the fact's comes first though one half alone found it
+    assert [i.uuid for i in fuse(facts, turns, 3)] == ["fact-one-half", "turn-both", "turn-one-half"]
+    # by score, what both halves found comes first, fact or turn; each item keeps its score
+    fused = fuse(facts, turns, 3, by_score=True)
+    assert [i.uuid for i in fused] == ["turn-both", "fact-one-half", "turn-one-half"]
+    assert fused[0].score == round(both, 6)
+    # the episode weight scales the turns' scores only
+    assert [i.uuid for i in fuse(facts, turns, 3, episode_weight=0.5, by_score=True)][0] == "fact-one-half"
