@@ -30,6 +30,7 @@ from dateutil import parser as dateparser
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from engram import compat
+from engram.stream_retention import is_stream_full
 from engram.message_size import oversize_reason, server_max_payload
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 from schemas.ids import message_dedupe_key, seen_holds
@@ -346,11 +347,20 @@ async def _publish_events(js, events: Iterable[Event] | AsyncIterable[Event], pr
         payload = event.model_dump_json().encode()
         headers = turns.headers_for(event.session_id, event.role if isinstance(event, ChatMessage) else None,
                                     {subjects.HDR_MSG_ID: msg_id, "content-type": "application/json"})
-        async for attempt in AsyncRetrying(retry=retry_if_exception(transient),
-                                           wait=wait_exponential(multiplier=0.2, max=5.0),
-                                           stop=stop_after_delay(retry_s), reraise=True):
-            with attempt:
-                ack = await js.publish(subject, payload, headers=headers)
+        try:
+            async for attempt in AsyncRetrying(retry=retry_if_exception(transient),
+                                               wait=wait_exponential(multiplier=0.2, max=5.0),
+                                               stop=stop_after_delay(retry_s), reraise=True):
+                with attempt:
+                    ack = await js.publish(subject, payload, headers=headers)
+        except nats.js.errors.APIError as exc:
+            if not is_stream_full(exc):
+                raise
+            # retried for retry_s like an outage (the pipeline may catch up), then said plainly
+            raise TranscriptError(
+                f"engram's input stream is full (ENGRAM_STREAM_MAX_BYTES) after {report.messages} new message(s) of "
+                "this run: the pipeline is behind or stopped. Nothing stored was dropped; run the same ingest again "
+                "later (stored messages are recognised)") from exc
         retried = attempt.retry_state.attempt_number > 1
         if retried:
             report.retried += 1

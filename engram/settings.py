@@ -46,7 +46,7 @@ class TurnDetectorSettings(BaseSettings):
         60.0, ge=0,
         description="How long a session's raw input messages (and superseded checkpoints) stay in NATS once a "
         "checkpoint covers them; then they are erased from disk. 0 = erase right after processing. Messages "
-        "not yet processed are kept (up to the input stream's max age, 7 days).",
+        "not yet processed are kept until they are (ENGRAM_STREAM_MAX_BYTES bounds the stream).",
     )
 
 
@@ -148,6 +148,19 @@ class EngramSettings(BaseSettings):
     )
     partitions: int = Field(4, ge=1, le=256, description="Input partitions: sessions hash onto them.")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream dedupe window for Nats-Msg-Id.")
+    stream_max_bytes: int = Field(
+        2 * 1024**3, ge=64 * 1024,
+        description="Size bound of each engram stream (input, episodes, deltas, sessions, schedules, dead letters, "
+        "summary audit). A full work stream refuses new messages (publishers get an error naming the stream as "
+        "full: the gateway answers 503, nothing stored is dropped); the summary audit stream drops its oldest "
+        "instead. Alert EngramStreamNearlyFull fires at 80%. Never lowered below what a stream already holds.",
+    )
+    processed_retention_s: float = Field(
+        30 * 24 * 3600.0, ge=0,
+        description="How long a message every consumer of its stream has processed is kept (input, episodes, "
+        "deltas, closed sessions: for replay and audit) before a sweep removes it. Messages not yet processed "
+        "never expire; dead letters stay until replayed or discarded (`engram dlq`).",
+    )
     ack_wait_s: float = Field(
         30.0, gt=0, description="JetStream ack wait of engram's consumers: a message whose worker died is redelivered "
         "after it. Handlers that wait on an LLM report progress every ack_wait/3, so it bounds crash recovery, not "

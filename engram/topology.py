@@ -73,9 +73,14 @@ class Topology:
     partitions: int
     duplicate_window_s: float
     ack_wait_s: float
-    input_max_age_s: float = 7 * DAY
-    episode_max_age_s: float = 30 * DAY
-    dlq_max_age_s: float = 30 * DAY
+    # Work streams (input, episodes, deltas, sessions) and dead letters have no max age: an
+    # unprocessed message must never expire silently. Processed messages leave by the sweep of
+    # engram/stream_retention.py after ENGRAM_PROCESSED_RETENTION_S; every stream is bounded by
+    # max_bytes, and a full work stream refuses publishes (discard NEW) rather than drop anything.
+    max_bytes: int = 2 * 1024**3
+    # Schedules fire at most ENGRAM_SUMMARY_STALENESS_SLA_S ahead (far below this): the age bound
+    # only removes fired ticks, which ENGRAM_IN and ENGRAM_DELTAS have already sourced.
+    schedule_max_age_s: float = 30 * DAY
     summary_max_age_s: float = 7 * DAY
     session_state_ttl_s: float = 30 * DAY
     # False under a least-privilege NATS user (ENGRAM_NATS_TOPOLOGY_ON_START=false, engram/auth.py):
@@ -93,6 +98,7 @@ class Topology:
             ack_wait_s=settings.ack_wait_s,
             manage=settings.nats_topology_on_start,
             replicas=settings.stream_replicas,
+            max_bytes=settings.stream_max_bytes,
         )
 
     # --- streams ---------------------------------------------------------------------------
@@ -113,7 +119,7 @@ class Topology:
             )],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=self.input_max_age_s,
+            **self._bounded(),
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
             # No message schedules here: nats-server forces allow_rollup_hdrs on with them, and
@@ -121,6 +127,11 @@ class Topology:
             # refuses both rollup and schedule headers ("rollup not permitted").
             allow_rollup_hdrs=False,
         )
+
+    def _bounded(self) -> dict[str, Any]:
+        """A work stream's limits: no age (nothing unprocessed expires), a size bound that refuses
+        new messages when reached (publishers get an error; nothing stored is dropped)."""
+        return {"max_age": 0, "max_bytes": self.max_bytes, "discard": DiscardPolicy.NEW}
 
     @staticmethod
     def _fired_into(src: str, dest: str) -> StreamSource:
@@ -135,7 +146,12 @@ class Topology:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             # a staleness sweep is scheduled up to ENGRAM_SUMMARY_STALENESS_SLA_S ahead
-            max_age=max(self.input_max_age_s, self.episode_max_age_s),
+            max_age=self.schedule_max_age_s,
+            max_bytes=self.max_bytes,
+            # nats-server refuses discard NEW with message schedules (10052). It holds one pending
+            # schedule per session and entity (rolled up) and fired ticks: when full its oldest go,
+            # fired ticks long sourced; EngramStreamNearlyFull fires at 80% first.
+            discard=DiscardPolicy.OLD,
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
             allow_msg_schedules=True,
@@ -157,7 +173,7 @@ class Topology:
             subject_transform=self._group_partitioned("episode"),
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=self.episode_max_age_s,
+            **self._bounded(),
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
         )
@@ -175,7 +191,7 @@ class Topology:
             )],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=self.episode_max_age_s,
+            **self._bounded(),
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
             allow_rollup_hdrs=False,  # see input_stream
@@ -189,6 +205,8 @@ class Topology:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=self.summary_max_age_s,
+            max_bytes=self.max_bytes,
+            discard=DiscardPolicy.OLD,  # an audit trail of decisions already made: its oldest may go
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
         )
@@ -200,7 +218,7 @@ class Topology:
             subjects=["engram.session.closed.*"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=self.episode_max_age_s,
+            **self._bounded(),
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
         )
@@ -212,7 +230,7 @@ class Topology:
             subjects=["engram.dlq.*"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            max_age=self.dlq_max_age_s,
+            **self._bounded(),  # a dead letter stays until replayed or discarded (engram dlq)
             duplicate_window=self.duplicate_window_s,
             num_replicas=self.replicas,
         )
@@ -363,9 +381,10 @@ async def ensure_topology(js: JetStreamContext, topology: Topology, *, migrate: 
     await _ensure_kv(js, topology)
     for cfg in topology.streams():
         try:
-            existing = (await js.stream_info(cfg.name or "")).config
+            info = await js.stream_info(cfg.name or "")
+            existing, held = info.config, info.state.bytes
         except nats.js.errors.NotFoundError:
-            existing = None
+            existing, held = None, 0
         if existing is None:
             if cfg.name == subjects.STREAM_IN:
                 cfg.first_seq = await stream_migration.first_sequence(js, first_seqs.get(cfg.name, 0))
@@ -373,6 +392,11 @@ async def ensure_topology(js: JetStreamContext, topology: Topology, *, migrate: 
                 cfg.first_seq = first_seqs[cfg.name]
         else:
             cfg.first_seq = existing.first_seq  # a creation-time setting: kept as it was
+            if cfg.max_bytes and cfg.max_bytes > 0 and held > cfg.max_bytes:
+                # with a bound below what it holds, the stream would refuse every new message at once
+                log.warning("stream %s holds %d bytes, more than ENGRAM_STREAM_MAX_BYTES=%d: its bound stays %s "
+                            "until it holds less", cfg.name, held, cfg.max_bytes, existing.max_bytes)
+                cfg.max_bytes = existing.max_bytes
         try:
             await _stream_call(js.add_stream, cfg)
         except nats.js.errors.BadRequestError as exc:

@@ -48,6 +48,7 @@ from pydantic import ValidationError
 
 from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
+from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
 from engram.service import (
@@ -128,6 +129,8 @@ class Extractor:
         self.capacity = asyncio.Semaphore(settings.extractor_concurrency)
         self.puller: CapacityPuller | None = None  # set by build()
         self.stop_grace_s = 15.0  # in-flight episodes get this long at stop, then are nacked
+        # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
+        self.keeper = StreamKeeper([subjects.STREAM_EPISODES], settings.processed_retention_s)
         self.backlog = BacklogMonitor(STAGE, subjects.STREAM_EPISODES, [
             Topology.extractor_durable(p) for p in range(settings.partitions)])
 
@@ -138,6 +141,7 @@ class Extractor:
         self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
         self.backlog.start(self.js)
+        self.keeper.start(self.js)
 
     async def start_pulling(self) -> None:
         """After the broker started its (non-fetching) subscribers: start the capacity puller."""
@@ -146,6 +150,7 @@ class Extractor:
 
     async def stop(self) -> None:
         await self.backlog.stop()
+        await self.keeper.stop()
         if self.puller is not None:  # before the graph closes: in-flight episodes still use it
             await self.puller.stop(self.stop_grace_s)
         await self.graph.close()

@@ -26,6 +26,7 @@ from engram.tracing import TurnSpans
 from engram.service import jetstream
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
+from engram.stream_retention import is_stream_full
 from schemas import ChatMessage, subjects
 from services.gateway.idempotency import IdempotencyKeyReused, RecentRequests
 from services.gateway.mapping import dedupe_header
@@ -181,4 +182,7 @@ def _why(exc: BaseException) -> str:
         return "no stream takes engram.in.message.* (ENGRAM_IN missing?)"
     if isinstance(exc, (nats.errors.TimeoutError, asyncio.TimeoutError)):
         return "timed out waiting for the acknowledgement"
+    if is_stream_full(exc):
+        return ("engram's input stream is full (ENGRAM_STREAM_MAX_BYTES): the pipeline is behind or stopped; "
+                "nothing stored was dropped")
     return type(exc).__name__

@@ -50,6 +50,7 @@ from pydantic import ValidationError
 
 from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
+from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import LLMSettings, build_llm
@@ -126,6 +127,8 @@ class SessionCloser:
         self.busy_retry_s = busy_retry_s
         self.js: JetStreamContext | None = None
         self.max_deliveries = settings.turn.max_deliveries
+        # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
+        self.keeper = StreamKeeper([subjects.STREAM_SESSIONS], settings.processed_retention_s)
         # closed segments waiting (one durable: partition "0"), engram/pipeline_metrics.py
         self.backlog = BacklogMonitor(STAGE, subjects.STREAM_SESSIONS, [Topology.SESSIONS_DURABLE])
 
@@ -135,9 +138,11 @@ class SessionCloser:
         self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
         self.backlog.start(self.js)
+        self.keeper.start(self.js)
 
     async def stop(self) -> None:
         await self.backlog.stop()
+        await self.keeper.stop()
         await self.graphs.close()
 
     # --- handler -----------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 
 from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
+from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
@@ -116,6 +117,8 @@ class SummaryGate:
         self.clock = clock
         self.js: JetStreamContext | None = None
         self.max_deliveries = settings.turn.max_deliveries
+        # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
+        self.keeper = StreamKeeper([subjects.STREAM_DELTAS], settings.processed_retention_s)
         self.backlog = BacklogMonitor(STAGE, subjects.STREAM_DELTAS, [
             Topology.summary_gate_durable(p) for p in range(settings.partitions)])
 
@@ -126,6 +129,7 @@ class SummaryGate:
         topology = Topology.from_settings(self.settings)
         await ensure_topology(self.js, topology)
         self.backlog.start(self.js)
+        self.keeper.start(self.js)
         retention = topology.schedule_stream().max_age or 0.0
         if self.gate.staleness_sla_s >= retention:
             # the sweep's schedule is a message in ENGRAM_SCHED: it would age out before firing
@@ -134,6 +138,7 @@ class SummaryGate:
 
     async def stop(self) -> None:
         await self.backlog.stop()
+        await self.keeper.stop()
         await self.graph.close()
 
     # --- handler -----------------------------------------------------------------------------

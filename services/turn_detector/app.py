@@ -28,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from engram import dlq, tracing
 from engram.epochs import SessionEpochs
+from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor
 from engram.secrets import scrub_secrets
 from engram.service import ServiceApp, jetstream, make_broker, message_itself, subscribe_partitions
@@ -89,6 +90,10 @@ class TurnDetector:
         self.eraser: InputEraser | None = None
         self.js: JetStreamContext | None = None
         self.clock = time.time  # replaced in tests
+        # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
+        # (and, as the first stage, the fill of the streams no stage sweeps)
+        self.keeper = StreamKeeper([subjects.STREAM_IN], settings.processed_retention_s,
+                                   watch=(subjects.STREAM_DLQ, subjects.STREAM_SCHED, subjects.STREAM_SUMMARY))
         self.backlog = BacklogMonitor(STAGE, subjects.STREAM_IN, [
             Topology.turn_detector_durable(p) for p in range(settings.partitions)])
 
@@ -102,9 +107,11 @@ class TurnDetector:
         self.eraser = InputEraser(self.js, self.turn.input_retention_s)
         self.eraser.start()
         self.backlog.start(self.js)
+        self.keeper.start(self.js)
 
     async def stop(self) -> None:
         await self.backlog.stop()
+        await self.keeper.stop()
         if self.eraser is not None:
             await self.eraser.stop()
 

@@ -118,15 +118,19 @@ async def test_ticks_fire_into_the_partition_of_their_session_and_group(js: Any)
 
 
 # --- streams of an older engram ---------------------------------------------------------------
+# what an older engram gave its streams: an age bound, no size bound (and schedules refuse discard NEW)
+OLD_LIMITS = {"max_age": 7 * 24 * 3600.0, "max_bytes": None, "discard": None}
+
+
 def legacy_input(t: Topology) -> StreamConfig:
     """ENGRAM_IN as engram made it before ENGRAM_SCHED: schedules in the stream itself."""
     return dataclasses.replace(t.input_stream(), subjects=["engram.in.*.*", "engram.sched.idle.*"], sources=None,
-                               allow_msg_schedules=True, allow_rollup_hdrs=None)
+                               allow_msg_schedules=True, allow_rollup_hdrs=None, **OLD_LIMITS)
 
 
 def legacy_deltas(t: Topology) -> StreamConfig:
     return dataclasses.replace(t.delta_stream(), subjects=["engram.delta.*", "engram.sched.summary.*.*"],
-                               sources=None, allow_msg_schedules=True, allow_rollup_hdrs=None)
+                               sources=None, allow_msg_schedules=True, allow_rollup_hdrs=None, **OLD_LIMITS)
 
 
 async def make_legacy(js: Any, t: Topology) -> None:
