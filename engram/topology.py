@@ -15,6 +15,7 @@ sessions: drain the input stream first.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,7 @@ def _kv_stream_config(cfg: KeyValueConfig) -> StreamConfig:
         discard=DiscardPolicy.NEW,
         duplicate_window=120.0,
         max_age=cfg.ttl,
+        max_bytes=cfg.max_bytes,  # discard NEW: a full bucket refuses writes (the writer retries)
         max_msgs_per_subject=cfg.history,
         num_replicas=cfg.replicas,
         storage=cfg.storage,
@@ -324,6 +326,10 @@ class Topology:
 
     # --- key-value -------------------------------------------------------------------------
     def kv_buckets(self) -> list[KeyValueConfig]:
+        """Every bucket bounded by ``max_bytes`` when made (an existing bucket keeps its bound)."""
+        return [dataclasses.replace(cfg, max_bytes=self.max_bytes) for cfg in self._kv_buckets()]
+
+    def _kv_buckets(self) -> list[KeyValueConfig]:
         return [
             KeyValueConfig(
                 bucket=subjects.KV_TURN_SESSIONS,
