@@ -6,7 +6,12 @@ invalidation candidate). It reads change phrases in NEW (:func:`find_changes`):
 
 * ``replacement``, the replaced value X named: "switched/moved/migrated/changed/ported/converted
   (S) from X to Y", "replaced X with/by Y", "X was replaced by Y", "swapped/traded/ditched/
-  dropped X for Y", "X ... in favour of Y", "Y instead of / rather than / in place of X";
+  dropped X for Y", "X ... in favour of Y", "Y instead of / rather than / in place of X", and,
+  in a fact that says "now"/"currently", "Y now, not X" (:data:`CONTRAST`). When Y comes before
+  the cue it is read two ways: the words right before it ("Sam uses *Emacs* instead of Vim"; a
+  value after a preposition from there on, "is in *Cascais* instead of ..."), or the words before
+  the clause's first relation verb when the value was made the subject ("*Podman* runs our
+  containers instead of Docker", the words after the verb then being subject and context);
 * ``switch``, X not named: "switched/moved/migrated/ported/converted/upgraded/relocated S
   (over) to/onto Y", "S switched/moved/migrated (over) to Y";
 * ``ending``: "no longer", "not/n't ... any more/anymore", "stopped", "quit", "gave up", "left",
@@ -24,9 +29,10 @@ and decides with word overlap (crude stems of content words, :func:`.text._conte
   Postgres 15"), and OLD holds a value (a relation verb of :data:`RELATION_VERBS` or a copula)
   that it names and NEW lacks (a capitalised word past the first, a known tool or library, or a
   number; weekdays and months are no values): the value being replaced;
-* ending: OLD carries no ending/negation cue and the cue clause's content words (cues and time
-  words removed, relation verbs kept: "Caroline no longer lives in Boston" does not end
-  "Caroline likes Boston") are at least two and all occur in OLD.
+* ending: OLD carries no ending/negation cue (a contrast, "..., not Docker", is none) and the cue
+  clause's content words (cues and time words removed, relation verbs kept: "Caroline no longer
+  lives in Boston" does not end "Caroline likes Boston") are at least two and all occur in OLD
+  ("Lena quit swimming" ends "Lena swims at ...": :func:`.text._stem` undoubles "swimm").
 
 Known limits: English only; a switch of S ends every fact about S that names another value
 through a relation verb ("the billing service sends invoices via Stripe" is ended by "we switched
@@ -34,7 +40,9 @@ the billing service to SQLite"); paraphrased subjects ("the DB" for "the databas
 "PostgreSQL") are not matched; a change in a lower-case value needs the value named in NEW
 ("switched from vim to emacs") unless OLD names it with a capital or a known tool word; a
 subject NEW leaves implicit ("we switched to SQLite" with no subject) ends nothing; a relation
-verb in NEW that OLD words differently is tolerated only when it is in :data:`RELATION_VERBS`.
+verb in NEW that OLD words differently is tolerated only when it is in :data:`RELATION_VERBS`;
+a new value made the subject is found only before such a verb ("Keycloak handles our logins
+instead of Auth0" ends nothing); "Y, not X" without "now" is no change.
 Measured on ``bench/data/fact_changes.jsonl`` by ``bench/fact_changes.py`` (docs/architecture.md).
 """
 
@@ -72,7 +80,6 @@ _REPLACEMENT_RES = [
         rf"|dump(?:ed|s|ing)?)(?: out)? (?P<old>.+?) (?:for|in favou?r of) (?P<new>.+?){_END}",
         re.I,
     ),
-    re.compile(rf"(?P<new>\b[\w.+#-]+(?: [\w.+#-]+){{0,2}}) (?:instead of|rather than|in place of) (?P<old>.+?){_END}", re.I),
     # "dropped Memcached, the cache runs on Redis now", "we ditched Mongo, the catalog is on Postgres now"
     re.compile(
         rf"\b(?:dropp?(?:ed)?|ditch(?:ed)?|dump(?:ed)?|got rid of|retired|killed) (?P<old>[^,;]+?)\s*(?:[,;]|\band\b)\s*"
@@ -80,6 +87,15 @@ _REPLACEMENT_RES = [
         re.I,
     ),
 ]
+#: "..., not Y" naming a value ("the standups happen in Zoom now, not Google Meet"): a contrast
+#: that says which value does not hold; the fact itself is not negated (:func:`negated`).
+CONTRAST = re.compile(r",\s*not\s+(?=(?:(?:a|an|the|on|in|at|with|by|via|through)\s+)?(?-i:[A-Z]))", re.I)
+# Replacements that name the new value Y *before* the cue, read two ways (:func:`_new_first`):
+# "Y instead of / rather than / in place of X", and a contrast said to hold now, "Y now, not X"
+# (only in a fact that says "now"/"currently": without it "Tom works at Globex, not Initech"
+# corrects a name rather than telling a change).
+_INSTEAD_RE = re.compile(rf"(?P<new>\b[\w.+#-]+(?: [\w.+#-]+){{0,2}}) (?:instead of|rather than|in place of) (?P<old>.+?){_END}", re.I)
+_NOW_NOT_RE = re.compile(rf"(?P<new>\b[\w.+#-]+(?: [\w.+#-]+){{0,2}})(?: now| currently)?{CONTRAST.pattern}(?P<old>.+?){_END}", re.I)
 _SWITCH_RES = [
     re.compile(rf"\b(?:{_NO_FROM_VERB}){_SUBJ}(?: over| back)? (?:to|onto) (?P<new>.+?){_END}", re.I),
 ]
@@ -95,8 +111,10 @@ _ENDING = re.compile(
 )
 _NEGATED = re.compile(r"(?<![\w'])(?:not|never|no)(?![\w'])|n't\b|\b(?:no longer|any ?more|stopped|quit|gave up)\b", re.I)
 _CLAUSE_SPLIT = re.compile(r"[;:.!?]|,| but | and (?:now |then )?(?=\w+ (?:is|are|uses?|runs?|works?)\b)", re.I)
-# A value phrase stops at its first preposition: "React in the frontend" -> "React".
+# A value phrase stops at its first preposition: "React in the frontend" -> "React"; one that
+# ends at the cue starts after its last: "is in Cascais (instead of ...)" -> "Cascais".
 _VALUE_TAIL = re.compile(r" (?:in|for|on|at|as|across|within|throughout|because|since) .*$", re.I)
+_VALUE_HEAD = re.compile(r"^.*\b(?:in|on|at|with|through|via|by|to|onto|for|from|as) ", re.I)
 
 #: Relation verbs (crude stems) that say *how* a subject holds a value; NEW may word the relation
 #: differently from OLD ("uses" vs "is written in"), so they are not part of the subject.
@@ -156,6 +174,21 @@ def _context(fact: str, *values: frozenset[str], verbs: bool = False) -> frozens
     return frozenset(s for s in _content_stems(fact) if s not in drop and not s.isdigit())
 
 
+def _new_first(fact: str, m: re.Match[str]) -> list[Change]:
+    """The replacements "Y instead of X" / "Y now, not X" may mean: Y is the words right before
+    the cue ("Sam uses *Emacs* instead of Vim", "the offsite is in *Cascais* instead of ..."), or,
+    when the value was made the subject, the words before the clause's first relation verb
+    ("*Podman* runs our containers instead of Docker", the rest then being context)."""
+    old = _value(m.group("old"))
+    if not old:
+        return []
+    news = [frozenset(_content_stems(_VALUE_HEAD.sub("", m.group("new"))))]
+    clause = re.split(r"[,;:.!?]", fact[: m.end("new")])[-1].split()
+    verb = next((i for i, w in enumerate(clause) if _stem(w) in RELATION_VERBS), 0)
+    news.append(frozenset(_content_stems(" ".join(clause[:verb]))))
+    return [Change("replacement", old, new, _context(fact, old, new)) for new in news if new]
+
+
 @lru_cache(maxsize=4096)
 def find_changes(fact: str) -> tuple[Change, ...]:
     """The change phrases of ``fact`` (see the module docstring), replacements first. Cached:
@@ -166,6 +199,11 @@ def find_changes(fact: str) -> tuple[Change, ...]:
             old, new = _value(m.group("old")), _value(m.group("new"))
             if old and new:
                 out.append(Change("replacement", old, new, _context(fact, old, new)))
+    for rx in (_INSTEAD_RE, _NOW_NOT_RE):
+        if rx is _NOW_NOT_RE and not _NOW.search(fact):
+            continue  # "Y, not X" tells a change only with "now"
+        for m in rx.finditer(fact):
+            out.extend(_new_first(fact, m))
     if not out:
         for rx in _SWITCH_RES:
             for m in rx.finditer(fact):
@@ -185,6 +223,11 @@ def find_changes(fact: str) -> tuple[Change, ...]:
         if _ENDING.search(clause):
             out.append(Change("ending", frozenset(), frozenset(), _context(clause, verbs=True)))
     return tuple(out)
+
+
+def negated(fact: str) -> bool:
+    """Whether ``fact`` carries a negation or ending cue; a contrast ("..., not Google Meet") is none."""
+    return bool(_NEGATED.search(CONTRAST.sub(", ", fact)))
 
 
 def _named_values(fact: str) -> set[str]:
@@ -212,7 +255,7 @@ def _holds_a_value(fact: str) -> bool:
 def supersedes(new_fact: str, old_fact: str) -> ChangeKind | None:
     """Which change in ``new_fact`` ends ``old_fact`` (see the module docstring), or None."""
     old_stems = set(_content_stems(old_fact))
-    if not old_stems or _NEGATED.search(old_fact):
+    if not old_stems or negated(old_fact):
         return None
     new_stems = set(_content_stems(new_fact))
     for change in find_changes(new_fact):

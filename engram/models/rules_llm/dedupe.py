@@ -12,12 +12,13 @@ INVALIDATION CANDIDATES, as graphiti sends them):
   removed) equals the new fact's;
 * contradictions (either list), any of:
   1. polarity: exactly one of the two facts carries a negation cue ("not", "n't", "never",
-     "no longer", "stopped", "quit", "left", "gave up", "anymore") and at least 75% (and at least
-     2) of the old fact's content words (crudely stemmed, stopwords and cues removed) occur in
-     the new fact;
+     "no longer", "stopped", "quit", "left", "gave up", "anymore"; a contrast "..., not Google
+     Meet" is none) and at least 75% (and at least 2) of the old fact's content words (crudely
+     stemmed, stopwords and cues removed) occur in the new fact;
   2. a change phrase in the new fact ends the old one (:func:`.changes.supersedes`): "switched/
      moved/migrated S to Y" or "... from X to Y", "replaced X with Y", "swapped X for Y",
-     "Y instead of X", "no longer ...", "not ... any more", with the subject in the same words;
+     "Y instead of / rather than X", "Y now, not X", "no longer ...", "not ... any more", with the
+     subject in the same words;
   3. single-valued relation: both facts state LIVES_IN (lives in, moved to, relocated to, is
      based in) or WORKS_AT (works at/for, joined + a capitalised name) with the same subject
      words before the verb ("Maya's brother" is not "Maya") and different object words after it;
@@ -30,7 +31,7 @@ import re
 from typing import Any
 
 from engram.models.rules_llm.entities import _SPACE_VERSION, _TOKEN, _VERSION_SPEC, _tech_category
-from engram.models.rules_llm.changes import supersedes
+from engram.models.rules_llm.changes import CONTRAST, supersedes
 from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP
 from engram.models.rules_llm.text import _content_stems, _norm_fact
 from engram.models.rules_llm.vocabulary import AMBIGUOUS_TECH
@@ -118,6 +119,7 @@ def _versions(fact: str) -> dict[str, str]:
 
 
 def _is_negated(fact: str) -> bool:
+    fact = CONTRAST.sub(", ", fact)  # "Zoom now, not Google Meet" says Zoom holds: no negation
     return bool(_NEG_STOP.search(fact) or _NEG_NOT.search(fact) or re.search(r"\b(?:left|anymore)\b", fact, re.I))
 
 

@@ -23,9 +23,10 @@ per block and ``max_entities`` per prompt):
   unnamed ``user:``/``assistant:`` are roles, never entities (issue 24 item 6)); "my dad"
   -> "Caroline's dad"; "<Capitalised> ... group/club/center" phrases ("LGBTQ support group");
   quoted titles ("Finding Freedom"); short lower-case objects of a few verbs ("loves
-  painting", "painted a lake sunrise"). Person/Place/Organization come from cues (speaker
-  names, "with", "met", "in"/"from", "works at", suffixes like "University", "Park", "Inc") and
-  short lists of well-known places and organisations, else the default type;
+  painting", "painted a lake sunrise", "plays golf", "quit swimming"). Person/Place/
+  Organization come from cues (speaker names, "with", "met", "in"/"from", "works at", suffixes
+  like "University", "Park", "Inc") and short lists of well-known places and organisations,
+  else the default type;
 * dates: ISO dates, "8 May 2023", "May 8, 2023", "May 2023" (type ``Entity``; as fact targets
   they get ``OCCURRED_ON``); a ``Decision`` entity ("decided to X") only when that type exists.
 
@@ -44,7 +45,7 @@ from typing import Any
 
 from engram.models.rules_llm.dates import find_dates
 from engram.models.rules_llm.episodes import _Doc, _EMAIL, _INLINE_CODE
-from engram.models.rules_llm.relations import _OBJECT_RELATIONS, _VERB_RES, _VerbHit
+from engram.models.rules_llm.relations import _OBJECT_RELATIONS, _ONE_WORD_OBJECT_RELATIONS, _VERB_RES, _VerbHit
 from engram.models.rules_llm.text import is_safe_entity_name
 from engram.models.rules_llm.vocabulary import AMBIGUOUS_TECH, CLI_TOOLS, COMMON_WORDS, ERRNO_CODES, FILE_EXTENSIONS, GENERIC_ACRONYMS, GENERIC_NOUNS, KIN_WORDS, KNOWN_DIRS, KNOWN_FILENAMES, KNOWN_ORGS, KNOWN_PLACES, LIBRARIES, STOPWORDS, _CALENDAR_WORDS, _GROUP_HEADS, _IRREGULAR_PAST, _ORG_SUFFIX, _PET_WORDS, _PLACE_SUFFIX
 
@@ -121,6 +122,9 @@ _ORG_BEFORE = re.compile(r"\b(?:at|for|joined|join|hired by|interview(?:ed)? (?:
 _OBJECT_STOP = STOPWORDS | GENERIC_NOUNS | {
     "yesterday", "today", "tomorrow", "tonight", "last", "next", "ago", "recently", "again", "earlier",
     "later", "every", "so", "really", "too", "lot", "much", "because", "since", "though", "although",
+    # an ending or a replacement after the object ("plays golf anymore", "chess instead of golf"),
+    # and adverbs that follow an activity verb ("practicing hard", "play together")
+    "anymore", "instead", "rather", "hard", "together", "alone", "outside", "online",
 }
 _DETERMINERS = re.compile(r"^(?:(?P<det>a|an|the|my|our|some|his|her|their|this|that|these|those|your)\s+)?", re.I)
 
@@ -462,10 +466,11 @@ class _Extractor:
             if not words:
                 continue
             if len(words) == 1 and (
-                v.relation != "LIKES"
+                v.relation not in _ONE_WORD_OBJECT_RELATIONS
                 or words[0][0] in GENERIC_NOUNS
                 or words[0][0] in ("user", "assistant", "system", "tool")
-                or any(rx.fullmatch(words[0][0]) for rx, _, _ in _VERB_RES)
+                # a verb is no object ("loves using X"), an activity is ("loves playing")
+                or any(rx.fullmatch(words[0][0]) for rx, rel, _ in _VERB_RES if rel != "DOES")
             ):
                 continue
             if words[-1][0] in GENERIC_NOUNS and len(words) == 1:

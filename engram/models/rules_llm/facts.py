@@ -8,12 +8,12 @@ A clause with one entity gives speaker -> entity; a package gets ``USES_VERSION`
 version entity; a date target gets ``OCCURRED_ON``. The relation
 is the SCREAMING_SNAKE_CASE of the nearest mapped verb before the target (see
 :data:`VERB_RELATIONS`: USES, FIXES, DEPENDS_ON, DECIDED, CAUSES, TESTED_BY, LIVES_IN, WORKS_AT,
-LIKES, ATTENDED, CREATED, USES_VERSION, INSTALLED, RAISES, RUNS, IMPORTS), prefixed ``NOT_``
-after "not"/"never"/"n't" and ``NO_LONGER_`` after "no longer"/"stopped"/"quit" or for the old
-side of "switched from X to Y"; else RELATES_TO. The fact text is the sentence with "I", "my",
-"me" replaced by the speaker's name (with a crude third-person verb fix: "I love" -> "Caroline
-loves"), cut to ``max_fact_chars`` (300). A traceback in a code block gives
-``<error> OCCURRED_IN <file>``.
+LIKES, ATTENDED, CREATED, USES_VERSION, INSTALLED, RAISES, RUNS, IMPORTS, DOES, QUIT), prefixed
+``NOT_`` after "not"/"never"/"n't" and ``NO_LONGER_`` after "no longer"/"stopped"/"quit", after
+"not ... any more", or for the old side of "switched from X to Y" / "Y instead of X"; else
+RELATES_TO. The fact text is the sentence with "I", "my", "me" replaced by the speaker's name
+(with a crude third-person verb fix: "I love" -> "Caroline loves"), cut to ``max_fact_chars``
+(300). A traceback in a code block gives ``<error> OCCURRED_IN <file>``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import datetime
 
 from engram.models.rules_llm.coreference import Reference, annotate
 from engram.models.rules_llm.episodes import _CLAUSE_SPLIT, _Sentence
-from engram.models.rules_llm.relations import _NEG_NOT, _NEG_STOP, _SWITCH_RES, _VerbHit, _find_verbs
+from engram.models.rules_llm.relations import _ANY_MORE, _NEG_NOT, _NEG_STOP, _SWITCH_RES, _VerbHit, _find_verbs
 from engram.models.rules_llm.text import MAX_FACTS, MAX_TARGETS_PER_CLAUSE, _content_stems, _mask, _stem
 from engram.models.rules_llm.vocabulary import IRREGULAR_PREFIXES, ROLE_WORDS, STOPWORDS, _IRREGULAR_PAST
 
@@ -433,7 +433,9 @@ class _FactBuilder:
             if _NEG_STOP.search(window):
                 rel = "NO_LONGER_" + rel
             elif _NEG_NOT.search(window):
-                rel = "NOT_" + rel
+                # "doesn't play golf any more": an ending, not a plain negation
+                after = re.split(r"[.;!?]", text[verb.end :], maxsplit=1)[0]
+                rel = ("NO_LONGER_" if _ANY_MORE.search(after) else "NOT_") + rel
         return rel
 
 

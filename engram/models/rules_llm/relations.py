@@ -37,12 +37,23 @@ VERB_RELATIONS: list[tuple[str, str, bool]] = [
     (r"raises?|raised|raising|throws?|threw|thrown|fails? with|failed with|crash(?:es|ed)? with|errors? (?:out )?with|errored", "RAISES", False),
     (r"imports?|imported|importing", "IMPORTS", False),
     (r"ran|runs|run|running|executed|executes?|launched|started", "RUNS", False),
+    # an activity and its end, so "Mo plays golf" and "Mo doesn't play golf any more" /
+    # "Lena quit swimming" / "Raj gave up the violin" name the activity (a lower-case object);
+    # "go"/"stop" only before a gerund ("goes climbing", "stopped swimming", not "stopped the
+    # server"; "#" is a gerund already masked as an entity)
+    (r"plays?|played|playing|practi[sc](?:es?|ed|ing)|(?:go|goes|going|went|gone)(?= (?:[a-z]+ing\b|#))", "DOES", False),
+    (r"quits?|quitting|gave up|gives? up|giving up|stop(?:s|ped|ping)?(?= (?:[a-z]+ing\b|#))", "QUIT", False),
 ]
 _VERB_RES = [(re.compile(rf"(?<![\w#'-])(?:{rx})(?![\w#])", re.I), rel, passive) for rx, rel, passive in VERB_RELATIONS]
-_OBJECT_RELATIONS = {"LIKES", "ATTENDED", "CREATED", "USES", "LIVES_IN", "WORKS_AT"}
+_OBJECT_RELATIONS = {"LIKES", "ATTENDED", "CREATED", "USES", "LIVES_IN", "WORKS_AT", "DOES", "QUIT"}
+#: Relations whose object may be one lower-case word ("loves painting", "plays golf", "quit
+#: swimming"); after the others a single word is too often no thing ("uses it", "runs tests").
+_ONE_WORD_OBJECT_RELATIONS = {"LIKES", "DOES", "QUIT"}
 
 _NEG_NOT = re.compile(r"(?<![\w'])(?:not|never|n't|cannot|no)(?![\w'])|\w+n't\b", re.I)
 _NEG_STOP = re.compile(r"\b(?:no longer|stopped|stops|stop|quit|quits|gave up|give up|not anymore|no more)\b", re.I)
+#: "any more" after a negated verb makes it an ending: "doesn't play golf any more" -> NO_LONGER_.
+_ANY_MORE = re.compile(r"\bany ?more\b", re.I)
 _SWITCH_RES = [
     re.compile(
         r"\b(?P<verb>switch(?:ed|es|ing)?|migrat(?:ed|es|ing|e)|mov(?:ed|es|ing|e)|chang(?:ed|es|ing|e)|went|go(?:es|ing)?|relocat(?:ed|es|ing|e))"
@@ -50,7 +61,7 @@ _SWITCH_RES = [
         re.I,
     ),
     re.compile(r"\breplac(?:ed|es|ing|e) (?P<old>.+?) with (?P<new>.+?)(?=[.,;!?]|$| because| since| so )", re.I),
-    re.compile(r"\b(?P<new>[\w.=+/-]+(?: [\w.=+/-]+){0,2}) instead of (?P<old>.+?)(?=[.,;!?]|$| because| since| so )", re.I),
+    re.compile(r"\b(?P<new>[\w.=+/-]+(?: [\w.=+/-]+){0,2}) (?:instead of|rather than) (?P<old>.+?)(?=[.,;!?]|$| because| since| so | now\b)", re.I),
 ]
 
 @dataclass

@@ -49,11 +49,19 @@ def is_safe_entity_name(name: str) -> bool:
     return True
 
 
+# A consonant doubled before "-ing"/"-ed" ("swimming", "stopped", "planned") is undoubled so the
+# form meets "swims", "stops", "plans". Not l, s, f, z, d, r: "falling", "passing", "adding" keep
+# them from their base ("falls", "adds").
+_DOUBLED = re.compile(r"([bgmnpt])\1$")
+
+
 def _stem(word: str) -> str:
     w = word.lower()
     for suf in ("ing", "ed", "es", "s"):
         if w.endswith(suf) and len(w) - len(suf) >= 2:
             w = w[: -len(suf)]
+            if suf in ("ing", "ed"):
+                w = _DOUBLED.sub(r"\1", w)
             break
     if w.endswith("e") and len(w) > 2:
         w = w[:-1]
@@ -63,8 +71,14 @@ def _stem(word: str) -> str:
 _NEG_WORDS = {"not", "never", "no", "longer", "stopped", "stop", "stops", "quit", "quits", "left", "gave", "give", "up", "anymore", "more"}
 
 
+# "won't" and "can't" are not "wo"/"ca" + "n't": left to the plain rule they leave a stray content
+# stem that the earlier fact never holds ("The backup won't upload to Backblaze any more").
+_IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not"}
+
+
 def _content_stems(text: str) -> list[str]:
-    words = re.findall(r"[\w.=+-]+", text.lower().replace("n't", " not"))
+    low = re.sub(r"\b(?:won|can|shan)'t\b", lambda m: _IRREGULAR_NOT[m.group(0)], text.lower().replace("’", "'"))
+    words = re.findall(r"[\w.=+-]+", low.replace("n't", " not"))
     out = []
     for w in words:
         w = w.strip(".-")

@@ -61,9 +61,15 @@ async def test_node_duplicate_single_prompt() -> None:
         ("Caroline no longer uses Vim.", ["Caroline uses Vim."], ["Caroline loves painting."], [], [0]),
         ("Caroline stopped using Vim.", [], ["Caroline uses Vim.", "Caroline uses Emacs for notes."], [], [0]),
         ("User does not use Docker anymore.", ["User uses Docker for deploys."], [], [], [0]),
+        ("The nightly backup won't upload to Backblaze any more.", [], ["The nightly backup uploads to Backblaze."], [], [0]),
+        # a contrast naming a value ("..., not Docker") is no negation: no polarity flip with a restatement
+        ("Podman runs our containers now, not Docker.", [], ["Our containers run on Podman."], [], []),
+        ("Client calls happen in Zoom now, not Google Meet.", [], ["Our standups happen in Google Meet."], [], []),
         # replacement
         ("User switched from requests to httpx.", [], ["User uses requests for HTTP calls.", "User uses pytest."], [], [0]),
         ("User uses httpx instead of requests.", [], ["User uses requests."], [], [0]),
+        ("Podman runs our containers instead of Docker now.", [], ["Our containers run on Docker.", "Docker builds our images."], [], [0]),
+        ("Our standups happen in Zoom now, not Google Meet.", [], ["Our standups happen in Google Meet."], [], [0]),
         ("Caroline moved from Boston to Austin.", [], ["Caroline lives in Boston.", "Caroline works at Google."], [], [0]),
         # single-valued relations with a different object
         ("Caroline lives in Austin.", ["Caroline lives in Boston."], [], [], [0]),

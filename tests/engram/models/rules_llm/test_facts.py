@@ -1,13 +1,14 @@
-"""Facts: the third-person rewrite, greetings, negations, vocatives."""
+"""Facts: the third-person rewrite, greetings, negations, stopped activities, vocatives."""
 
 from __future__ import annotations
 
 
+import pytest
 from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction
 
 from engram.models.rules_llm import RulesExtractorClient, contradicts, third_person
 from engram.models.rules_llm.facts import _Mention, _vocative
-from tests.engram.models.rules_llm.helpers import CHAT_TYPES, combined_messages
+from tests.engram.models.rules_llm.helpers import CHAT_TYPES, combined_messages, triples
 
 
 def test_third_person_rewrite() -> None:
@@ -37,6 +38,41 @@ def test_first_person_negations_survive_the_third_person_rewrite() -> None:
     assert third_person("I do not like tea.", "Alice") == "Alice does not like tea."
     assert third_person("I never go there.", "Alice") == "Alice never goes there."
     assert contradicts("Alice no longer lives in Boston.", "Alice lives in Boston.")
+
+
+@pytest.mark.parametrize(
+    ("earlier", "later", "old_triple", "new_triple"),
+    [
+        # a negated activity: the object of "play" is its thing, "any more" makes it an ending
+        ("Mo plays golf on Fridays.", "Mo doesn't play golf any more.",
+         ("Ada", "DOES", "golf"), ("Ada", "NO_LONGER_DOES", "golf")),
+        ("Ben goes climbing on Saturdays.", "Ben does not go climbing anymore.",
+         ("Ada", "DOES", "climbing"), ("Ada", "NO_LONGER_DOES", "climbing")),
+        # stopped / quit / gave up: the cue takes the activity as its object
+        ("Raj plays the violin in a quartet.", "Raj gave up the violin.", ("Ada", "DOES", "violin"), ("Ada", "QUIT", "violin")),
+        ("Lena plays chess at the Riverside Club.", "Lena quit chess.", ("Ada", "DOES", "chess"), ("Ada", "QUIT", "chess")),
+    ],
+)
+async def test_a_stopped_activity_is_a_fact_that_ends_the_earlier_one(
+    earlier: str, later: str, old_triple: tuple[str, str, str], new_triple: tuple[str, str, str],
+) -> None:
+    """Found by the change corpus: a negated activity ("... doesn't play golf any more") gave no fact
+    at all (a lower-case object after a verb the rules did not know), so nothing could end it."""
+    client = RulesExtractorClient()
+    facts = {}
+    for statement, triple in ((earlier, old_triple), (later, new_triple)):
+        response = await client.generate_response(combined_messages(f"user (Ada): {statement}", CHAT_TYPES),
+                                                  response_model=CombinedExtraction)
+        assert triple in triples(response), triples(response)
+        facts[statement] = next(e["fact"] for e in response["edges"] if e["target_entity_name"] == triple[2])
+    assert contradicts(facts[later], facts[earlier])
+
+
+async def test_stop_before_a_thing_is_no_activity() -> None:
+    response = await RulesExtractorClient().generate_response(
+        combined_messages("user (Ada): I stopped the server before lunch.", CHAT_TYPES), response_model=CombinedExtraction,
+    )
+    assert not [e for e in response["extracted_entities"] if e["name"] in ("server", "the server")], response
 
 
 def test_a_name_used_to_address_the_listener_is_no_argument() -> None:

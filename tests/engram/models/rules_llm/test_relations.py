@@ -15,6 +15,12 @@ from engram.models.rules_llm.relations import _find_verbs
         ("The crash was caused by a null pointer.", [("CAUSES", True)]),
         ("We decided to use httpx instead.", [("DECIDED", False), ("USES", False)]),
         ("Nothing here at all.", []),
+        # an activity and its end; "go"/"stop" only before a gerund
+        ("Mo plays golf on Fridays.", [("DOES", False)]),
+        ("Ben goes climbing on Saturdays.", [("DOES", False)]),
+        ("Lena quit swimming and Raj gave up the violin.", [("QUIT", False), ("QUIT", False)]),
+        ("Jo stopped running.", [("QUIT", False), ("RUNS", False)]),
+        ("I stopped the server and went home.", []),
     ],
 )
 def test_find_verbs(text: str, relations: list[tuple[str, bool]]) -> None:
