@@ -15,8 +15,8 @@ What each service may do, and why:
 - publish the subjects it produces (``engram.episode.*`` for the turn-detector, ...) and its own
   dead-letter subject ``engram.dlq.<stage>``, plus ``STREAM.INFO`` of the stream they land in;
 - read or write the KV buckets it uses (``$KV.<bucket>.>`` to write, ``$JS.API.DIRECT.GET.KV_<bucket>``
-  to read) and get or erase stored messages where it must (the turn-detector's input retention,
-  recall's purge of a deleted group);
+  to read; the services that call an LLM write its shared rate limit) and get or erase stored
+  messages where it must (the turn-detector's input retention, recall's purge of a deleted group);
 - request/reply: subscribe the subjects it serves (with ``allow_responses`` so the reply can go to
   the requester's inbox and nowhere else), publish the subjects it asks;
 - ``_INBOX_<user>.>``: replies to its own requests (JetStream API answers, pulled messages); each
@@ -139,6 +139,7 @@ class Permissions:
 def _permissions(service: str, topology: Topology) -> Permissions:
     n = range(topology.partitions)
     epochs_read = _kv_read(subjects.KV_SESSION_EPOCHS)
+    llm_limits = _kv_write(subjects.KV_LLM_LIMITS)  # the services that call the LLM share its rate limit
     if service == "turn-detector":
         return Permissions(
             publish=(
@@ -155,7 +156,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             publish=(
                 *_consume(subjects.STREAM_EPISODES, [topology.extractor_durable(p) for p in n]),
                 _sub(subjects.DELTA), *_stream_info(subjects.STREAM_EPISODES, subjects.STREAM_DELTAS),
-                *_dlq("extractor"),
+                *_dlq("extractor"), *llm_limits,
             ),
             # engram.episode.*: a wake-up when an episode is published (the puller then pulls)
             subscribe=(INBOX, _sub(subjects.EPISODE)),
@@ -165,7 +166,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             publish=(
                 *_consume(subjects.STREAM_DELTAS, [topology.summary_gate_durable(p) for p in n]),
                 _sub(subjects.SUMMARY), _sub(subjects.SUMMARY_AUDIT), _sub(subjects.SCHED_SUMMARY),
-                *_stream_info(subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY), *_dlq("summary_gate"),
+                *_stream_info(subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY), *_dlq("summary_gate"), *llm_limits,
             ),
             subscribe=(INBOX,),
         )
@@ -205,7 +206,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
         return Permissions(
             publish=(
                 *_consume(subjects.STREAM_SESSIONS, [topology.SESSIONS_DURABLE]),
-                *_stream_info(subjects.STREAM_SESSIONS), subjects.RECALL, *_dlq("sessions"),
+                *_stream_info(subjects.STREAM_SESSIONS), subjects.RECALL, *_dlq("sessions"), *llm_limits,
             ),
             subscribe=(INBOX, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT),
             allow_responses=True,

@@ -359,6 +359,17 @@ class Topology:
                 storage=StorageType.FILE,
                 replicas=self.replicas,
             ),
+            KeyValueConfig(
+                bucket=subjects.KV_LLM_LIMITS,
+                description="LLM rate limit shared by every replica: requests/tokens budget and 429 pause per "
+                "(server, model) (engram/models/rate_limit.py).",
+                history=1,
+                ttl=DAY,  # a budget untouched for a day is a fresh budget anyway
+                # in memory: seconds of budget, rewritten on every LLM request; lost on a server
+                # restart it costs one burst, while FILE would fsync each write (sync_interval: always)
+                storage=StorageType.MEMORY,
+                replicas=self.replicas,
+            ),
         ]
 
 

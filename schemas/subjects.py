@@ -127,6 +127,10 @@ KV_GATEWAY_REQUESTS = "engram_gateway_requests"
 """The front doors' request records (services/gateway/idempotency.py): recent request hashes
 (per-message TTL = the retry window) and Idempotency-Key body fingerprints (a day)."""
 
+KV_LLM_LIMITS = "engram_llm_limits"
+"""The deployment's LLM rate limit (engram/models/rate_limit.py): one key per (server, model)
+with the requests/tokens budget every replica reserves from and a 429's pause."""
+
 
 # --- deduplication ids -----------------------------------------------------------------------
 def _dedupe_digest(*parts: object) -> str:

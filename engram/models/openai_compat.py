@@ -40,7 +40,9 @@ where one edge-extraction call generated > 5,000 tokens and a dedupe call queued
    with the cause's type and HTTP status instead of ``processing_failed``.
 6. **Timeout**: see ``LLMSettings.timeout_s`` (engram/models/factory.py): 600 s for local base
    URLs, 120 s otherwise. The OpenAI SDK's own retries (429 with Retry-After, 5xx, connection
-   errors, timeouts) stay on, as do graphiti's retries of unparsable JSON.
+   errors, timeouts) stay on, as do graphiti's retries of unparsable JSON. Every HTTP request,
+   retries included, waits for the deployment's rate limit (engram/models/rate_limit.py, hooks
+   on the SDK's HTTP client: :func:`make_sdk_client`).
 
 Accounting: :attr:`OpenAICompatibleClient.stats` (per client, read by bench/extraction_cost.py)
 and Prometheus ``engram_llm_truncated_total{prompt,attempt}``,
@@ -324,7 +326,10 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         default_max_tokens: int,
         max_tokens_by_prompt: dict[str, int] | None = None,
         structured_output: StructuredOutput = "auto",
+        rate_limit: Any = None,
     ) -> None:
+        """``rate_limit``: the SharedRateLimiter ``client``'s HTTP requests wait for (kept here to
+        be found, e.g. by tests: the waiting is done by the HTTP client's hooks, make_sdk_client)."""
         mode = "json_schema" if structured_output == "auto" else structured_output
         # The parent only knows json_schema/json_object; "prompt" is handled here.
         super().__init__(config, client=client, max_tokens=default_max_tokens,
@@ -333,6 +338,7 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         self.mode = mode
         self.max_tokens_by_prompt = dict(max_tokens_by_prompt or {})
         self.stats = CallStats()
+        self.rate_limit = rate_limit
 
     async def generate_response(  # type: ignore[override]
         self,
@@ -506,9 +512,16 @@ class OpenAICompatibleClient(OpenAIGenericClient):
         return answer
 
 
-def make_sdk_client(*, api_key: str, base_url: str | None, timeout_s: float, max_retries: int) -> openai.AsyncOpenAI:
-    """The OpenAI SDK client with its own retries and a request counter hook (for ``stats``)."""
-    http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_request]})
+def make_sdk_client(*, api_key: str, base_url: str | None, timeout_s: float, max_retries: int,
+                    rate_limit: Any = None) -> openai.AsyncOpenAI:
+    """The OpenAI SDK client with its own retries and a request counter hook (for ``stats``).
+    ``rate_limit``: an engram/models/rate_limit.py SharedRateLimiter every HTTP request waits for
+    (retries too: the provider counts them) and that sees every 429."""
+    hooks: dict[str, list[Any]] = {"request": [_count_request], "response": []}
+    if rate_limit is not None:
+        for event, extra in rate_limit.http_hooks().items():
+            hooks[event] += extra
+    http = openai.DefaultAsyncHttpxClient(event_hooks=hooks)
     return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=max_retries,
                               http_client=http)
 

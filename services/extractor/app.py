@@ -106,7 +106,7 @@ class Extractor:
         self.settings = settings
         self.broker = broker
         self.extraction = ExtractionSettings()
-        self.llm = llm or build_llm(LLMSettings())
+        self.llm = llm or build_llm(LLMSettings(), nats=lambda: broker.connection)  # the shared rate limit's KV
         # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/tracing.py)
         self.tracer = graphiti_tracing.graphiti_tracer("extractor")
         self.llm.set_tracer(self.tracer)

@@ -118,7 +118,7 @@ class SessionCloser:
     ) -> None:
         self.settings = settings
         self.broker = broker
-        self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
+        self.llm = AccountingLLMClient(llm or build_llm(LLMSettings(), nats=lambda: broker.connection), stage=STAGE)
         self.llm.set_tracer(graphiti_tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/graphiti_tracing.py)
         self.graphs = GraphDrivers(settings)
         self.store = MemoryStore(self.graphs)

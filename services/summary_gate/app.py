@@ -104,7 +104,7 @@ class SummaryGate:
     ) -> None:
         self.settings = settings
         self.broker = broker
-        self.llm = AccountingLLMClient(llm or build_llm(LLMSettings()), stage=STAGE)
+        self.llm = AccountingLLMClient(llm or build_llm(LLMSettings(), nats=lambda: broker.connection), stage=STAGE)
         self.llm.set_tracer(graphiti_tracing.graphiti_tracer("summary-gate"))  # LLM spans, no content (engram/graphiti_tracing.py)
         self.embedder = embedder or build_embedder(EmbedderSettings())
         # the drift threshold is per embedder too (gate.DRIFT_THRESHOLDS, bench/summary_gate.py)

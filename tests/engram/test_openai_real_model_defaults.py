@@ -14,6 +14,7 @@ from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction
 from graphiti_core.prompts.models import Message
 from pydantic import BaseModel
 
+from engram.models.delegating import innermost
 from engram.models.factory import LLMSettings, build_llm
 from engram.models.openai_compat import PROMPT_MAX_TOKENS, LLMOutputTruncated, is_local_url, llm_stats
 from tests.engram.openai_fake import FakeOpenAI, running
@@ -132,4 +133,4 @@ def test_timeout_fits_a_single_slot_local_server() -> None:
         assert LLMSettings(base_url=url).resolved_timeout_s() == 120
     assert LLMSettings(base_url="http://127.0.0.1:1/v1", timeout_s=30).resolved_timeout_s() == 30
     llm = build_llm(LLMSettings(provider="openai", base_url="http://127.0.0.1:1/v1"))
-    assert llm.inner.client.timeout == 600  # what the SDK client was built with
+    assert innermost(llm).client.timeout == 600  # what the SDK client was built with
