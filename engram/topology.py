@@ -326,8 +326,10 @@ class Topology:
 
     # --- key-value -------------------------------------------------------------------------
     def kv_buckets(self) -> list[KeyValueConfig]:
-        """Every bucket bounded by ``max_bytes`` when made (an existing bucket keeps its bound)."""
-        return [dataclasses.replace(cfg, max_bytes=self.max_bytes) for cfg in self._kv_buckets()]
+        """Every bucket bounded when made (an existing bucket keeps its bound): by its own bound,
+        else by ``max_bytes``."""
+        return [cfg if cfg.max_bytes and cfg.max_bytes > 0 else dataclasses.replace(cfg, max_bytes=self.max_bytes)
+                for cfg in self._kv_buckets()]
 
     def _kv_buckets(self) -> list[KeyValueConfig]:
         return [
@@ -368,6 +370,7 @@ class Topology:
                 # in memory: seconds of budget, rewritten on every LLM request; lost on a server
                 # restart it costs one burst, while FILE would fsync each write (sync_interval: always)
                 storage=StorageType.MEMORY,
+                max_bytes=1024 * 1024,  # one small key per (server, model); memory is the server's to spare
                 replicas=self.replicas,
             ),
         ]
