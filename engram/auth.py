@@ -100,6 +100,12 @@ def _browse(stream: str) -> list[str]:
             f"{api}.INFO.{stream}.*", f"{api}.DELETE.{stream}.*"]
 
 
+def _keep(stream: str) -> list[str]:
+    """The stream keeper's sweep of a stream its service consumes (engram/stream_retention.py):
+    read the consumers' ack floors and message times, purge below the processed floor."""
+    return [*_stream_info(stream), f"{JS_API}.CONSUMER.LIST.{stream}", *_get(stream), f"{JS_API}.STREAM.PURGE.{stream}"]
+
+
 def _erase(*streams: str) -> list[str]:
     return [f"{JS_API}.STREAM.MSG.DELETE.{s}" for s in streams]
 
@@ -148,6 +154,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
                 *_stream_info(subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_SESSIONS),
                 *_get(subjects.STREAM_IN), *_erase(subjects.STREAM_IN, f"KV_{subjects.KV_TURN_SESSIONS}"),
                 *_kv_write(subjects.KV_TURN_SESSIONS), *epochs_read, *_dlq("turn_detector"),
+                *_keep(subjects.STREAM_IN), *_stream_info(subjects.STREAM_SCHED, subjects.STREAM_SUMMARY),
             ),
             subscribe=(INBOX, subjects.CTL_FORGET_SESSIONS),
         )
@@ -156,7 +163,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             publish=(
                 *_consume(subjects.STREAM_EPISODES, [topology.extractor_durable(p) for p in n]),
                 _sub(subjects.DELTA), *_stream_info(subjects.STREAM_EPISODES, subjects.STREAM_DELTAS),
-                *_dlq("extractor"), *llm_limits,
+                *_dlq("extractor"), *llm_limits, *_keep(subjects.STREAM_EPISODES),
             ),
             # engram.episode.*: a wake-up when an episode is published (the puller then pulls)
             subscribe=(INBOX, _sub(subjects.EPISODE)),
@@ -167,6 +174,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
                 *_consume(subjects.STREAM_DELTAS, [topology.summary_gate_durable(p) for p in n]),
                 _sub(subjects.SUMMARY), _sub(subjects.SUMMARY_AUDIT), _sub(subjects.SCHED_SUMMARY),
                 *_stream_info(subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY), *_dlq("summary_gate"), *llm_limits,
+                *_keep(subjects.STREAM_DELTAS),
             ),
             subscribe=(INBOX,),
         )
@@ -207,6 +215,7 @@ def _permissions(service: str, topology: Topology) -> Permissions:
             publish=(
                 *_consume(subjects.STREAM_SESSIONS, [topology.SESSIONS_DURABLE]),
                 *_stream_info(subjects.STREAM_SESSIONS), subjects.RECALL, *_dlq("sessions"), *llm_limits,
+                *_keep(subjects.STREAM_SESSIONS),
             ),
             subscribe=(INBOX, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT),
             allow_responses=True,
