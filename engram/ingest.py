@@ -30,8 +30,8 @@ from dateutil import parser as dateparser
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from engram import compat
-from engram.stream_retention import is_stream_full
 from engram.message_size import oversize_reason, server_max_payload
+from engram.stream_retention import is_stream_full
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 from schemas.ids import message_dedupe_key, seen_holds
 

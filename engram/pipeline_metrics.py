@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -22,7 +21,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from engram.tasks import cancel_and_wait
+from engram.tasks import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ def observe_freshness(stage: str, first_published_at: datetime | None, now: date
     return seconds
 
 
-class BacklogMonitor:
+class BacklogMonitor(Periodic):
     """Every ``interval_s``, sets ``engram_stage_backlog_messages{stage,partition}`` from the
     consumer info of ``durables`` (partition = index in the list) on ``stream``.
 
@@ -61,7 +60,7 @@ class BacklogMonitor:
         self.stream = stream
         self.durables = list(durables)
         self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self.name = f"{stage} backlog monitor"
 
     async def poll_once(self, js: Any) -> dict[int, int]:
         """Read every durable once; returns {partition: backlog} of those that answered."""
@@ -76,19 +75,4 @@ class BacklogMonitor:
             BACKLOG_MESSAGES.labels(stage=self.stage, partition=str(p)).set(backlog[p])
         return backlog
 
-    def start(self, js: Any) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(js), name=f"{self.stage} backlog monitor")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-
-    async def _run(self, js: Any) -> None:
-        while True:
-            try:
-                await self.poll_once(js)
-            except Exception:  # noqa: BLE001 - a metric must never take the service down
-                log.debug("backlog poll failed", exc_info=True)
-            await asyncio.sleep(self.interval_s)
+    tick = poll_once  # every interval_s, as a Periodic

@@ -17,7 +17,6 @@ replicas sweeping the same stream is harmless: a purge below a sequence is idemp
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy
 from prometheus_client import Counter, Gauge
 
-from engram.tasks import cancel_and_wait
+from engram.tasks import Periodic
 
 log = logging.getLogger("engram.stream_retention")
 
@@ -45,11 +44,12 @@ def is_stream_full(exc: BaseException) -> bool:
     return code in STREAM_FULL_CODES or "maximum bytes" in description or "maximum messages" in description
 
 
-async def processed_floor(js: Any, stream: str) -> int | None:
+async def processed_floor(js: Any, stream: str, info: Any = None) -> int | None:
     """The lowest stream sequence some durable consumer of ``stream`` has not acknowledged (every
     message below it is processed by all of them); None when the stream has no durable consumer
-    with explicit acks (nothing says what is processed: keep everything)."""
-    info = await js.stream_info(stream)
+    with explicit acks (nothing says what is processed: keep everything). ``info``: the stream's
+    info when the caller has it already."""
+    info = info or await js.stream_info(stream)
     last = int(info.state.last_seq or 0)
     floors: list[int] = []
     for consumer in await js.consumers_info(stream):
@@ -81,13 +81,14 @@ async def first_seq_at_or_after(js: Any, stream: str, low: int, high: int, cutof
     return low
 
 
-async def sweep_processed(js: Any, stream: str, retention_s: float, now: float | None = None) -> int:
+async def sweep_processed(js: Any, stream: str, retention_s: float, now: float | None = None,
+                          info: Any = None) -> int:
     """Remove the messages of ``stream`` every durable consumer has processed and that were stored
-    more than ``retention_s`` ago; returns how many went."""
-    floor = await processed_floor(js, stream)
+    more than ``retention_s`` ago; returns how many went. ``info``: as for :func:`processed_floor`."""
+    info = info or await js.stream_info(stream)
+    floor = await processed_floor(js, stream, info)
     if floor is None:
         return 0
-    info = await js.stream_info(stream)
     first, before = int(info.state.first_seq or 0), int(info.state.messages or 0)
     if not before or floor <= first:
         return 0
@@ -102,9 +103,9 @@ async def sweep_processed(js: Any, stream: str, retention_s: float, now: float |
     return max(gone, 0)
 
 
-async def report_fill(js: Any, stream: str) -> float | None:
-    """Set ``engram_stream_fill_ratio{stream}``; returns it (None without a size bound)."""
-    info = await js.stream_info(stream)
+def report_fill(stream: str, info: Any) -> float | None:
+    """Set ``engram_stream_fill_ratio{stream}`` from the stream's ``info``; returns it (None
+    without a size bound)."""
     bound = info.config.max_bytes or 0
     if bound <= 0:
         return None
@@ -113,9 +114,11 @@ async def report_fill(js: Any, stream: str) -> float | None:
     return ratio
 
 
-class StreamKeeper:
+class StreamKeeper(Periodic):
     """Every ``interval_s``: reports the fill of ``sweep`` and ``watch`` streams, and removes the
     processed messages of ``sweep`` older than ``retention_s``."""
+
+    name = "stream keeper"
 
     def __init__(self, sweep: Sequence[str], retention_s: float, *, watch: Sequence[str] = (),
                  interval_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
@@ -124,29 +127,19 @@ class StreamKeeper:
         self.retention_s = retention_s
         self.interval_s = interval_s
         self.clock = clock
-        self._task: asyncio.Task[None] | None = None
 
     async def run_once(self, js: Any) -> dict[str, int]:
         purged: dict[str, int] = {}
         for stream in [*self.sweep, *self.watch]:
             try:
+                info = await js.stream_info(stream)
                 if stream in self.sweep:
-                    purged[stream] = await sweep_processed(js, stream, self.retention_s, self.clock())
-                await report_fill(js, stream)
+                    purged[stream] = await sweep_processed(js, stream, self.retention_s, self.clock(), info)
+                    if purged[stream]:
+                        info = await js.stream_info(stream)  # the fill after the sweep
+                report_fill(stream, info)
             except Exception as exc:  # noqa: BLE001 - NATS restarting, stream not made yet: next round
                 log.debug("stream keeper: %s skipped (%s)", stream, type(exc).__name__)
         return purged
 
-    def start(self, js: Any) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(js), name="stream keeper")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-
-    async def _run(self, js: Any) -> None:
-        while True:
-            await self.run_once(js)
-            await asyncio.sleep(self.interval_s)
+    tick = run_once  # every interval_s, as a Periodic

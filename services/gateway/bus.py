@@ -25,8 +25,8 @@ from engram.message_size import server_max_payload
 from engram.tracing import TurnSpans
 from engram.service import jetstream
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
 from engram.stream_retention import is_stream_full
+from engram.topology import Topology, ensure_topology
 from schemas import ChatMessage, subjects
 from services.gateway.idempotency import IdempotencyKeyReused, RecentRequests
 from services.gateway.mapping import dedupe_header

@@ -125,8 +125,9 @@ async def search_group(
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
     cfg = config.model_copy(update={"limit": limit})
 
-    async def facts() -> tuple[list[EntityEdge], list[float | None], list[Any]]:
-        nonlocal by_score
+    async def facts() -> tuple[list[EntityEdge], list[float | None], list[Any], bool]:
+        """The facts, their scores, graphiti's episodes (its search only) and whether the scores
+        are recall's RRF (k 60 with ``by_score``), the turns' scale."""
         # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
         if query_vector is not None:
@@ -148,24 +149,26 @@ async def search_group(
                                                      min_cosine=min_cosine, keyword=keyword,
                                                      rank_const=RRF_K + 1 if by_score else 1)
             if scored is not None:
-                return [e for e, _ in scored], [s for _, s in scored], []
-        by_score = False  # graphiti's scores (RRF with rank constant 1) are not the turns' scale
+                return [e for e, _ in scored], [s for _, s in scored], [], True
+        # graphiti's search: its scores (RRF with rank constant 1) are not the turns' scale
         results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector)
         edges = results.edges[:limit]
-        return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit]
+        return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit], False
 
     if episodes and lexical is not None:
         turn_search = lexical.search(clients.driver, group_id, query, limit,
                                      vector=query_vector if dense_episodes else None, followers=followers,
                                      min_cosine=min_cosine)
         if with_facts:
-            (edges, scores, _), hits = await asyncio.gather(facts(), turn_search)
+            (edges, scores, _, same_scale), hits = await asyncio.gather(facts(), turn_search)
+            by_score = by_score and same_scale
         else:
             edges, scores, hits = [], [], await turn_search
         turns_found = [_Turn(d.uuid, d.content, d.valid_at, d.created_at) for d, _ in hits]
         turn_scores = {d.uuid: score for d, score in reversed(hits)}  # a follower repeated: its first score
     else:
-        edges, scores, graph_episodes = await facts()
+        edges, scores, graph_episodes, same_scale = await facts()
+        by_score = by_score and same_scale
         if not with_facts:
             edges, scores = [], []
         turns_found = [_Turn(ep.uuid, ep.content, ep.valid_at, ep.created_at) for ep in graph_episodes] if episodes else []
