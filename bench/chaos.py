@@ -74,8 +74,8 @@ PIPELINE = ("turn-detector", "extractor", "summary-gate", "sessions")
 
 CONSUMERS_OF = {
     "turn-detector": (subjects.STREAM_IN, "turn_detector_"),
-    "extractor": (subjects.STREAM_EPISODES, "extractor_"),
-    "summary-gate": (subjects.STREAM_DELTAS, "summary_gate_"),
+    "extractor": (subjects.STREAM_EPISODES, "extractor"),
+    "summary-gate": (subjects.STREAM_DELTAS, "summary_gate"),
     "sessions": (subjects.STREAM_SESSIONS, "sessions"),
 }
 STREAMS = (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_DELTAS, subjects.STREAM_SESSIONS)

@@ -86,7 +86,7 @@ async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sess
     started = time.perf_counter()
     await publish_events(js, events)
     await wait_drained(js, [subjects.STREAM_EPISODES], timeout=timeout, expect_episodes=before + turns, poll_s=0.02,
-                       durable_prefix="extractor_")
+                       durable_prefix="extractor")
     elapsed = time.perf_counter() - started
     dead = await dead_letters(js) - dead_before
     await nc.close()

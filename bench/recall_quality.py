@@ -358,7 +358,7 @@ async def wait_extracted(js, expected: int, timeout: float, label: str) -> int: 
         if count != last_count:
             last_count, stable_since = count, time.monotonic()
         drained_in = await _consumers_idle(js, subjects.STREAM_IN)
-        idle = await _consumers_idle(js, subjects.STREAM_EPISODES, "extractor_")
+        idle = await _consumers_idle(js, subjects.STREAM_EPISODES, "extractor")
         if idle and drained_in and (count >= expected or time.monotonic() - stable_since > 10):
             if count < expected:
                 print(f"[{label}] warning: {count} episodes published, {expected} expected", file=sys.stderr)

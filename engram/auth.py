@@ -161,9 +161,10 @@ def _permissions(service: str, topology: Topology) -> Permissions:
     if service == "extractor":
         return Permissions(
             publish=(
-                *_consume(subjects.STREAM_EPISODES, [topology.extractor_durable(p) for p in n]),
+                *_consume(subjects.STREAM_EPISODES, [topology.EXTRACTOR_DURABLE]),
                 _sub(subjects.DELTA), *_stream_info(subjects.STREAM_EPISODES, subjects.STREAM_DELTAS),
                 *_dlq("extractor"), *llm_limits, *_keep(subjects.STREAM_EPISODES),
+                *_kv_write(subjects.KV_GROUP_ORDER),  # per-group order (engram/group_order.py)
             ),
             # engram.episode.*: a wake-up when an episode is published (the puller then pulls)
             subscribe=(INBOX, _sub(subjects.EPISODE)),
@@ -171,12 +172,13 @@ def _permissions(service: str, topology: Topology) -> Permissions:
     if service == "summary-gate":
         return Permissions(
             publish=(
-                *_consume(subjects.STREAM_DELTAS, [topology.summary_gate_durable(p) for p in n]),
+                *_consume(subjects.STREAM_DELTAS, [topology.SUMMARY_GATE_DURABLE]),
                 _sub(subjects.SUMMARY), _sub(subjects.SUMMARY_AUDIT), _sub(subjects.SCHED_SUMMARY),
                 *_stream_info(subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY), *_dlq("summary_gate"), *llm_limits,
-                *_keep(subjects.STREAM_DELTAS),
+                *_keep(subjects.STREAM_DELTAS), *_kv_write(subjects.KV_GROUP_ORDER),
             ),
-            subscribe=(INBOX,),
+            # engram.delta.*: a wake-up when a delta is published (the puller then pulls)
+            subscribe=(INBOX, _sub(subjects.DELTA)),
         )
     if service == "recall":
         # Serves recall and graph admin; a delete erases the group's messages from every stream

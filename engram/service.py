@@ -29,6 +29,7 @@ from prometheus_client import REGISTRY, Counter, make_asgi_app
 
 from engram import tracing
 from engram.compat import stop_fetching
+from engram.group_order import Decision
 from engram.settings import EngramSettings
 
 log = logging.getLogger(__name__)
@@ -191,24 +192,43 @@ async def retry_or_dead_letter(
     Only the exception type is logged: messages may carry user content."""
     meta = msg.raw_message.metadata
     seq, delivered = meta.sequence.stream, meta.num_delivered
+    decision = failure_decision(exc, delivered, max_deliveries=max_deliveries, logger=logger, seq=seq,
+                                base_delay_s=base_delay_s, max_delay_s=max_delay_s)
+    if decision.retry:
+        await msg.nack(delay=decision.delay_s)
+        return False
+    await dead_letter(decision.reason, decision.detail)
+    await msg.ack()
+    return True
+
+
+def failure_decision(
+    exc: BaseException,
+    attempt: int,
+    *,
+    max_deliveries: int,
+    logger: logging.Logger,
+    seq: int | None = None,
+    base_delay_s: float = 1.0,
+    max_delay_s: float = 60.0,
+) -> Decision:
+    """The policy of :func:`retry_or_dead_letter` for the ``attempt``-th failure of a message:
+    retry after an exponential delay, or dead-letter (see there). Also used by
+    :class:`engram.group_order.GroupOrder`, which counts attempts itself."""
     final_reason = getattr(exc, "dead_letter_reason", None)
     if not final_reason and backend_unavailable(exc):
         BACKEND_RETRIES.inc()
-        logger.warning("graph backend unavailable; retrying seq=%s (delivery %s): %s", seq, delivered,
+        logger.warning("graph backend unavailable; retrying seq=%s (attempt %s): %s", seq, attempt,
                        type(exc).__name__)
-        await msg.nack(delay=min(BACKEND_RETRY_MAX_DELAY_S, base_delay_s * 2 ** (min(delivered, 10) - 1)))
-        return False
-    if delivered >= max_deliveries or final_reason:
-        logger.error("giving up on seq=%s after %s deliveries: %s", seq, delivered, type(exc).__name__)
+        return Decision(True, min(BACKEND_RETRY_MAX_DELAY_S, base_delay_s * 2 ** (min(attempt, 10) - 1)))
+    if attempt >= max_deliveries or final_reason:
+        logger.error("giving up on seq=%s after %s deliveries: %s", seq, attempt, type(exc).__name__)
         named = final_reason or getattr(exc, "failure_reason", None)
-        detail = f"{type(exc).__name__} after {delivered} deliveries" + (f": {exc}" if named else "")
-        await dead_letter(named or "processing_failed", detail)
-        await msg.ack()
-        return True
-    logger.warning("retrying seq=%s (delivery %s): %s", seq, delivered, type(exc).__name__,
+        detail = f"{type(exc).__name__} after {attempt} deliveries" + (f": {exc}" if named else "")
+        return Decision(False, reason=named or "processing_failed", detail=detail)
+    logger.warning("retrying seq=%s (attempt %s): %s", seq, attempt, type(exc).__name__,
                    exc_info=logger.isEnabledFor(logging.DEBUG))
-    await msg.nack(delay=min(max_delay_s, base_delay_s * 2 ** (delivered - 1)))
-    return False
+    return Decision(True, min(max_delay_s, base_delay_s * 2 ** (min(attempt, 30) - 1)))
 
 
 class CapacityPuller:

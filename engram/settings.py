@@ -173,7 +173,12 @@ class EngramSettings(BaseSettings):
     extractor_concurrency: int = Field(
         4, ge=1, le=256,
         description="Episodes one extractor replica works on at once (LLM-bound: bounds its in-flight LLM calls). "
-        "Groups in different partitions run concurrently up to this limit; replicas add capacity.",
+        "Any groups run concurrently up to this limit, each group's episodes in order; replicas add capacity.",
+    )
+    summary_gate_concurrency: int = Field(
+        4, ge=1, le=256,
+        description="Groups one summary-gate replica works on at once (a refresh is an LLM call), each group's "
+        "deltas in order; replicas add capacity.",
     )
     nats_sync_interval: str = Field(
         "always", pattern=r"^(always|\d+(ms|s|m|h))$",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from nats.js.api import (
     SubjectTransform,
 )
 
-from engram import stream_migration
+from engram import group_order, stream_migration
 from engram.settings import EngramSettings
 from schemas import subjects
 
@@ -54,7 +55,9 @@ def _kv_stream_config(cfg: KeyValueConfig) -> StreamConfig:
         name=f"KV_{cfg.bucket}",
         description=cfg.description,
         subjects=[f"$KV.{cfg.bucket}.>"],
-        allow_direct=True,
+        # direct gets may be answered by a follower (stale); a bucket whose CAS decisions need
+        # the latest value says direct=False (the group order's leases)
+        allow_direct=cfg.direct is not False,
         allow_rollup_hdrs=True,
         deny_delete=False,
         deny_purge=False,
@@ -272,32 +275,41 @@ class Topology:
         return self._one_at_a_time(self.turn_detector_durable(partition), self.turn_detector_filter(partition),
                                    f"turn-detector, input partition {partition}", self.ack_wait_s)
 
-    @staticmethod
-    def extractor_durable(partition: int) -> str:
-        return f"extractor_p{partition}"
+    EXTRACTOR_DURABLE = "extractor"
+    EXTRACTOR_FILTER = "engram.episode.*.*"
+    LEGACY_EXTRACTOR_DURABLE = re.compile(r"extractor_p\d+")
+    """The per-partition durables of engram before per-group order (migrated once, at start-up)."""
+    SHARED_MAX_ACK_PENDING = 10_000
+    """A shared durable's unacknowledged deliveries: one trigger per running group chain, plus
+    the ones waiting for a lapsing lease or a retry; far above any deployment's slots."""
 
-    @staticmethod
-    def extractor_filter(partition: int) -> str:
-        return f"engram.episode.{partition}.*"
+    def extractor_consumer(self) -> ConsumerConfig:
+        """One durable for every replica and group: graphiti needs a group's episodes in order,
+        and engram/group_order.py keeps it per group (a lease and a done-sequence per group), so
+        the deployment's in-flight extractions are bounded by the replicas' slots, not by
+        partitions. LLM calls are slow: the chain reports progress while it works."""
+        return self._shared(self.EXTRACTOR_DURABLE, self.EXTRACTOR_FILTER, "extractor")
 
-    def extractor_consumer(self, partition: int) -> ConsumerConfig:
-        # graphiti needs a group's episodes in order; LLM calls are slow (the handler also
-        # reports progress while it works)
-        return self._one_at_a_time(self.extractor_durable(partition), self.extractor_filter(partition),
-                                   f"extractor, episode partition {partition}", self.ack_wait_s)
+    def _shared(self, durable: str, filter_subject: str, stage: str) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=durable,
+            description=f"{stage}: doorbell of the per-group chains (engram/group_order.py)",
+            filter_subject=filter_subject,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_ack_pending=self.SHARED_MAX_ACK_PENDING,
+            max_deliver=-1,
+        )
 
-    @staticmethod
-    def summary_gate_durable(partition: int) -> str:
-        return f"summary_gate_p{partition}"
+    SUMMARY_GATE_DURABLE = "summary_gate"
+    SUMMARY_GATE_FILTER = "engram.delta.*.*"
+    LEGACY_SUMMARY_GATE_DURABLE = re.compile(r"summary_gate_p\d+")
 
-    @staticmethod
-    def summary_gate_filter(partition: int) -> str:
-        return f"engram.delta.{partition}.*"
-
-    def summary_gate_consumer(self, partition: int) -> ConsumerConfig:
-        # a node's gate state must see its deltas in order; a refresh is an LLM call
-        return self._one_at_a_time(self.summary_gate_durable(partition), self.summary_gate_filter(partition),
-                                   f"summary-gate, delta partition {partition}", self.ack_wait_s)
+    def summary_gate_consumer(self) -> ConsumerConfig:
+        """As the extractor's: a node's gate state must see its group's deltas and ticks in
+        order (engram/group_order.py keeps it per group); a refresh is an LLM call."""
+        return self._shared(self.SUMMARY_GATE_DURABLE, self.SUMMARY_GATE_FILTER, "summary-gate")
 
     SESSIONS_DURABLE = "sessions"
 
@@ -319,8 +331,8 @@ class Topology:
     def consumers(self) -> list[tuple[str, ConsumerConfig]]:
         return [
             *((subjects.STREAM_IN, self.turn_detector_consumer(p)) for p in range(self.partitions)),
-            *((subjects.STREAM_EPISODES, self.extractor_consumer(p)) for p in range(self.partitions)),
-            *((subjects.STREAM_DELTAS, self.summary_gate_consumer(p)) for p in range(self.partitions)),
+            (subjects.STREAM_EPISODES, self.extractor_consumer()),
+            (subjects.STREAM_DELTAS, self.summary_gate_consumer()),
             (subjects.STREAM_SESSIONS, self.sessions_consumer()),
         ]
 
@@ -371,6 +383,15 @@ class Topology:
                 # restart it costs one burst, while FILE would fsync each write (sync_interval: always)
                 storage=StorageType.MEMORY,
                 max_bytes=1024 * 1024,  # one small key per (server, model); memory is the server's to spare
+                replicas=self.replicas,
+            ),
+            KeyValueConfig(
+                bucket=subjects.KV_GROUP_ORDER,
+                description="per-group order of the extractor and summary-gate: last sequence done, attempts, lease "
+                "(engram/group_order.py).",
+                history=1,
+                storage=StorageType.FILE,  # a lost record would run a group's processed messages again
+                direct=False,  # leases are decided on the latest record, never a follower's copy
                 replicas=self.replicas,
             ),
         ]
@@ -424,9 +445,38 @@ async def ensure_topology(js: JetStreamContext, topology: Topology, *, migrate: 
                 raise
             await _stream_call(js.update_stream, cfg)
     for stream, ccfg in topology.consumers():
+        legacy = None
+        if ccfg.durable_name == Topology.EXTRACTOR_DURABLE:
+            legacy = await _shared_durable_start(js, stream, ccfg, "extractor", Topology.LEGACY_EXTRACTOR_DURABLE)
+        elif ccfg.durable_name == Topology.SUMMARY_GATE_DURABLE:
+            legacy = await _shared_durable_start(js, stream, ccfg, "summary_gate", Topology.LEGACY_SUMMARY_GATE_DURABLE)
         # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
         # ack_wait or max_ack_pending takes effect on restart instead of being ignored.
         await js.add_consumer(stream, ccfg)
+        for durable in legacy or ():
+            try:
+                await js.delete_consumer(stream, durable)
+            except nats.js.errors.NotFoundError:
+                pass
+
+
+async def _shared_durable_start(js: JetStreamContext, stream: str, ccfg: ConsumerConfig, stage: str,
+                                legacy: re.Pattern[str]) -> list[str]:
+    """Where a stage's shared durable starts, set on ``ccfg``: as it was when it exists (a
+    creation-time setting), else after the partition durables of an older engram, whose ack
+    floors are left for the per-group records (engram/group_order.py). Returns the old durables,
+    deleted by the caller once the shared one exists."""
+    try:
+        info = await js.consumer_info(stream, ccfg.durable_name or "")
+        ccfg.deliver_policy, ccfg.opt_start_seq = info.config.deliver_policy, info.config.opt_start_seq
+        return []
+    except nats.js.errors.NotFoundError:
+        pass
+    old = [c.name for c in await js.consumers_info(stream) if legacy.fullmatch(c.name or "")]
+    start = await group_order.record_partition_floors(js, stage=stage, stream=stream, old_durables=old)
+    if start is not None:
+        ccfg.deliver_policy, ccfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, start
+    return old
 
 
 async def _ensure_kv(js: JetStreamContext, topology: Topology) -> None:

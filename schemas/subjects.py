@@ -131,6 +131,12 @@ KV_LLM_LIMITS = "engram_llm_limits"
 """The deployment's LLM rate limit (engram/models/rate_limit.py): one key per (server, model)
 with the requests/tokens budget every replica reserves from and a 429's pause."""
 
+KV_GROUP_ORDER = "engram_group_order"
+"""Per-group progress of the stages that keep a group's order over one shared durable
+(engram/group_order.py): the last sequence done, failed attempts and the lease of the replica
+working on the group; keys ``<stage>.g.<group>``, and ``<stage>.floor.<p>`` left by the
+migration from partition durables."""
+
 
 # --- deduplication ids -----------------------------------------------------------------------
 def _dedupe_digest(*parts: object) -> str:

@@ -1,6 +1,8 @@
 """extractor service: a thin FastStream app around pipeline.py and deltas.py.
 
-Per episode (strictly in order per group: one durable per episode partition, one in flight):
+Per episode (strictly in order per group: one shared durable whose deliveries wake a group's
+chain, engram/group_order.py; a group's episodes run one at a time, any number of groups at
+once up to the replicas' slots):
 1. parse the Episode; a bad payload goes to ``engram.dlq.extractor`` with its reason;
 2. extract it into the group's graph with the resolved preprocessing instructions; an episode
    already in the graph costs no LLM call. FalkorDB: one graph (database = group id) and one
@@ -12,16 +14,17 @@ Per episode (strictly in order per group: one durable per episode partition, one
 3. publish one NodeDelta per touched entity to ``engram.delta.<group>`` (Nats-Msg-Id =
    episode id + node uuid, so re-publishing after a crash between graph write and publish
    duplicates nothing); then ack.
-Failures are retried with a delayed nack and dead-lettered after ``max_deliveries``.
+Failures are retried with a delay and dead-lettered after ``max_deliveries`` attempts (counted
+in the group's record, not by deliveries).
 
-Pulling (engram/service.py ``CapacityPuller``): a replica asks for an episode only when one of
-its ``extractor_concurrency`` slots is free, one partition at a time, round-robin, with short
-no-wait pull requests; so an episode is never parked on a busy replica while holding its
-partition's single ack slot, and replicas scale (bench/scale_out.py). Idle replicas poll with a
-bounded backoff and wake at once on a new episode (core subscription on ``engram.episode.*``).
-Stop: no new pulls, in-flight episodes get ``stop_grace_s`` to finish, the rest are nacked for
-immediate redelivery. Messages still go through the FastStream subscriber of their partition
-(middlewares, engram_faststream_* metrics, tracing).
+Pulling (engram/service.py ``CapacityPuller``): a replica asks for a delivery only when one of
+its ``extractor_concurrency`` slots is free, with short no-wait pull requests; a delivery whose
+group is done or owned elsewhere is acked at once and frees the slot, one that starts a chain
+keeps it until the group has nothing left. Idle replicas poll with a bounded backoff and wake at
+once on a new episode (core subscription on ``engram.episode.*``). Stop: no new pulls, chains get
+``stop_grace_s`` to finish, the rest hand their group back and are nacked for immediate
+redelivery. A chain's trigger goes through the FastStream subscriber (middlewares,
+engram_faststream_* metrics, tracing); the episodes it reads after it are handled directly.
 
 Models come from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* (engram/models/factory.py): the offline rules
 extractor and hashing embedder by default, the local MiniLM embedder or any OpenAI-compatible
@@ -51,13 +54,13 @@ from engram.graph import GraphDrivers
 from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
+from engram.group_order import GroupOrder, StoredMessage
 from engram.service import (
     CapacityPuller,
     ServiceApp,
+    failure_decision,
     jetstream,
-    keep_alive,
     make_broker,
-    retry_or_dead_letter,
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
@@ -131,8 +134,12 @@ class Extractor:
         self.stop_grace_s = 15.0  # in-flight episodes get this long at stop, then are nacked
         # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
         self.keeper = StreamKeeper([subjects.STREAM_EPISODES], settings.processed_retention_s)
-        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_EPISODES, [
-            Topology.extractor_durable(p) for p in range(settings.partitions)])
+        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_EPISODES, [Topology.EXTRACTOR_DURABLE])
+        self.order = GroupOrder(
+            stage=STAGE, stream=subjects.STREAM_EPISODES, group_filter=lambda group: f"engram.episode.*.{group}",
+            process=self._process_stored, dead_letter=self._dead_letter_failed, lease_s=settings.ack_wait_s,
+            decide=lambda exc, attempt: failure_decision(exc, attempt, max_deliveries=self.max_deliveries, logger=log),
+        )
 
     async def start(self) -> None:
         self.graph.validate()
@@ -140,6 +147,7 @@ class Extractor:
         await self.broker.connect()
         self.js = jetstream(self.broker)
         await ensure_topology(self.js, Topology.from_settings(self.settings))
+        await self.order.start(self.js)
         self.backlog.start(self.js)
         self.keeper.start(self.js)
 
@@ -165,41 +173,35 @@ class Extractor:
         )
 
     async def handle(self, msg: Any) -> None:
-        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
-        raw = msg.raw_message
+        """``msg`` is the NatsMessage (see engram.service.message_itself): a doorbell of the group
+        order, which acks it or runs the group's chain through :meth:`_process_stored`."""
+        await self.order.deliver(msg.raw_message)
+
+    async def _process_stored(self, stored: StoredMessage) -> None:
+        """One episode of a group's chain; raises on a failure worth retrying (bad input is
+        dead-lettered here and returns)."""
         started = time.perf_counter()
         try:
-            episode = Episode.model_validate_json(raw.data)
+            episode = Episode.model_validate_json(stored.data)
         except ValidationError as exc:
-            await self._dead_letter(raw, "schema", error_locations(exc, 10))
+            await self._dead_letter(stored, "schema", error_locations(exc, 10))
             EPISODES.labels(outcome="dead_lettered").inc()
-            await msg.ack()
             return
-        if episode.group_id != dlq.subject_token(raw.subject):
-            # the subject's group chose the partition (the group's order): a body naming another
+        if episode.group_id != dlq.subject_token(stored.subject):
+            # the subject's group chose the chain (the group's order): a body naming another
             # group would be written outside that group's order, into a group it was not sent to
-            await self._dead_letter(raw, "group_mismatch", "group_id in body differs from the subject's group token")
+            await self._dead_letter(stored, "group_mismatch", "group_id in body differs from the subject's group token")
             EPISODES.labels(outcome="dead_lettered").inc()
-            await msg.ack()
             return
         episode = scrubbed_episode(episode)
-        heartbeat = keep_alive(msg, self.settings.ack_wait_s)
-        try:
-            async with self.capacity:
-                outcome = await self._process(episode)
-        except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
-            if await retry_or_dead_letter(
-                msg, exc, max_deliveries=self.max_deliveries, logger=log,
-                dead_letter=lambda reason, detail: self._dead_letter(raw, reason, detail),
-            ):
-                EPISODES.labels(outcome="dead_lettered").inc()
-            return
-        finally:
-            heartbeat.cancel()
+        async with self.capacity:
+            outcome = await self._process(episode)
         EPISODES.labels(outcome=outcome).inc()
         EPISODE_SECONDS.observe(time.perf_counter() - started)
-        await msg.ack()
 
+    async def _dead_letter_failed(self, stored: StoredMessage, reason: str, detail: str) -> None:
+        await self._dead_letter(stored, reason, detail)
+        EPISODES.labels(outcome="dead_lettered").inc()
 
     async def _process(self, episode: Episode) -> str:
         instructions = instructions_for_episode(episode.extraction, self.configured_prompt, self.extraction)
@@ -232,11 +234,11 @@ class Extractor:
             )
             DELTAS.inc()
 
-    async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:
+    async def _dead_letter(self, stored: StoredMessage, reason: str, detail: str) -> None:
         assert self.js is not None
         await dlq.dead_letter(
-            self.js, stage=STAGE, reason=reason, detail=detail, subject=raw.subject, payload=raw.data,
-            headers=raw.headers, source_id=f"{subjects.STREAM_EPISODES}:{raw.metadata.sequence.stream}",
+            self.js, stage=STAGE, reason=reason, detail=detail, subject=stored.subject, payload=stored.data,
+            headers=stored.headers, source_id=f"{subjects.STREAM_EPISODES}:{stored.seq}",
         )
 
 
@@ -247,9 +249,8 @@ def build(settings: EngramSettings | None = None, llm: LLMClient | None = None,
     broker = make_broker(settings, service="extractor")
     extractor = Extractor(settings, broker, llm, embedder_settings)
     topology = Topology.from_settings(settings)
-    consumers = [topology.extractor_consumer(p) for p in range(settings.partitions)]
     extractor.puller = subscribe_partitions_with_capacity(
-        broker, subjects.STREAM_EPISODES, consumers, extractor.handle, title="extractor",
+        broker, subjects.STREAM_EPISODES, [topology.extractor_consumer()], extractor.handle, title="extractor",
         capacity=settings.extractor_concurrency, wake_subject=subjects.EPISODE.format(group="*"), idle_max_s=0.2,
     )
     app = ServiceApp(name="extractor", broker=broker, on_startup=[extractor.start],

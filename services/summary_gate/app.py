@@ -1,8 +1,9 @@
 """summary-gate service: a thin FastStream app around gate.py (decisions), store.py (graph state)
 and summarize.py (grounded, batched refreshes).
 
-Per message on ``engram.delta.<group>`` (strictly in order per group: one durable per delta
-partition, one message in flight, like the extractor):
+Per message on ``engram.delta.<group>`` (strictly in order per group, like the extractor: one
+shared durable whose deliveries wake a group's chain, engram/group_order.py; any number of groups
+at once up to ``ENGRAM_SUMMARY_GATE_CONCURRENCY`` per replica):
 
 * a NodeDelta: load the node's active facts and gate state, decide (gate.decide), then
   - refresh: summarise the node -- together with every other node of the group whose deferred
@@ -47,7 +48,15 @@ from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
-from engram.service import ServiceApp, jetstream, keep_alive, make_broker, retry_or_dead_letter, subscribe_partitions
+from engram.group_order import GroupOrder, StoredMessage
+from engram.service import (
+    CapacityPuller,
+    ServiceApp,
+    failure_decision,
+    jetstream,
+    make_broker,
+    subscribe_partitions_with_capacity,
+)
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
@@ -119,8 +128,14 @@ class SummaryGate:
         self.max_deliveries = settings.turn.max_deliveries
         # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
         self.keeper = StreamKeeper([subjects.STREAM_DELTAS], settings.processed_retention_s)
-        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_DELTAS, [
-            Topology.summary_gate_durable(p) for p in range(settings.partitions)])
+        self.backlog = BacklogMonitor(STAGE, subjects.STREAM_DELTAS, [Topology.SUMMARY_GATE_DURABLE])
+        self.order = GroupOrder(
+            stage=STAGE, stream=subjects.STREAM_DELTAS, group_filter=lambda group: f"engram.delta.*.{group}",
+            process=self._process_stored, dead_letter=self._dead_letter_failed, lease_s=settings.ack_wait_s,
+            decide=lambda exc, attempt: failure_decision(exc, attempt, max_deliveries=self.max_deliveries, logger=log),
+        )
+        self.puller: CapacityPuller | None = None  # set by build()
+        self.stop_grace_s = 15.0  # in-flight chains get this long at stop, then are nacked
 
     async def start(self) -> None:
         self.graph.validate()
@@ -128,6 +143,7 @@ class SummaryGate:
         self.js = jetstream(self.broker)
         topology = Topology.from_settings(self.settings)
         await ensure_topology(self.js, topology)
+        await self.order.start(self.js)
         self.backlog.start(self.js)
         self.keeper.start(self.js)
         retention = topology.schedule_stream().max_age or 0.0
@@ -136,47 +152,48 @@ class SummaryGate:
             log.warning("ENGRAM_SUMMARY_STALENESS_SLA_S (%.0f s) is not below the schedule stream's retention (%.0f s): "
                         "staleness sweeps would expire unfired", self.gate.staleness_sla_s, retention)
 
+    async def start_pulling(self) -> None:
+        """After the broker started its (non-fetching) subscriber: start the capacity puller."""
+        if self.puller is not None:
+            await self.puller.start(self.broker.connection)
+
     async def stop(self) -> None:
         await self.backlog.stop()
         await self.keeper.stop()
+        if self.puller is not None:  # before the graph closes: chains in flight still use it
+            await self.puller.stop(self.stop_grace_s)
         await self.graph.close()
 
     # --- handler -----------------------------------------------------------------------------
     async def handle(self, msg: Any) -> None:
-        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
-        raw = msg.raw_message
+        """``msg`` is the NatsMessage (see engram.service.message_itself): a doorbell of the group
+        order, which acks it or runs the group's chain through :meth:`_process_stored`."""
+        await self.order.deliver(msg.raw_message)
+
+    async def _process_stored(self, stored: StoredMessage) -> None:
+        """One delta or tick of a group's chain; raises on a failure worth retrying (bad input is
+        dead-lettered here and returns)."""
         kind = "delta"
         try:
-            kind = "tick" if _message_type(raw.data) == "summary_tick" else "delta"
-            event = (SummaryTick if kind == "tick" else NodeDelta).model_validate_json(raw.data)
+            kind = "tick" if _message_type(stored.data) == "summary_tick" else "delta"
+            event = (SummaryTick if kind == "tick" else NodeDelta).model_validate_json(stored.data)
         except ValidationError as exc:
-            detail = error_locations(exc, 10)
-            await self._dead_letter(raw, "schema", detail)
+            await self._dead_letter(stored, "schema", error_locations(exc, 10))
             MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
-            await msg.ack()
             return
-        if event.group_id != dlq.subject_token(raw.subject):
-            # the subject's group chose the partition (the group's order): a body naming another
+        if event.group_id != dlq.subject_token(stored.subject):
+            # the subject's group chose the chain (the group's order): a body naming another
             # group would be applied outside that group's order, into a group it was not sent to
-            await self._dead_letter(raw, "group_mismatch", "group_id in body differs from the subject's group token")
+            await self._dead_letter(stored, "group_mismatch", "group_id in body differs from the subject's group token")
             MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
-            await msg.ack()
             return
-        heartbeat = keep_alive(msg, self.settings.ack_wait_s)
-        try:
-            outcome = await (self.on_tick(event) if isinstance(event, SummaryTick) else self.on_delta(event))
-        except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
-            if await retry_or_dead_letter(
-                msg, exc, max_deliveries=self.max_deliveries, logger=log,
-                dead_letter=lambda reason, detail: self._dead_letter(raw, reason, detail),
-            ):
-                MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
-            return
-        finally:
-            heartbeat.cancel()
+        outcome = await (self.on_tick(event) if isinstance(event, SummaryTick) else self.on_delta(event))
         MESSAGES.labels(kind=kind, outcome=outcome).inc()
-        await msg.ack()
 
+    async def _dead_letter_failed(self, stored: StoredMessage, reason: str, detail: str) -> None:
+        await self._dead_letter(stored, reason, detail)
+        kind = "tick" if _message_type(stored.data) == "summary_tick" else "delta"
+        MESSAGES.labels(kind=kind, outcome="dead_lettered").inc()
 
     # --- decisions ---------------------------------------------------------------------------
     async def on_delta(self, delta: NodeDelta) -> str:
@@ -340,11 +357,11 @@ class SummaryGate:
             stream=subjects.STREAM_SCHED,
         )
 
-    async def _dead_letter(self, raw: Any, reason: str, detail: str) -> None:
+    async def _dead_letter(self, stored: StoredMessage, reason: str, detail: str) -> None:
         assert self.js is not None
         await dlq.dead_letter(
-            self.js, stage=STAGE, reason=reason, detail=detail, subject=raw.subject, payload=raw.data,
-            headers=raw.headers, source_id=f"{subjects.STREAM_DELTAS}:{raw.metadata.sequence.stream}",
+            self.js, stage=STAGE, reason=reason, detail=detail, subject=stored.subject, payload=stored.data,
+            headers=stored.headers, source_id=f"{subjects.STREAM_DELTAS}:{stored.seq}",
         )
 
 
@@ -359,9 +376,12 @@ def build(
     broker = make_broker(settings, service="summary-gate")
     service = SummaryGate(settings, broker, llm, clock=clock, gate=gate)
     topology = Topology.from_settings(settings)
-    consumers = [topology.summary_gate_consumer(p) for p in range(settings.partitions)]
-    subscribe_partitions(broker, subjects.STREAM_DELTAS, consumers, service.handle, title="summary-gate")
-    app = ServiceApp(name="summary-gate", broker=broker, on_startup=[service.start], on_shutdown=[service.stop])
+    service.puller = subscribe_partitions_with_capacity(
+        broker, subjects.STREAM_DELTAS, [topology.summary_gate_consumer()], service.handle, title="summary-gate",
+        capacity=settings.summary_gate_concurrency, wake_subject=subjects.DELTA.format(group="*"), idle_max_s=0.2,
+    )
+    app = ServiceApp(name="summary-gate", broker=broker, on_startup=[service.start],
+                     after_startup=[service.start_pulling], on_shutdown=[service.stop])
     app.summary_gate = service  # type: ignore[attr-defined]
     return app
 

@@ -141,8 +141,6 @@ def partitions() -> int:
 
 @pytest.mark.parametrize(("deployment", "stream", "durables"), [
     ("turn-detector", "ENGRAM_IN", "turn_detector"),
-    ("extractor", "ENGRAM_EPISODES", "extractor"),
-    ("summary-gate", "ENGRAM_DELTAS", "summary_gate"),
 ])
 def test_partitioned_stages_scale_on_every_partition_durable(deployment: str, stream: str, durables: str) -> None:
     """One trigger per partition durable, and no more replicas than partitions: each durable has
@@ -165,6 +163,25 @@ def test_partitioned_stages_scale_on_every_partition_durable(deployment: str, st
     for trig in so["spec"]["triggers"]:
         assert trig["type"] == "nats-jetstream" and trig["metadata"]["account"] == "$G"
         assert int(trig["metadata"]["lagThreshold"]) > 0
+
+
+@pytest.mark.parametrize(("deployment", "stream", "consumer_of"), [
+    ("extractor", "ENGRAM_EPISODES", "extractor_consumer"),
+    ("summary-gate", "ENGRAM_DELTAS", "summary_gate_consumer"),
+])
+def test_group_ordered_stages_scale_on_their_shared_durable_beyond_the_partitions(
+        deployment: str, stream: str, consumer_of: str) -> None:
+    """One durable for every replica (per-group order in engram/group_order.py): the messages in
+    flight are the replicas' slots, so replicas are not capped at the partition count."""
+    from engram.topology import Topology
+
+    consumer = getattr(Topology(partitions=partitions(), duplicate_window_s=600, ack_wait_s=30), consumer_of)()
+    so = find(built(), "ScaledObject", deployment)
+    assert [(t["metadata"]["stream"], t["metadata"]["consumer"]) for t in so["spec"]["triggers"]] == \
+        [(stream, consumer.durable_name)]
+    assert so["spec"]["maxReplicaCount"] > partitions()
+    assert consumer.max_ack_pending > so["spec"]["maxReplicaCount"] * 256  # never the bound: slots are
+    assert int(so["spec"]["triggers"][0]["metadata"]["lagThreshold"]) > 0
 
 
 def test_sessions_scale_on_their_durable_within_its_in_flight_limit() -> None:

@@ -24,8 +24,10 @@ def test_permissions_come_from_the_contract_and_the_topology() -> None:
     settings = EngramSettings(partitions=3)
     extractor = auth.permissions_for("extractor", settings)
     assert "engram.delta.*" in extractor["publish"]["allow"]
+    # one shared durable whatever the partitions: per-group order lives in engram/group_order.py
     assert [s for s in extractor["publish"]["allow"] if s.startswith("$JS.API.CONSUMER.MSG.NEXT.")] == [
-        f"$JS.API.CONSUMER.MSG.NEXT.ENGRAM_EPISODES.extractor_p{p}" for p in range(3)]
+        "$JS.API.CONSUMER.MSG.NEXT.ENGRAM_EPISODES.extractor"]
+    assert f"$KV.{subjects.KV_GROUP_ORDER}.>" in extractor["publish"]["allow"]
     publishers_of = {svc: auth.permissions_for(svc, settings)["publish"]["allow"] for svc in auth.USERS}
     assert [svc for svc, allowed in publishers_of.items() if subjects.GRAPH_GROUP_DELETE in allowed] == ["gateway", "mcp"]
     assert sorted(svc for svc, allowed in publishers_of.items() if "engram.in.message.*" in allowed) == [
@@ -159,11 +161,14 @@ async def test_jetstream_rights_are_per_stream_and_durable(secured_nats) -> None
         assert ack.stream == subjects.STREAM_EPISODES
         js = extractor.nc.jetstream(timeout=1.0)
         # its own durable: pull the episode and ack it
-        stored = await admin.nc.jetstream().get_msg(subjects.STREAM_EPISODES, seq=ack.seq)
-        partition = int(stored.subject.split(".")[2])  # engram.episode.<p>.g1 (the stream's transform)
-        psub = await js.pull_subscribe_bind(f"extractor_p{partition}", stream=subjects.STREAM_EPISODES)
+        psub = await js.pull_subscribe_bind(Topology.EXTRACTOR_DURABLE, stream=subjects.STREAM_EPISODES)
         [msg] = await psub.fetch(1, timeout=2)
         await msg.ack_sync()
+        # its group order: read the episode again by subject, keep the group's record
+        again = await js.get_msg(subjects.STREAM_EPISODES, seq=1, subject="engram.episode.*.g1", next=True)
+        assert again.seq == ack.seq
+        kv = await js.key_value(subjects.KV_GROUP_ORDER)
+        await kv.create("extractor.g.g1", b"{}")
         # not the turn-detector's input, not a new stream, not another service's durable
         with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
             await js.get_msg(subjects.STREAM_IN, seq=1)

@@ -199,7 +199,7 @@ async def ingest_and_wait(stack: IsolationStack, convs: list[Conversation], grap
                         counts[c.group_id] = rows[0][0]
                 done = all(counts.get(c.group_id, 0) >= len(c.turns) for c in convs)
                 infos = await js.consumers_info(subjects.STREAM_EPISODES)
-                idle = all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos if i.name.startswith("extractor_"))
+                idle = all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos if i.name.startswith("extractor"))
                 if done and idle:
                     break
                 if any(t.done() for t in askers):
@@ -412,7 +412,7 @@ def test_two_users_speaking_before_the_reply_keep_their_own_memory(world: World)
             while time.perf_counter() < deadline:
                 existing = set(await db.list_graphs())
                 infos = await js.consumers_info(subjects.STREAM_EPISODES)
-                idle = all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos if i.name.startswith("extractor_"))
+                idle = all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos if i.name.startswith("extractor"))
                 if idle and subjects.session_group(prefix, session) in existing and all(g in existing for g in groups):
                     break
                 await asyncio.sleep(0.25)

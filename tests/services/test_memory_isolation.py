@@ -550,7 +550,7 @@ async def build_world(stack: IsolationStack, p: Plan, graph_url: str, timeout: f
                     if g in existing:
                         episodes[g] = (await db.select_graph(g).ro_query("MATCH (e:Episodic) RETURN count(e)")).result_set[0][0]
                 infos = await js.consumers_info(subjects.STREAM_EPISODES)
-                idle = all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos if i.name.startswith("extractor_"))
+                idle = all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos if i.name.startswith("extractor"))
                 done = (sum(closed.values()) >= len(p.convs)
                         and all(episodes.get(subjects.session_group(p.prefix, c.session_id), 0) >= len(c.turns) for c in p.convs))
                 if done and idle:

@@ -103,7 +103,7 @@ class Harness:
 
         async def settled() -> Outcome | None:
             infos = await self.js.consumers_info(subjects.STREAM_EPISODES)
-            idle = all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.name.startswith("extractor_"))
+            idle = all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos if c.name.startswith("extractor"))
             letters = [m for m in await read_all(self.js, subjects.STREAM_DLQ, settle=0.05)
                        if m.headers.get(subjects.HDR_DLQ_STAGE) == "extractor"]
             n = await self.in_graph(episode)

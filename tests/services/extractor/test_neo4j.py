@@ -237,7 +237,7 @@ async def settled(js, episodes: int) -> bool:  # noqa: ANN001
     if stream.state.messages < episodes:
         return False
     infos = await js.consumers_info(subjects.STREAM_EPISODES)
-    mine = [c for c in infos if c.name.startswith("extractor_")]
+    mine = [c for c in infos if c.name.startswith("extractor")]
     return bool(mine) and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in mine)
 
 

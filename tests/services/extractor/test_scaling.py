@@ -112,7 +112,7 @@ def replica(settings: EngramSettings, i: int, trace: Trace, work_s: float = 0.0)
 
 async def durables_settled(js: Any) -> dict[str, Any] | None:
     """Consumer infos of the extractor durables once nothing is pending or un-acked."""
-    infos = {c.name: c for c in await js.consumers_info(subjects.STREAM_EPISODES) if c.name.startswith("extractor_")}
+    infos = {c.name: c for c in await js.consumers_info(subjects.STREAM_EPISODES) if c.name.startswith("extractor")}
     if infos and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos.values()):
         return infos
     return None
@@ -231,7 +231,7 @@ async def test_stop_nacks_an_episode_still_in_flight_after_the_grace_period(clea
         await second.start()
         infos = await wait_for(lambda: durables_settled(js), 20)
         assert infos, "the episode left in flight by stop() was not redelivered (not nacked?)"
-        info = infos[Topology.extractor_durable(0)]
+        info = infos[Topology.EXTRACTOR_DURABLE]
         assert info.num_redelivered <= 1
         assert trace.finished[group] == [0, 1]
         assert trace.replica_of(group, 0) == [0, 1], "episode 0: started on the stopped replica, finished on the other"
@@ -282,9 +282,9 @@ async def test_a_delivery_nobody_waits_for_any_more_is_still_handled(clean_nats,
         await publish(js, episode(blocker, 0))  # the replica is full now: it sends no pull request
         assert await wait_for(lambda: _true(trace.replica_of(blocker, 0)), 10)
         # A pull request answered on the replica's inbox that the puller does not wait for: the
-        # only request on partition 1, so the server hands the next episode to it.
-        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM_EPISODES}.{Topology.extractor_durable(1)}",
-                         json.dumps({"batch": 1, "expires": 10_000_000_000}).encode(), reply=f"{puller._inbox}.1.late")
+        # only request on the shared durable, so the server hands the next episode to it.
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM_EPISODES}.{Topology.EXTRACTOR_DURABLE}",
+                         json.dumps({"batch": 1, "expires": 10_000_000_000}).encode(), reply=f"{puller._inbox}.0.late")
         await nc.flush()
         await publish(js, episode(late, 0))
         assert await wait_for(lambda: _true(puller.unsolicited), 10), "the late delivery never reached the replica"

@@ -41,7 +41,7 @@ async def deltas(js) -> list[NodeDelta]:  # noqa: ANN001
 
 async def _extractors_idle(js) -> bool:  # noqa: ANN001
     infos = await js.consumers_info(subjects.STREAM_EPISODES)
-    mine = [c for c in infos if c.name.startswith("extractor_")]
+    mine = [c for c in infos if c.name.startswith("extractor")]
     return bool(mine) and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in mine)
 
 

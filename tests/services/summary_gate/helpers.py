@@ -34,8 +34,8 @@ from tests.services.turn_detector.helpers import T0, close, msg, publish, read_a
 
 STAGES = (
     (subjects.STREAM_IN, "turn_detector_"),
-    (subjects.STREAM_EPISODES, "extractor_"),
-    (subjects.STREAM_DELTAS, "summary_gate_"),
+    (subjects.STREAM_EPISODES, "extractor"),
+    (subjects.STREAM_DELTAS, "summary_gate"),
 )
 
 
