@@ -40,6 +40,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("extraction_quality.py", []),
     ("pipeline_overhead.py", []),
     ("scale_out.py", []),
+    ("partition_collisions.py", []),
     ("summary_gate.py", []),
     ("summary_guard.py", []),
     ("restatement_threshold.py", ["--embedders", "hashing"]),

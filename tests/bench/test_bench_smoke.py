@@ -24,6 +24,7 @@ BENCHES = [
     ("turn_detector.py", False, "turn-detector throughput: 300 messages"),
     ("pipeline_overhead.py", True, "end-to-end turns/s, LoCoMo conv-26, 1 sessions"),
     ("scale_out.py", True, "extractor scale-out: 4 groups x 2 LoCoMo turns"),
+    ("partition_collisions.py", False, "share of the slot bound, 16 groups x 2 equal turns"),
     ("summary_gate.py", True, "drift_threshold sweep"),
     ("summary_guard.py", False, "chosen threshold:"),
     ("recall_quality.py", True, "LoCoMo evidence recall (%), 1 conversation(s) (conv-26), 2 sessions"),
