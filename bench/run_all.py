@@ -37,6 +37,7 @@ DEFAULT_OUT = ROOT / "docs" / "bench-results.md"
 BENCHES: list[tuple[str, list[str]]] = [
     ("turn_detector.py", []),
     ("extraction_cost.py", []),
+    ("extraction_embeddings.py", []),
     ("extraction_quality.py", []),
     ("pipeline_overhead.py", []),
     ("scale_out.py", []),

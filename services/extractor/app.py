@@ -53,6 +53,7 @@ from engram import dlq, graphiti_tracing
 from engram.graph import GraphDrivers
 from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
+from engram.models.embedding_cache import BatchingEmbedder
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
 from engram.group_order import GroupOrder, StoredMessage
 from engram.service import (
@@ -115,6 +116,9 @@ class Extractor:
         self.llm.set_tracer(self.tracer)
         embedder_settings = embedder_settings or EmbedderSettings()
         self.embedder = build_embedder(embedder_settings)
+        # What graphiti and the pipeline ask the embedder for: each text once, recent vectors kept
+        # across episodes (entity names recur), a turn's misses in one call (engram/models/embedding_cache.py)
+        self.batching_embedder = BatchingEmbedder(self.embedder)
         # An invalidation by a restatement of the invalidated fact is rejected (issue 10 item 6).
         self.restatement_similarity = similarity_threshold(
             self.extraction.restatement_similarity, embedder_settings.provider
@@ -169,7 +173,7 @@ class Extractor:
         driver = await self.graph.driver(group_id)
         llm = PrependingLLMClient(self.llm, prefix) if prefix else self.llm
         return GraphitiClients(
-            driver=driver, llm_client=llm, embedder=self.embedder, cross_encoder=NoRerank(), tracer=self.tracer
+            driver=driver, llm_client=llm, embedder=self.batching_embedder, cross_encoder=NoRerank(), tracer=self.tracer
         )
 
     async def handle(self, msg: Any) -> None:

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # script, needs LoCoMo, a piece of its table's title (the table was printed)
 BENCHES = [
     ("turn_detector.py", False, "turn-detector throughput: 300 messages"),
+    ("extraction_embeddings.py", True, "embedding per turn, offline extractor: hashing, LoCoMo conv-26, 6 turns"),
     ("pipeline_overhead.py", True, "end-to-end turns/s, LoCoMo conv-26, 1 sessions"),
     ("scale_out.py", True, "extractor scale-out: 4 groups x 2 LoCoMo turns"),
     ("partition_collisions.py", False, "share of the slot bound, 16 groups x 2 equal turns"),
