@@ -309,8 +309,9 @@ class GroupOrder:
             # since is idempotent work it may repeat. The trigger is done with.
             log.warning("%s: lease on a group lapsed and was taken over", self.stage)
             await _ack(msg)
-        except asyncio.CancelledError:
-            # Stopping: hand the group back at once (the caller nacks the trigger).
+        except (asyncio.CancelledError, Exception):
+            # Stopping, or NATS failed under the chain: hand the group back at once (the caller
+            # nacks the trigger, which then finds the group free instead of waiting out the lease).
             await asyncio.shield(self._release_quietly(group, state))
             raise
         finally:
