@@ -219,7 +219,8 @@ def _permissions(service: str, topology: Topology) -> Permissions:
                 *_stream_info(subjects.STREAM_SESSIONS), subjects.RECALL, *_dlq("sessions"), *llm_limits,
                 *_keep(subjects.STREAM_SESSIONS),
             ),
-            subscribe=(INBOX, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT),
+            # engram.session.closed.*: a wake-up when a segment closes (the puller then pulls)
+            subscribe=(INBOX, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT, _sub(subjects.SESSION_CLOSED)),
             allow_responses=True,
         )
     raise ValueError(f"unknown service {service!r}; one of {', '.join(USERS)}")

@@ -175,6 +175,11 @@ class EngramSettings(BaseSettings):
         description="Episodes one extractor replica works on at once (LLM-bound: bounds its in-flight LLM calls). "
         "Any groups run concurrently up to this limit, each group's episodes in order; replicas add capacity.",
     )
+    sessions_concurrency: int = Field(
+        2, ge=1, le=64,
+        description="Closed session segments one sessions replica works on at once (two LLM calls each); "
+        "replicas add capacity.",
+    )
     summary_gate_concurrency: int = Field(
         4, ge=1, le=256,
         description="Groups one summary-gate replica works on at once (a refresh is an LLM call), each group's "

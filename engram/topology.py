@@ -314,9 +314,10 @@ class Topology:
     SESSIONS_DURABLE = "sessions"
 
     def sessions_consumer(self) -> ConsumerConfig:
-        """The session close stage: segments of different sessions close independently (a
-        segment's idempotency is the stored record's, see services/sessions); two LLM calls per
-        close, so a long ack wait."""
+        """The session close stage: segments close independently (a segment's idempotency is the
+        stored record's lease, see services/sessions); two LLM calls per close. Replicas pull only
+        into free slots (ENGRAM_SESSIONS_CONCURRENCY each), so closes in flight are the replicas'
+        slots; max_ack_pending is never the bound."""
         return ConsumerConfig(
             durable_name=self.SESSIONS_DURABLE,
             description="sessions: close stage of session segments",
@@ -324,7 +325,7 @@ class Topology:
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait_s,
-            max_ack_pending=4,
+            max_ack_pending=self.SHARED_MAX_ACK_PENDING,
             max_deliver=-1,
         )
 

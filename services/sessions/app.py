@@ -54,7 +54,15 @@ from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import LLMSettings, build_llm
-from engram.service import ServiceApp, jetstream, keep_alive, make_broker, retry_or_dead_letter, subscribe_partitions
+from engram.service import (
+    CapacityPuller,
+    ServiceApp,
+    jetstream,
+    keep_alive,
+    make_broker,
+    retry_or_dead_letter,
+    subscribe_partitions_with_capacity,
+)
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 from schemas import subjects
@@ -131,6 +139,8 @@ class SessionCloser:
         self.keeper = StreamKeeper([subjects.STREAM_SESSIONS], settings.processed_retention_s)
         # closed segments waiting (one durable: partition "0"), engram/pipeline_metrics.py
         self.backlog = BacklogMonitor(STAGE, subjects.STREAM_SESSIONS, [Topology.SESSIONS_DURABLE])
+        self.puller: CapacityPuller | None = None  # set by build(): closes in flight = replicas x slots
+        self.stop_grace_s = 15.0  # closes in flight get this long at stop, then are nacked
 
     async def start(self) -> None:
         self.graphs.validate()
@@ -140,9 +150,16 @@ class SessionCloser:
         self.backlog.start(self.js)
         self.keeper.start(self.js)
 
+    async def start_pulling(self) -> None:
+        """After the broker started its (non-fetching) subscriber: start the capacity puller."""
+        if self.puller is not None:
+            await self.puller.start(self.broker.connection)
+
     async def stop(self) -> None:
         await self.backlog.stop()
         await self.keeper.stop()
+        if self.puller is not None:  # before the graphs close: closes in flight still use them
+            await self.puller.stop(self.stop_grace_s)
         await self.graphs.close()
 
     # --- handler -----------------------------------------------------------------------------
@@ -266,10 +283,13 @@ def build(
     broker = make_broker(settings, service="sessions")
     service = SessionCloser(settings, broker, llm, clock=clock, busy_retry_s=busy_retry_s)
     topology = Topology.from_settings(settings)
-    subscribe_partitions(broker, subjects.STREAM_SESSIONS, [topology.sessions_consumer()], service.handle,
-                         title="sessions close")
+    service.puller = subscribe_partitions_with_capacity(
+        broker, subjects.STREAM_SESSIONS, [topology.sessions_consumer()], service.handle, title="sessions close",
+        capacity=settings.sessions_concurrency, wake_subject=subjects.SESSION_CLOSED.format(session="*"), idle_max_s=0.5,
+    )
     context = requests.subscribe(broker, service.store, settings)
-    app = ServiceApp(name="sessions", broker=broker, on_startup=[service.start], on_shutdown=[service.stop])
+    app = ServiceApp(name="sessions", broker=broker, on_startup=[service.start],
+                     after_startup=[service.start_pulling], on_shutdown=[service.stop])
     app.sessions = service  # type: ignore[attr-defined]
     app.context = context  # type: ignore[attr-defined]
     return app
