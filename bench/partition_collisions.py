@@ -66,8 +66,9 @@ def share_of_bound(groups: list[str], turns: int, slots: int, partitions: int | 
 
 def main(args: argparse.Namespace) -> int:
     rows = [*(str(p) for p in args.partitions), "per group"]
-    table = Table(title=f"share of the slot bound, {args.groups} groups x {args.turns} equal turns, "
-                        f"median (p10) of {args.seeds} random group-id sets")
+    print(f"share of the slot bound, {args.groups} groups x {args.turns} equal turns, "
+          f"median (p10) of {args.seeds} random group-id sets")
+    table = Table()
     table.add_column("partitions", justify="right")
     for s in args.slots:
         table.add_column(f"{s} slots", justify="right")
