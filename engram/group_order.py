@@ -41,6 +41,7 @@ and its deltas re-published, deltas carry message ids).
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import hashlib
 import json
@@ -352,7 +353,22 @@ class GroupOrder:
             raw = await self._js.get_msg(self.stream, seq=after + 1, subject=self.group_filter(group), next=True)
         except nats.js.errors.NotFoundError:
             return None
-        return StoredMessage(raw.subject or "", raw.data or b"", raw.headers, raw.seq or 0)
+        return StoredMessage(raw.subject or "", raw.data or b"", stored_headers(raw.hdrs), raw.seq or 0)
+
+
+def stored_headers(encoded: str | None) -> dict[str, str] | None:
+    """The headers of a STREAM.MSG.GET answer, as a delivery has them (``Name: Value`` lines).
+    nats-py's own get_msg parses them as an email, which turns a non-ASCII value into an
+    ``email.header.Header`` object; a delivery's parser decodes bytes (invalid UTF-8 replaced)."""
+    if not encoded:
+        return None
+    block = base64.b64decode(encoded)
+    out: dict[str, str] = {}
+    for line in block.split(b"\r\n")[1:]:  # the first line is NATS/1.0
+        name, sep, value = line.partition(b":")
+        if sep and name.strip():
+            out[name.strip().decode(errors="replace")] = value.strip().decode(errors="replace")
+    return out or None
 
 
 class _Lease:

@@ -252,3 +252,18 @@ async def _true(value: Any) -> Any:
 @pytest.fixture(autouse=True)
 def _quiet_retries(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger=__name__)
+
+
+def test_stored_headers_are_decoded_as_a_delivery_decodes_them() -> None:
+    """nats-py's get_msg parses headers as an email: a non-ASCII value became an email Header
+    object and the dead-letter path (which scrubs header values as text) failed on it."""
+    import base64
+
+    from engram.group_order import stored_headers
+
+    block = "NATS/1.0\r\nNats-Msg-Id: x1\r\nX-Note: héllo wörld\r\nBad:\xff\r\n\r\n".encode("latin-1")
+    block = block.replace("héllo wörld".encode("latin-1"), "héllo wörld".encode())
+    headers = stored_headers(base64.b64encode(block).decode())
+    assert headers == {"Nats-Msg-Id": "x1", "X-Note": "héllo wörld", "Bad": "\ufffd"}
+    assert all(isinstance(v, str) for v in headers.values())
+    assert stored_headers(None) is None
