@@ -23,6 +23,17 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   answer is "no duplicate, nothing contradicted", which is what graphiti itself concludes with
   no candidate at all.
 
+* the same edge dedupe question twice in a turn (one fact text on several entity pairs, with
+  the same candidates) is asked once;
+* **node dedupe**: skipped only when every candidate of every entity is a possessive of it or
+  it of the candidate ("Melanie's husband" / "Melanie"): something of X is never X. Nothing
+  looser: the hard cases ("NYC" / "New York City", "Marco's car" / "Marco's vehicle") share no
+  word, so a lexical threshold would skip the calls that matter.
+
+Partial (issue 25, item 6): node dedupe is otherwise not gated (no labelled entity pairs), and the
+extraction prompt itself is graphiti's, so neither 1.0 call per turn nor 0.15x upstream tokens is
+met (docs/architecture.md, "Fewer model calls per turn").
+
 The model's answer for the facts it is asked about is used as is; an answer of the wrong
 length is padded with nulls (graphiti then keeps the fact undated, as it does for a failed
 batch).
@@ -31,6 +42,7 @@ batch).
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import logging
 import re
@@ -38,18 +50,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 from graphiti_core.llm_client.client import LLMClient
-from graphiti_core.llm_client.config import ModelSize
 from graphiti_core.prompts import prompt_library
-from pydantic import BaseModel
 from prometheus_client import Counter
 
-from engram.models.delegating import DelegatingLLMClient
+from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
 
 log = logging.getLogger("engram.extractor")
 
 TIMESTAMPS_PROMPT = "extract_edges.extract_timestamps_batch"
 EDGE_DEDUPE_PROMPT = "dedupe_edges.resolve_edge"
+NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 
 LOCAL_ANSWERS = Counter(
     "engram_extractor_local_answers_total",
@@ -178,6 +189,35 @@ def _dedupe_context(messages: list[Any]) -> tuple[str, list[str]] | None:
     return new.group(1), candidates
 
 
+_POSSESSIVE = re.compile(r"^(.+?)['’]s?\s+\S")
+
+
+def _possessor(name: str) -> str | None:
+    m = _POSSESSIVE.match(name.strip())
+    return m.group(1).strip().casefold() if m else None
+
+
+def possessive_of(a: str, b: str) -> bool:
+    """True when one name is a possessive of the other: "Melanie's kids" and "Melanie"."""
+    return _possessor(a) == b.strip().casefold() or _possessor(b) == a.strip().casefold()
+
+
+def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], list[str]] | None:
+    """(entities, candidate names) of graphiti's ``dedupe_nodes.nodes`` prompt, None if unreadable."""
+    text = "\n".join(str(getattr(m, "content", "")) for m in messages)
+    blocks = []
+    for block in ("ENTITIES", "EXISTING ENTITIES"):
+        m = re.search(rf"<{block}>\s*(.*?)\s*</{block}>", text, re.S)
+        rows = _literal(m.group(1)) if m else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return None
+        blocks.append(rows)
+    entities, existing = blocks
+    if not all(isinstance(e.get("id"), int) and isinstance(e.get("name"), str) for e in entities):
+        return None
+    return entities, [str(c.get("name", "")) for c in existing]
+
+
 class LocalAnswersLLMClient(DelegatingLLMClient):
     """Answers the questions engram can answer itself (module docstring); forwards the rest.
 
@@ -187,39 +227,45 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         super().__init__(inner)
         self.dedupe_similarity = dedupe_similarity
         self.answered: dict[str, int] = {}
+        self._asked: dict[str, asyncio.Future[dict[str, Any]]] = {}  # one per extract_episode: a turn's questions
 
     def _count(self, kind: str, n: int = 1) -> None:
         if n:
             self.answered[kind] = self.answered.get(kind, 0) + n
             LOCAL_ANSWERS.labels(kind=kind).inc(n)
 
-    async def generate_response(  # type: ignore[override]
-        self,
-        messages: list[Any],
-        response_model: type[BaseModel] | None = None,
-        max_tokens: int | None = None,
-        model_size: ModelSize = ModelSize.medium,
-        group_id: str | None = None,
-        prompt_name: str | None = None,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        if prompt_name == TIMESTAMPS_PROMPT:
+    async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
+        if prompt == TIMESTAMPS_PROMPT:
             facts = _prompt_facts(messages)
             if facts is not None:
-                return await self._timestamps(facts, response_model, max_tokens, model_size, group_id, **kwargs)
-        elif prompt_name == EDGE_DEDUPE_PROMPT and self.dedupe_similarity is not None:
-            context = _dedupe_context(messages)
+                return await self._timestamps(facts, forward, messages)
+        elif prompt == EDGE_DEDUPE_PROMPT:
+            context = _dedupe_context(messages) if self.dedupe_similarity is not None else None
             if context is not None:
                 new, candidates = context
                 if max((fact_similarity(new, c) for c in candidates), default=0.0) < self.dedupe_similarity:
                     self._count("edge_dedupe_skipped")
                     return {"duplicate_facts": [], "contradicted_facts": []}
-        return await super().generate_response(messages, response_model, max_tokens, model_size, group_id,
-                                               prompt_name, **kwargs)
+            # the same question asked again in this turn (one fact text on several entity pairs,
+            # the same candidates in the same order) gets the first one's answer
+            key = "\n".join(str(getattr(m, "content", "")) for m in messages)
+            task = self._asked.get(key)
+            if task is None:
+                task = self._asked[key] = asyncio.ensure_future(forward())
+            else:
+                self._count("edge_dedupe_shared")
+            return dict(await asyncio.shield(task))
+        elif prompt == NODE_DEDUPE_PROMPT:
+            nodes = _node_dedupe_context(messages)
+            if nodes is not None:
+                entities, candidates = nodes
+                if all(possessive_of(e["name"], c) for e in entities for c in candidates):
+                    self._count("node_dedupe_skipped")
+                    return {"entity_resolutions": [{"id": e["id"], "name": e["name"], "duplicate_candidate_id": -1}
+                                                   for e in entities]}
+        return await forward()
 
-    async def _timestamps(self, facts: list[dict[str, Any]], response_model: type[BaseModel] | None,
-                          max_tokens: int | None, model_size: ModelSize, group_id: str | None,
-                          **kwargs: Any) -> dict[str, Any]:
+    async def _timestamps(self, facts: list[dict[str, Any]], forward: Forward, messages: list[Any]) -> dict[str, Any]:
         answers: list[dict[str, Any] | None] = []
         asked: list[int] = []
         for i, item in enumerate(facts):
@@ -231,9 +277,10 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
                 answers.append({"valid_at": local[0], "invalid_at": local[1]})
         self._count("fact_dated", len(facts) - len(asked))
         if asked:
-            messages = prompt_library.extract_edges.extract_timestamps_batch({"facts": [facts[i] for i in asked]})
-            response = await super().generate_response(messages, response_model, max_tokens, model_size, group_id,
-                                                       TIMESTAMPS_PROMPT, **kwargs)
+            # graphiti builds the list for this call only (and its client edits it): the same
+            # prompt, holding only the facts engram could not date
+            messages[:] = prompt_library.extract_edges.extract_timestamps_batch({"facts": [facts[i] for i in asked]})
+            response = await forward()
             rows = response.get("timestamps") if isinstance(response, dict) else None
             rows = rows if isinstance(rows, list) else []
             if len(rows) != len(asked):

@@ -15,9 +15,11 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    one large prompt instead of ``extract_nodes`` + ``extract_edges`` (which each repeat ~1.9k
    tokens of fixed instructions and the previous-episodes block), the custom instructions are
    applied to entities and facts together, and every entity it returns has at least one fact
-   (orphans are dropped upstream). Its cost: one extra *small* call that dates all facts in a
-   batch (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt
-   dates facts inline. ``mode="separate"`` runs add_episode's two-prompt path
+   (orphans are dropped upstream). Its cost: a *small* call that dates the facts in a batch
+   (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt dates facts
+   inline -- made only for facts with a date engram cannot resolve itself
+   (:mod:`services.extractor.local_answers`, which also skips edge dedupe calls with no close
+   candidate). ``mode="separate"`` runs add_episode's two-prompt path
    (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;

@@ -7,6 +7,7 @@ with test_pipeline's scripted LLM: calls per turn counted by prompt."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -15,16 +16,19 @@ from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.llm_client.config import LLMConfig
 from graphiti_core.prompts import prompt_library
 from graphiti_core.prompts.dedupe_edges import EdgeDuplicate
+from graphiti_core.prompts.dedupe_nodes import NodeResolutions
 from graphiti_core.prompts.extract_edges import BatchEdgeTimestamps
 
 from services.extractor.local_answers import (
     DEDUPE_SIMILARITY,
     EDGE_DEDUPE_PROMPT,
+    NODE_DEDUPE_PROMPT,
     TIMESTAMPS_PROMPT,
     LocalAnswersLLMClient,
     fact_similarity,
     local_timestamps,
 )
+from services.extractor.pipeline import extract_episode
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
 
 REF = datetime(2023, 5, 12, 10, 0, tzinfo=timezone.utc)
@@ -43,6 +47,8 @@ class Recording(LLMClient):
         if response_model is BatchEdgeTimestamps:
             n = text.split("<FACTS>")[1].count('"fact"')
             return {"timestamps": [{"valid_at": "2023-05-01T00:00:00Z", "invalid_at": None}] * n}
+        if response_model is NodeResolutions:
+            return {"entity_resolutions": [{"id": 0, "name": "x", "duplicate_candidate_id": 0}]}
         return {"duplicate_facts": [], "contradicted_facts": [0]}
 
 
@@ -127,11 +133,47 @@ async def test_a_near_duplicate_or_a_change_is_still_asked() -> None:
     assert fact_similarity("Maya moved to Porto last month.", "Maya lives in Lisbon.") >= DEDUPE_SIMILARITY
 
 
+async def test_the_same_dedupe_question_twice_in_a_turn_is_asked_once() -> None:
+    inner = Recording()
+    client = LocalAnswersLLMClient(inner)
+    question = ("We migrated our CI from Jenkins to GitHub Actions.", [], ["Our CI runs on Jenkins."])
+    first, second = await asyncio.gather(_ask_dedupe(client, *question), _ask_dedupe(client, *question))
+    assert len(inner.prompts) == 1 and first == second == {"duplicate_facts": [], "contradicted_facts": [0]}
+    await _ask_dedupe(client, "We migrated our CI to GitHub Actions.", [], ["Our CI runs on Jenkins."])
+    assert len(inner.prompts) == 2  # another fact: asked
+
+
 async def test_without_a_threshold_every_dedupe_is_asked() -> None:
     inner = Recording()
     await _ask_dedupe(LocalAnswersLLMClient(inner, dedupe_similarity=None), "Priya drives a Toyota.", [],
                       ["Our CI runs on Jenkins."])
     assert len(inner.prompts) == 1
+
+
+async def _ask_nodes(client: LocalAnswersLLMClient, entity: str, candidates: list[str]) -> dict:
+    context = {
+        "extracted_nodes": [{"id": 0, "name": entity, "entity_type": ["Entity"], "entity_type_description": "x"}],
+        "existing_nodes": [{"candidate_id": i, "name": c, "entity_types": ["Entity"], "summary": ""}
+                           for i, c in enumerate(candidates)],
+        "episode_content": "", "previous_episodes": [],
+    }
+    messages = prompt_library.dedupe_nodes.nodes(context)
+    return await client.generate_response(messages, response_model=NodeResolutions, prompt_name=NODE_DEDUPE_PROMPT)
+
+
+async def test_node_dedupe_against_only_the_possessor_makes_no_call() -> None:
+    inner = Recording()
+    answer = await _ask_nodes(LocalAnswersLLMClient(inner), "Melanie's husband", ["Melanie"])
+    assert inner.prompts == []
+    assert answer["entity_resolutions"] == [{"id": 0, "name": "Melanie's husband", "duplicate_candidate_id": -1}]
+
+
+async def test_node_dedupe_with_a_possible_duplicate_is_still_asked() -> None:
+    inner = Recording()
+    client = LocalAnswersLLMClient(inner)
+    await _ask_nodes(client, "Marco's car", ["Marco", "Marco's vehicle"])  # car / vehicle: the model decides
+    await _ask_nodes(client, "NYC", ["New York City"])
+    assert len(inner.prompts) == 2
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -174,3 +216,26 @@ async def test_a_near_duplicate_fact_is_still_deduped(world: Env) -> None:
     again = await world.run(world.episode("s1:t2", REPEAT, T1 + timedelta(days=1)))
     assert again.llm_calls.get(EDGE_DEDUPE_PROMPT) == 1, again.llm_calls
     assert "Alice adopted a cat named Tom." in world.llm.prompts("EdgeDuplicate")[0]
+
+
+# --------------------------------------------------------------------------- the OpenAI path
+async def test_short_turns_through_the_openai_path_cost_one_request_each(env: Env, sim: Any) -> None:  # noqa: F811
+    """engram's OpenAI client against the simulator (the rules model behind HTTP): a short turn with
+    no date word, and one with a date engram resolves, are one chat request each; a turn restating
+    a stored fact still asks the dedupe prompt (the model must see the near duplicate)."""
+    from engram.models.factory import LLMSettings, build_llm
+
+    llm = build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim", requests_per_second=1000))
+    clients = env.clients.model_copy(update={"llm_client": llm})
+    turns = ["user (Maya): I adopted a cat named Tom.", "user (Bob): Bob plays the cello in an orchestra.",
+             "user (Rin): Rin crashed her bike yesterday.", "user (Maya): I adopted a cat named Tom, he is mine."]
+    results = []
+    for i, text in enumerate(turns):
+        before = sim.count()
+        result = await extract_episode(clients, env.episode(f"s1:t{i}", text, T1 + timedelta(days=i)),
+                                       custom_instructions="", previous_window=2)
+        results.append((result, sim.count() - before))
+    for result, requests in results[:3]:
+        assert requests == result.llm_call_count == 1, result.llm_calls
+    last, requests = results[3]
+    assert last.llm_calls.get(EDGE_DEDUPE_PROMPT, 0) >= 1 and requests == last.llm_call_count, last.llm_calls
