@@ -21,8 +21,7 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   above :data:`DEDUPE_SIMILARITY`, chosen on the labelled pairs of ``bench/data/fact_changes.jsonl``
   (tuning split; ``bench/dedupe_threshold.py`` reports the held-out split). Below it the
   answer is "no duplicate, nothing contradicted", which is what graphiti itself concludes with
-  no candidate at all.
-
+  no candidate at all;
 * the same edge dedupe question twice in a turn (one fact text on several entity pairs, with
   the same candidates) is asked once;
 * **node dedupe**: skipped only when every candidate of every entity is a possessive of it or
