@@ -15,9 +15,11 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    one large prompt instead of ``extract_nodes`` + ``extract_edges`` (which each repeat ~1.9k
    tokens of fixed instructions and the previous-episodes block), the custom instructions are
    applied to entities and facts together, and every entity it returns has at least one fact
-   (orphans are dropped upstream). Its cost: one extra *small* call that dates all facts in a
-   batch (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt
-   dates facts inline. ``mode="separate"`` runs add_episode's two-prompt path
+   (orphans are dropped upstream). Its cost: a *small* call that dates the facts in a batch
+   (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt dates facts
+   inline -- made only for facts with a date engram cannot resolve itself
+   (:mod:`services.extractor.local_answers`, which also skips edge dedupe calls with no close
+   candidate). ``mode="separate"`` runs add_episode's two-prompt path
    (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;
@@ -133,6 +135,7 @@ from services.extractor.chunking import (
     should_chunk,
 )
 from services.extractor.deltas import build_node_deltas
+from services.extractor.local_answers import DEDUPE_SIMILARITY, LocalAnswersLLMClient
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from services.extractor.told_later import telling
 
@@ -769,6 +772,7 @@ async def extract_episode(
     mode: ExtractionMode = "combined",
     chunking: ChunkingSettings | None = None,
     restatement_similarity: float | None = None,
+    dedupe_similarity: float | None = DEDUPE_SIMILARITY,
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
 
@@ -779,6 +783,10 @@ async def extract_episode(
     restates the invalidated one (for the configured embedder; see
     :data:`services.extractor.restatement.DEFAULT_SIMILARITY`). None: only the rules that need
     no embedding (same episode, same text, same words) reject invalidations.
+
+    ``dedupe_similarity``: a ``dedupe_edges.resolve_edge`` call is made only when a candidate's
+    content-word overlap with the new fact reaches it (None: always asked; see
+    :mod:`services.extractor.local_answers`, which also dates the facts engram can date).
 
     ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
     (and does nothing else, no LLM call) when the episode's node is already stored.
@@ -804,7 +812,10 @@ async def extract_episode(
     now = utc_now()
     counting = AccountingLLMClient(clients.llm_client, stage="extractor")
     # every text embedded once, the turn's in one call (engram/models/embedding_cache.py)
-    run = clients.model_copy(update={"llm_client": counting, "embedder": BatchingEmbedder.around(clients.embedder)})
+    # what engram answers itself (dates it resolves, dedupe with no close candidate) is no call:
+    # services/extractor/local_answers.py, outside the accounting so only real calls count
+    local = LocalAnswersLLMClient(counting, dedupe_similarity=dedupe_similarity)
+    run = clients.model_copy(update={"llm_client": local, "embedder": BatchingEmbedder.around(clients.embedder)})
     episode_node = build_episodic_node(episode, now)
 
     start = perf_counter()

@@ -236,7 +236,7 @@ async def test_a_slow_model_within_the_timeout_costs_no_retry(
         outcome = await h.run(h.episode())
         assert_in_graph_once(outcome)
         stats = llm_stats(h.llm)
-        assert stats is not None and stats.calls >= 2
+        assert stats is not None and stats.calls >= 1  # one since issue 25 item 6 (local dating)
         assert stats.http_requests == stats.calls == sim.count("slow")  # one request per call: no timeout, no retry
         assert stats.failed == 0
         assert outcome.seconds >= stats.calls * 1.0  # the calls did wait

@@ -83,10 +83,11 @@ async def test_relative_date_in_a_fact_reaches_the_stored_edge(
         # [Episode N] headers when several are extracted together): the text stays relative,
         # the date reaches valid_at through the batch timestamp prompt's per-fact reference_time
         assert all(grounded.split(" (")[0] in fact and "(" not in fact for fact in facts), facts
-    # the prompts graphiti sent: the fact's date came from the rules model's answer to graphiti's
-    # timestamp prompt (combined) or edge prompt (separate), not from a fallback to the turn's time
+    # the prompts graphiti sent: the fact's date came from engram's own dating of graphiti's
+    # timestamp prompt (combined: services/extractor/local_answers.py, no model call, since engram
+    # resolves the expression) or the rules model's answer to the edge prompt (separate)
     names = [c.response_model for c in llm.calls]
-    assert ("BatchEdgeTimestamps" in names) if mode == "combined" else ("ExtractedEdges" in names), names
+    assert ("BatchEdgeTimestamps" not in names) if mode == "combined" else ("ExtractedEdges" in names), names
 
 
 async def test_a_fact_without_a_date_is_valid_from_the_turn_and_its_text_is_unchanged(driver: EngramFalkorDriver) -> None:
