@@ -38,6 +38,8 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("turn_detector.py", []),
     ("extraction_cost.py", []),
     ("extraction_embeddings.py", []),
+    ("dedupe_threshold.py", []),
+    ("short_turn_calls.py", []),
     ("extraction_quality.py", []),
     ("pipeline_overhead.py", []),
     ("scale_out.py", []),

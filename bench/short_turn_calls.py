@@ -14,6 +14,7 @@ pipeline's accounting, and the HTTP requests the simulator served.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -31,6 +32,7 @@ from graphiti_core.driver.falkordb_driver import FalkorDriver  # noqa: E402
 from graphiti_core.graphiti_types import GraphitiClients  # noqa: E402
 from graphiti_core.tracer import NoOpTracer  # noqa: E402
 
+from bench._smoke import Checks, parse  # noqa: E402
 from bench.llm_simulator import LLMSimulator  # noqa: E402
 from engram.embedded import start_falkordb  # noqa: E402
 from engram.models.factory import LLMSettings, build_llm  # noqa: E402
@@ -71,7 +73,7 @@ def episode(group: str, i: int, name: str, text: str) -> Episode:
     )
 
 
-async def main() -> int:
+async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
     instructions = validate_at_startup(ExtractionSettings()) or ""
     calls: Counter[str] = Counter()
@@ -83,7 +85,7 @@ async def main() -> int:
             llm = build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim",
                                         requests_per_second=1000))
             host, port = server.url.split("://", 1)[1].rsplit(":", 1)
-            for group, said in TURNS.items():
+            for group, said in list(TURNS.items())[:args.groups]:
                 driver = FalkorDriver(host=host, port=int(port), database=f"short_{group}")
                 clients = GraphitiClients(driver=driver, llm_client=llm, embedder=HashingEmbedder(256),
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
@@ -103,8 +105,16 @@ async def main() -> int:
           f"{tokens / turns:,.0f} tokens/turn, {requests} HTTP chat requests")
     for prompt, n in sorted(calls.items()):
         print(f"  {prompt}: {n / turns:.2f}/turn")
-    return 0
+    if not args.smoke:
+        return 0
+    check = Checks()
+    check.that(turns > 0, "no turn was extracted")
+    check.that(total >= turns, f"{total} calls for {turns} turns: every turn asks the model at least once")
+    check.that(requests == total, f"{requests} HTTP requests vs {total} counted calls")
+    return check.verdict()
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=len(TURNS), help="how many of the scripted conversations")
+    sys.exit(asyncio.run(main(parse(parser, {"groups": 1}))))

@@ -25,6 +25,7 @@ BENCHES = [
     ("extraction_embeddings.py", True, "embedding per turn, offline extractor: hashing, LoCoMo conv-26, 6 turns"),
     ("pipeline_overhead.py", True, "end-to-end turns/s, LoCoMo conv-26, 1 sessions"),
     ("scale_out.py", True, "extractor scale-out: 4 groups x 2 LoCoMo turns"),
+    ("short_turn_calls.py", False, "short turns through the OpenAI path: "),
     ("partition_collisions.py", False, "share of the slot bound, 16 groups x 2 equal turns"),
     ("summary_gate.py", True, "drift_threshold sweep"),
     ("summary_guard.py", False, "chosen threshold:"),

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OWN_SMOKE_TEST = {
     "extraction_cost.py": ROOT / "tests" / "bench" / "test_extraction_cost_smoke.py",
     "embedders.py": ROOT / "tests" / "bench" / "test_embedders_smoke.py",
+    "dedupe_threshold.py": ROOT / "tests" / "bench" / "test_dedupe_threshold.py",
 }
 
 
