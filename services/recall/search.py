@@ -29,6 +29,7 @@ from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
 from services.recall.entities import entity_fact_ranking
 from services.recall.lexical import LexicalEpisodes
+from services.recall.turns import GraphTurns
 from services.recall.vector import hybrid_fact_search_scored
 
 NOT_EXPIRED = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
@@ -95,7 +96,7 @@ async def search_group(
     limit: int,
     *,
     query_vector: list[float] | None = None,
-    lexical: LexicalEpisodes | None = None,
+    lexical: LexicalEpisodes | GraphTurns | None = None,
     episode_weight: float = 1.0,
     episodes: bool = True,
     episode_chars: int = EPISODE_CHARS,
@@ -109,9 +110,10 @@ async def search_group(
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
 
-    Past turns come from ``lexical`` (BM25 kept by the recall service, fused with the turn
-    vectors' cosine to ``query_vector`` when ``dense_episodes``) when given, else from the graph's
-    episode fulltext index. ``with_facts`` False: past turns only, no fact search.
+    Past turns come from ``lexical`` when given -- the graph's fulltext and turn vector indices
+    (``GraphTurns``, services/recall/turns.py) or the BM25 index kept by the recall service
+    (``LexicalEpisodes``), either fused with the turn vectors' cosine to ``query_vector`` when
+    ``dense_episodes`` -- else from graphiti's episode search. ``with_facts`` False: past turns only, no fact search.
     ``entity_facts``: the current facts of the entities the question names, this many at most,
     fused as a third fact ranking (services/recall/entities.py); 0: none. ``min_cosine``: the
     relevance floor, a fact or turn found only by embedding counts at this cosine or above.
