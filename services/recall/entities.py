@@ -31,6 +31,7 @@ from redis.exceptions import ResponseError
 
 from engram.compat import falkor_graph
 from engram.graph import query_rows
+from services.recall.lexical import resolved
 from services.recall.vector import _unusable
 
 log = logging.getLogger("engram.recall.entities")
@@ -106,10 +107,11 @@ async def entity_fact_ranking(driver: Any, group_id: str, question: str, vector:
     """The current facts of the entities ``question`` names, as (edge uuid, cosine similarity to
     ``vector``), nearest first, at most ``k``; only those at ``min_cosine`` or above when given.
     Empty when no entity is named, no vector is given, or the graph is not FalkorDB."""
-    if getattr(driver, "provider", None) != GraphProvider.FALKORDB or not vector or k <= 0:
+    if getattr(driver, "provider", None) != GraphProvider.FALKORDB or vector is None or k <= 0:
         return []
-    uuids = await named_entities(driver, group_id, question, stopwords)
-    if not uuids:
+    uuids = await named_entities(driver, group_id, question, stopwords)  # while the question is embedded
+    vector = await resolved(vector)
+    if not uuids or not vector:
         return []
     rows = await query_rows(driver, Q_ENTITY_FACTS, uuids=uuids, vector=vector, k=k, scanned=ENTITY_FACTS_SCANNED)
     if len(rows) >= k and ENTITY_FACTS_NEAREST > 0:  # maybe a hub: its facts among the group's nearest too

@@ -55,6 +55,7 @@ searches pays the rebuild on each.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import unicodedata
 import weakref
@@ -278,6 +279,12 @@ class BM25(bm25s.BM25):
         indices = doc_idx.astype(self.int_dtype)
         indptr = np.concatenate(([0], np.cumsum(df))).astype(np.int64)
         return {"data": data.astype(dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+
+
+async def resolved(vector: Any) -> Any:
+    """``vector``, or what it resolves to when it is still being computed (an awaitable: recall
+    starts the question's embedding and its graph reads that need no vector side by side)."""
+    return await vector if inspect.isawaitable(vector) else vector
 
 
 def unit_vector(values: Any) -> np.ndarray | None:
@@ -604,7 +611,7 @@ class LexicalEpisodes:
         already returned), with the score of the turn they follow: an answer often continues in
         the next exchange. ``min_cosine``: the relevance floor (:meth:`EpisodeIndex.hybrid`); a
         follower below it is not brought either ("Thanks, that's all for today" after the answer)."""
-        index = await self._current(driver, group_id)
+        index, vector = await asyncio.gather(self._current(driver, group_id), resolved(vector))
         hits = index.hybrid(query, vector, k, min_cosine=min_cosine) if vector is not None else index.search(query, k)
 
         async def following(doc: Doc) -> Doc | None:

@@ -33,6 +33,7 @@ turn vector index cannot answer yet (being built after an upgrade), uses the in-
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,7 +45,15 @@ from redis.exceptions import ResponseError
 
 from engram.compat import falkor_graph
 from engram.graph import TURN_VECTOR_INDEX, as_utc, fulltext_words
-from services.recall.lexical import CANDIDATES_PER_K, Doc, LexicalEpisodes, fuse_turns, unit_vector, with_followers
+from services.recall.lexical import (
+    CANDIDATES_PER_K,
+    Doc,
+    LexicalEpisodes,
+    fuse_turns,
+    resolved,
+    unit_vector,
+    with_followers,
+)
 from services.recall.vector import _unusable
 
 log = logging.getLogger("engram.recall.turns")
@@ -114,22 +123,32 @@ class GraphTurns:
             return []
         graph = falkor_graph(driver)  # raw graph: ro_query, and no error log per "index not built yet"
         depth = max(k * CANDIDATES_PER_K, k)
-        dense: list[tuple[str, float]] = []
-        if vector is not None:
+
+        async def nearest() -> list[tuple[str, float]] | None:
+            query_vector = await resolved(vector)  # the keyword half does not wait for the embedding
+            if query_vector is None:
+                return []
             try:
-                rows = (await graph.ro_query(Q_NEAREST, {"vector": list(map(float, vector)), "k": depth,
+                rows = (await graph.ro_query(Q_NEAREST, {"vector": list(map(float, query_vector)), "k": depth,
                                                          "g": group_id})).result_set
             except ResponseError as exc:
                 if not _unusable(exc):
                     raise
                 log.debug("graph %s: turn vector index unusable (%s); in-memory index", group_id, exc)
-                return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
-            dense = [(uuid, float(similarity)) for uuid, similarity in rows]
-        keyword: list[str] = []
-        words = keyword_query(query)
-        if words:
+                return None
+            return [(uuid, float(similarity)) for uuid, similarity in rows]
+
+        async def by_words() -> list[str]:
+            words = keyword_query(query)
+            if not words:
+                return []
             rows = (await graph.ro_query(Q_KEYWORD, {"query": words, "g": group_id, "k": depth})).result_set
-            keyword = [uuid for uuid, _ in rows]
+            return [uuid for uuid, _ in rows]
+
+        dense, keyword = await asyncio.gather(nearest(), by_words())  # independent reads, side by side
+        vector = await resolved(vector)  # computed by now
+        if dense is None:
+            return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
         stub = {u: Doc(u, "") for u in [*keyword, *(u for u, _ in dense)]}
         fused = fuse_turns([(stub[u], 0.0) for u in keyword], [(stub[u], s) for u, s in dense], k,
                            min_cosine=min_cosine)
