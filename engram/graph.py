@@ -17,7 +17,9 @@ index on ``RELATES_TO.fact_embedding`` (cosine, the embedder's dimension, efRunt
 embedder changed) is dropped and recreated, with a warning -- two processes configured with
 different embedders swap it at each start. FalkorDB builds it in the background (~4 s for 10k
 facts on 2 cores) while the label's previous index keeps answering fulltext and range queries;
-until it is built, vector queries fail and recall falls back to graphiti's search. Neo4j: no
+until it is built, vector queries fail and recall falls back to graphiti's search. A second HNSW
+index, on ``Episodic.engram_embedding`` (each past turn's vector, written by the extractor), is
+made the same way: recall's past-turn search (``services.recall.turns``) queries it. Neo4j: no
 vector index is created (graphiti 0.31 creates none there either; its edge search stays brute
 force).
 
@@ -40,6 +42,7 @@ import logging
 import re
 import time
 import urllib.parse
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -163,22 +166,51 @@ SOCKET_CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 120.0  # a stalled graph fails the call (retried) instead of hanging forever
 NEO4J_SCHEMES = ("bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc")
 # FalkorDB (4.16) has no IF NOT EXISTS for vector indices: a second CREATE fails "already indexed".
-VECTOR_INDEX_LABEL, VECTOR_INDEX_PROPERTY = "RELATES_TO", "fact_embedding"
 # efRuntime: HNSW candidate list per query. FalkorDB's default (10) finds 81% of the exact cosine
 # top 20 on the 10k-fact bench graph (hashing 256-d and 384-d); 200 finds 99% for ~0.5 ms more.
 VECTOR_INDEX_OPTIONS = {"similarityFunction": "cosine", "efRuntime": 200}
-DROP_VECTOR_INDEX = f"DROP VECTOR INDEX FOR ()-[e:{VECTOR_INDEX_LABEL}]-() ON (e.{VECTOR_INDEX_PROPERTY})"
 
 
-def create_vector_index_query(dim: int) -> str:
-    options = ", ".join(f"{k}: {v!r}" for k, v in {"dimension": int(dim), **VECTOR_INDEX_OPTIONS}.items())
-    return (f"CREATE VECTOR INDEX FOR ()-[e:{VECTOR_INDEX_LABEL}]-() ON (e.{VECTOR_INDEX_PROPERTY}) "
-            f"OPTIONS {{{options}}}")
+@dataclass(frozen=True)
+class VectorIndex:
+    """A FalkorDB vector index engram keeps: on a relationship type's or a node label's property."""
+
+    label: str
+    property: str
+    entity: str  # "RELATIONSHIP" or "NODE", as db.indexes() names them
+    what: str  # for logs
+
+    @property
+    def pattern(self) -> str:
+        return f"()-[e:{self.label}]-()" if self.entity == "RELATIONSHIP" else f"(e:{self.label})"
+
+    @property
+    def drop(self) -> str:
+        return f"DROP VECTOR INDEX FOR {self.pattern} ON (e.{self.property})"
+
+    def create(self, dim: int) -> str:
+        options = ", ".join(f"{k}: {v!r}" for k, v in {"dimension": int(dim), **VECTOR_INDEX_OPTIONS}.items())
+        return f"CREATE VECTOR INDEX FOR {self.pattern} ON (e.{self.property}) OPTIONS {{{options}}}"
 
 
-async def vector_index_options(graph: Any) -> dict[str, Any] | None:
-    """The options ({dimension, similarityFunction, M, efConstruction, efRuntime}) of the
-    RELATES_TO.fact_embedding vector index of a raw FalkorDB graph, None when there is none.
+# Facts' embeddings (services/recall/vector.py) and past turns' (services/recall/turns.py: the
+# extractor stores each turn's vector as vecf32 in ``engram_embedding``, EMBEDDING_PROPERTY of
+# services/extractor/pipeline.py, not imported here: the pipeline imports this module).
+FACT_VECTOR_INDEX = VectorIndex("RELATES_TO", "fact_embedding", "RELATIONSHIP", "facts")
+TURN_VECTOR_INDEX = VectorIndex("Episodic", "engram_embedding", "NODE", "past turns")
+VECTOR_INDEXES = (FACT_VECTOR_INDEX, TURN_VECTOR_INDEX)
+VECTOR_INDEX_LABEL, VECTOR_INDEX_PROPERTY = FACT_VECTOR_INDEX.label, FACT_VECTOR_INDEX.property
+DROP_VECTOR_INDEX = FACT_VECTOR_INDEX.drop
+
+
+def create_vector_index_query(dim: int, index: VectorIndex = FACT_VECTOR_INDEX) -> str:
+    return index.create(dim)
+
+
+async def vector_index_options(graph: Any, index: VectorIndex = FACT_VECTOR_INDEX) -> dict[str, Any] | None:
+    """The options ({dimension, similarityFunction, M, efConstruction, efRuntime}) of ``index``
+    (default the RELATES_TO.fact_embedding vector index) of a raw FalkorDB graph, None when there
+    is none.
 
     While FalkorDB rebuilds a label's index (after any CREATE or DROP on it) ``db.indexes()``
     lists the label twice: the index in use (OPERATIONAL) and the one being built (UNDER
@@ -186,32 +218,32 @@ async def vector_index_options(graph: Any) -> dict[str, Any] | None:
     result = await graph.query("CALL db.indexes() YIELD label, types, options, entitytype, status "
                                "RETURN label, types, options, entitytype, status")
     rows = [(types, options, status) for label, types, options, entitytype, status in result.result_set
-            if label == VECTOR_INDEX_LABEL and entitytype == "RELATIONSHIP"]
+            if label == index.label and entitytype == index.entity]
     rows.sort(key=lambda row: "OPERATIONAL" in str(row[2]))  # the one being built first
     for types, options, _ in rows[:1]:
-        if "VECTOR" in (types or {}).get(VECTOR_INDEX_PROPERTY, []):
-            return dict((options or {}).get(VECTOR_INDEX_PROPERTY) or {})
+        if "VECTOR" in (types or {}).get(index.property, []):
+            return dict((options or {}).get(index.property) or {})
     return None
 
 
-async def ensure_vector_index(graph: Any, dim: int) -> str:
-    """Create the RELATES_TO.fact_embedding vector index of ``dim`` dimensions (cosine) on a raw
+async def ensure_vector_index(graph: Any, dim: int, index: VectorIndex = FACT_VECTOR_INDEX) -> str:
+    """Create ``index`` (default RELATES_TO.fact_embedding) of ``dim`` dimensions (cosine) on a raw
     FalkorDB graph, or drop and recreate one of other options (dimension, similarity, efRuntime).
     Returns what it did: "exists", "created" or "recreated". FalkorDB builds the index in the
     background; the label's previous index (fulltext and range) answers meanwhile."""
     wanted = {"dimension": int(dim), **VECTOR_INDEX_OPTIONS}
-    options = await vector_index_options(graph)
+    options = await vector_index_options(graph, index)
     if options is not None and all(options.get(k) == v for k, v in wanted.items()):
         return "exists"
     action = "created"
     if options is not None:
         log.warning("graph %s: vector index on %s.%s has %s, wanted %s: dropping and recreating it",
-                    getattr(graph, "name", "?"), VECTOR_INDEX_LABEL, VECTOR_INDEX_PROPERTY,
+                    getattr(graph, "name", "?"), index.label, index.property,
                     {k: options.get(k) for k in wanted}, wanted)
-        await graph.query(DROP_VECTOR_INDEX)
+        await graph.query(index.drop)
         action = "recreated"
     try:
-        await graph.query(create_vector_index_query(dim))
+        await graph.query(index.create(dim))
     except Exception as exc:
         if "already indexed" not in str(exc):
             raise
@@ -344,14 +376,15 @@ class GraphDrivers:
         """Connection errors propagate (the next call tries again); an error the server answers
         with is logged and not retried: recall then falls back to graphiti's search."""
         graph = falkor_graph(driver)  # raw graph: the driver logs every failure as an error
-        try:
-            action = await ensure_vector_index(graph, dim)
-        except ResponseError as exc:
-            log.warning("graph %s: vector index on facts not created (%s); recall uses graphiti's search",
-                        graph.name, exc)
-            return
-        if action != "exists":
-            log.info("graph %s: vector index on facts %s (%d dimensions, cosine)", graph.name, action, dim)
+        for index in VECTOR_INDEXES:
+            try:
+                action = await ensure_vector_index(graph, dim, index)
+            except ResponseError as exc:
+                log.warning("graph %s: vector index on %s not created (%s); recall falls back without it",
+                            graph.name, index.what, exc)
+                continue
+            if action != "exists":
+                log.info("graph %s: vector index on %s %s (%d dimensions, cosine)", graph.name, index.what, action, dim)
 
     async def close(self) -> None:
         if self.neo4j is not None:

@@ -52,10 +52,9 @@ from pydantic import BaseModel, ValidationError
 
 from engram.compat import take_index_build
 from engram.graph import (
-    DROP_VECTOR_INDEX,
+    VECTOR_INDEXES,
     GraphDrivers,
     as_utc,
-    create_vector_index_query,
     query_rows,
     vector_index_options,
 )
@@ -292,16 +291,21 @@ class _Falkor(_Backend):
         await self.client.connection.delete(TELEMETRY_KEY.format(graph=graph))
 
     async def _renew_vector_index(self, group_id: str) -> None:
-        """A fresh facts vector index (same dimension) on the emptied graph, built before the
+        """Fresh vector indexes (same dimension: facts' and past turns') on the emptied graph, built before the
         compaction forks. FalkorDB 4.16.3 keeps deleted edges' vectors in the HNSW index, and a
         query's k nearest then include them (filtered out afterwards): 30 facts deleted, 3
         written, the 3 nearest returned 1. Recall would miss the group's new facts."""
         graph = self.client.select_graph(group_id)
-        options = await vector_index_options(graph)
-        if not options or not options.get("dimension"):
+        renewed = False
+        for index in VECTOR_INDEXES:  # facts' and past turns' (the same holds for deleted nodes)
+            options = await vector_index_options(graph, index)
+            if not options or not options.get("dimension"):
+                continue
+            await graph.query(index.drop)
+            await graph.query(index.create(int(options["dimension"])))
+            renewed = True
+        if not renewed:
             return
-        await graph.query(DROP_VECTOR_INDEX)
-        await graph.query(create_vector_index_query(int(options["dimension"])))
         for _ in range(INDEX_BUILD_POLLS):  # an empty graph: built at once
             statuses = (await graph.query(Q_INDEX_STATUSES)).result_set
             if all("OPERATIONAL" in str(row[0]) for row in statuses):

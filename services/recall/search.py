@@ -12,10 +12,12 @@ message ids (stored on the Episodic node by the extractor)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
+from graphiti_core.driver.driver import GraphProvider
 from graphiti_core.edges import EntityEdge
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.search.search import search
@@ -28,8 +30,9 @@ from schemas import Provenance, RecallItem
 from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
 from services.recall.entities import entity_fact_ranking
-from services.recall.lexical import LexicalEpisodes
-from services.recall.vector import hybrid_fact_search_scored
+from services.recall.lexical import LexicalEpisodes, resolved
+from services.recall.turns import GraphTurns
+from services.recall.vector import fulltext_fact_search, hybrid_fact_search_scored
 
 NOT_EXPIRED = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
 FACTS_AND_EPISODES = EDGE_HYBRID_SEARCH_RRF.model_copy(
@@ -94,8 +97,8 @@ async def search_group(
     query: str,
     limit: int,
     *,
-    query_vector: list[float] | None = None,
-    lexical: LexicalEpisodes | None = None,
+    query_vector: list[float] | Awaitable[list[float]] | None = None,
+    lexical: LexicalEpisodes | GraphTurns | None = None,
     episode_weight: float = 1.0,
     episodes: bool = True,
     episode_chars: int = EPISODE_CHARS,
@@ -108,10 +111,13 @@ async def search_group(
     fusion: str = "ranks",
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
+    ``query_vector`` may still be being computed (an awaitable, shared by the request's groups):
+    the reads that need no vector (keyword halves, named entities) start before it is ready.
 
-    Past turns come from ``lexical`` (BM25 kept by the recall service, fused with the turn
-    vectors' cosine to ``query_vector`` when ``dense_episodes``) when given, else from the graph's
-    episode fulltext index. ``with_facts`` False: past turns only, no fact search.
+    Past turns come from ``lexical`` when given -- the graph's fulltext and turn vector indices
+    (``GraphTurns``, services/recall/turns.py) or the BM25 index kept by the recall service
+    (``LexicalEpisodes``), either fused with the turn vectors' cosine to ``query_vector`` when
+    ``dense_episodes`` -- else from graphiti's episode search. ``with_facts`` False: past turns only, no fact search.
     ``entity_facts``: the current facts of the entities the question names, this many at most,
     fused as a third fact ranking (services/recall/entities.py); 0: none. ``min_cosine``: the
     relevance floor, a fact or turn found only by embedding counts at this cosine or above.
@@ -132,8 +138,12 @@ async def search_group(
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
         if query_vector is not None:
             async def keyword_ranking() -> list[str] | None:
-                if fact_lexical is None or not query.strip():
-                    return None  # the graph's fulltext half, in hybrid_fact_search_scored
+                if not query.strip():
+                    return None
+                if fact_lexical is None:  # the graph's fulltext half, read while the question is embedded
+                    if getattr(clients.driver, "provider", None) != GraphProvider.FALKORDB:
+                        return None  # in hybrid_fact_search_scored
+                    return await fulltext_fact_search(clients.driver, group_id, query, 2 * limit)
                 return [d.uuid for d, _ in await fact_lexical.search(clients.driver, group_id, query, 2 * limit)]
 
             async def named_ranking() -> list[tuple[str, float]]:
@@ -142,16 +152,16 @@ async def search_group(
                 return await entity_fact_ranking(clients.driver, group_id, query, query_vector, entity_facts,
                                                  min_cosine, ENGLISH_STOPWORDS)
 
-            # independent reads: the entity ranking and the facts' BM25 index side by side
+            # independent reads: the entity ranking and the facts' keyword half side by side
             named, keyword = await asyncio.gather(named_ranking(), keyword_ranking())
-            scored = await hybrid_fact_search_scored(clients, group_id, query, query_vector, limit,
+            scored = await hybrid_fact_search_scored(clients, group_id, query, await resolved(query_vector), limit,
                                                      extra=[[u for u, _ in named]] if named else (),
                                                      min_cosine=min_cosine, keyword=keyword,
                                                      rank_const=RRF_K + 1 if by_score else 1)
             if scored is not None:
                 return [e for e, _ in scored], [s for _, s in scored], [], True
         # graphiti's search: its scores (RRF with rank constant 1) are not the turns' scale
-        results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=query_vector)
+        results = await search(clients, query, [group_id], cfg, NOT_EXPIRED, query_vector=await resolved(query_vector))
         edges = results.edges[:limit]
         return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit], False
 

@@ -18,15 +18,25 @@ graph never reached the agent. Here, after a group's search:
   followed a few steps, so the newest turn comes first.
 
 Two graph reads per searched group that found turns (the turns' facts; the episodes that
-invalidated them), both by uuid lists the search already bounded.
+invalidated them), both by uuid lists the search already bounded. On FalkorDB both go through
+indices (issue 25, item 3: each was a scan of the whole group, ~150 ms a recall at 100k facts):
+a turn's facts are read from its ``entity_edges`` (the extractor lists there every fact the turn
+resolved, the ones naming it in ``episodes`` among them) by the RELATES_TO uuid index, and the
+turns that invalidated a fact among the turns created within ``INVALIDATOR_WINDOW`` before the
+fact's ``expired_at`` (the extractor sets both in the same run) by the ``created_at`` range index.
+Partial: an invalidating turn created longer than that before it expired the fact (an extraction
+held up for over an hour) is not found; the superseded turn is still marked and moved, with no
+superseding turn brought in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
+
+from graphiti_core.driver.driver import GraphProvider
 
 from engram.graph import as_utc, query_rows
 from schemas import Provenance, RecallItem
@@ -47,6 +57,58 @@ Q_INVALIDATORS = (
     "RETURN e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at, "
     f"e.entity_edges AS entity_edges, e.{MESSAGE_IDS_PROPERTY} AS message_ids"
 )
+
+
+# FalkorDB: the same two reads through indices (see the module docstring); Neo4j keeps the scans.
+# In two reads: FalkorDB 4.16.3 crashed (a general protection fault in its thread pool) on the
+# one-query form, UNWIND of the turns' entity_edges into a RELATES_TO uuid match, at 100k facts.
+Q_ENTITY_EDGES_OF_TURNS = (
+    "UNWIND $uuids AS u MATCH (t:Episodic {uuid: u}) WHERE t.group_id = $group_id RETURN t.entity_edges AS edges"
+)
+Q_FACTS_BY_UUID = (
+    "UNWIND $edges AS x MATCH ()-[r:RELATES_TO {uuid: x}]->() "
+    "WITH r, startNode(r) AS a, endNode(r) AS b WHERE a:Entity AND b:Entity "
+    "RETURN r.uuid AS uuid, r.episodes AS episodes, r.invalid_at AS invalid_at, r.expired_at AS expired_at"
+)
+Q_INVALIDATORS_INDEXED = (
+    "MATCH (e:Episodic) WHERE e.created_at >= $since AND e.created_at <= $until AND e.group_id = $group_id "
+    "AND any(x IN e.entity_edges WHERE x IN $facts) "
+    "RETURN e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at, "
+    f"e.entity_edges AS entity_edges, e.{MESSAGE_IDS_PROPERTY} AS message_ids"
+)
+INVALIDATOR_WINDOW = timedelta(hours=1)
+
+
+async def _facts_of_turns(driver: Any, group_id: str, turns: list[str]) -> list[dict[str, Any]]:
+    """The facts naming one of ``turns`` in their ``episodes``."""
+    if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
+        return await query_rows(driver, Q_FACTS_OF_TURNS, group_id=group_id, uuids=turns)
+    listed = await query_rows(driver, Q_ENTITY_EDGES_OF_TURNS, group_id=group_id, uuids=turns)
+    edges = sorted({x for r in listed for x in (r.get("edges") or [])})
+    if not edges:
+        return []
+    wanted = set(turns)
+    rows = await query_rows(driver, Q_FACTS_BY_UUID, edges=edges)
+    return [r for r in rows if wanted & set(r.get("episodes") or ())]
+
+
+async def _invalidators(driver: Any, group_id: str, ended: dict[str, StoredFact]) -> list[dict[str, Any]]:
+    """The episodes listing one of the ``ended`` facts in their ``entity_edges``."""
+    if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
+        return await query_rows(driver, Q_INVALIDATORS, group_id=group_id, facts=sorted(ended))
+    by_window: dict[tuple[str, str], list[str]] = {}
+    for uuid, fact in ended.items():
+        if fact.expired_at is None:
+            continue  # ended by invalid_at alone: no run to look near
+        since = (fact.expired_at - INVALIDATOR_WINDOW).isoformat()
+        until = (fact.expired_at + timedelta(minutes=1)).isoformat()
+        by_window.setdefault((since, until), []).append(uuid)
+    rows: dict[str, dict[str, Any]] = {}
+    for (since, until), facts in sorted(by_window.items()):
+        for row in await query_rows(driver, Q_INVALIDATORS_INDEXED, group_id=group_id, facts=facts,
+                                    since=since, until=until):
+            rows.setdefault(row["uuid"], row)
+    return list(rows.values())
 
 
 @dataclass(frozen=True)
@@ -130,14 +192,14 @@ async def find_supersessions(driver: Any, group_id: str, scope: str | None, item
         if not pending:
             break
         seen.update(pending)
-        rows = await query_rows(driver, Q_FACTS_OF_TURNS, group_id=group_id, uuids=pending)
+        rows = await _facts_of_turns(driver, group_id, pending)
         facts = [StoredFact(r["uuid"], tuple(r.get("episodes") or ()), as_utc(r.get("invalid_at")),
                             as_utc(r.get("expired_at"))) for r in rows]
         ended = superseded_turns(pending, facts, now)
         if not ended:
             break
         ended_facts = {f.uuid: f for f in facts if any(e in ended for e in f.episodes)}
-        invalidators = await query_rows(driver, Q_INVALIDATORS, group_id=group_id, facts=sorted(ended_facts))
+        invalidators = await _invalidators(driver, group_id, ended_facts)
         newer: list[str] = []
         for turn, at in ended.items():
             own = {u for u, f in ended_facts.items() if turn in f.episodes}

@@ -283,7 +283,7 @@ def test_recall_settings_bound_the_index(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("ENGRAM_RECALL_LEXICAL_MAX_GROUPS", "7")
     monkeypatch.setenv("ENGRAM_RECALL_LEXICAL_MAX_BYTES", "4096")
     recall = Recall(EngramSettings(graph_url="falkor://127.0.0.1:1"))
-    assert (recall.lexical.max_groups, recall.lexical.max_bytes) == (7, 4096)
+    assert (recall.memory_turns.max_groups, recall.memory_turns.max_bytes) == (7, 4096)  # turn_index=memory, Neo4j
 
 
 def evictions(reason: str) -> float:

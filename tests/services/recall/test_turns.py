@@ -1,0 +1,228 @@
+"""Past turns through the graph's own indices (services/recall/turns.py), against a real FalkorDB:
+nothing listed per request, a write or a delete seen by the next recall at once, followers, the
+relevance floor, and the fallback to the in-memory index while the vector index cannot answer."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from engram.graph import TURN_VECTOR_INDEX, GraphDrivers, ensure_vector_index
+from engram.models.hashing_embedder import HashingEmbedder
+from engram.settings import EngramSettings
+from schemas import RecallRequest, RecallScopes, subjects
+from services.extractor.pipeline import EMBEDDING_PROPERTY
+from services.recall import lexical as lexical_module
+from services.recall.app import Recall, RecallSettings
+from services.recall.lexical import LexicalEpisodes
+from services.recall.turns import GraphTurns, keyword_query
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+DIM = 3
+
+
+class Recording:
+    """The real driver; every query sent through it or its raw graph is recorded."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self.queries: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.driver, name)
+
+    async def execute_query(self, query: str, **params: Any) -> Any:
+        self.queries.append(query)
+        return await self.driver.execute_query(query, **params)
+
+
+@pytest.fixture
+async def group(falkordb_server, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Any, Callable[..., Awaitable[None]], list[str]]]:  # noqa: ANN001
+    """A fresh group graph with engram's indices (fulltext, range, both vector indexes at 3-d),
+    ``add(uid, text, minute, vector)`` writing an Episodic node, and the queries sent."""
+    settings = EngramSettings(graph_url=falkordb_server.url)
+    drivers = GraphDrivers(settings, embedding_dim=DIM)
+    name = f"turns_{uuid.uuid4().hex[:8]}"
+    driver = await drivers.driver(name)
+    sent: list[str] = []
+    graph = driver._get_graph(None)  # noqa: SLF001 - the raw graph recall's turn search queries
+    for method in ("query", "ro_query"):
+        real = getattr(graph, method)
+
+        async def recorded(q: str, params: Any = None, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            sent.append(q)
+            return await _real(q, params, *args, **kwargs)
+
+        monkeypatch.setattr(graph, method, recorded)
+    monkeypatch.setattr("services.recall.turns.falkor_graph", lambda _driver: graph)
+    await _operational(graph)
+
+    async def add(uid: str, text: str, minute: int, vector: list[float] | None = None) -> None:
+        at = (T0 + timedelta(minutes=minute)).isoformat()
+        props = "uuid: $u, group_id: $g, content: $c, created_at: $t, valid_at: $t"
+        if vector is not None:
+            props += f", {EMBEDDING_PROPERTY}: vecf32($v)"
+        await graph.query(f"CREATE (:Episodic {{{props}}})", {"u": uid, "g": name, "c": text, "t": at, "v": vector})
+
+    try:
+        yield driver, add, sent
+    finally:
+        await graph.delete()
+        await drivers.close()
+
+
+async def _operational(graph: Any) -> None:
+    for _ in range(200):
+        rows = (await graph.query("CALL db.indexes() YIELD status RETURN status")).result_set
+        if all("OPERATIONAL" in str(r[0]) for r in rows):
+            return
+        await asyncio.sleep(0.05)
+
+
+def uuids(hits: list) -> list[str]:
+    return [d.uuid for d, _ in hits]
+
+
+async def test_keyword_and_dense_halves_fused_with_nothing_listed(group) -> None:  # noqa: ANN001
+    driver, add, sent = group
+    await add("e0", "user: we adopted a puppy last week", 0, [1.0, 0.0, 0.0])
+    await add("e1", "user: my dog food order arrived", 1, [0.2, 0.0, 1.0])
+    await add("e2", "user: tax forms are due", 2, [0.0, 1.0, 0.0])
+    turns = GraphTurns()
+    name = driver._database  # noqa: SLF001
+    # keyword alone (no vector): only the turn sharing a word
+    assert uuids(await turns.search(driver, name, "When did they get the dog?", 3)) == ["e1"]
+    # the dense half brings the puppy turn, which shares no word with the question
+    hybrid = await turns.search(driver, name, "When did they get the dog?", 3, vector=[1.0, 0.0, 0.1])
+    assert set(uuids(hybrid)[:2]) == {"e0", "e1"} and len(hybrid) == 3
+    doc = dict((d.uuid, d) for d, _ in hybrid)["e0"]
+    assert doc.content == "user: we adopted a puppy last week" and doc.valid_at
+    # the relevance floor leaves out a turn found only by a distant vector
+    floored = await turns.search(driver, name, "When did they get the dog?", 3, vector=[1.0, 0.0, 0.1], min_cosine=0.9)
+    assert set(uuids(floored)) == {"e0", "e1"}
+    # no query lists the group or reads it whole: every query is an index call or a read by uuid
+    assert sent and not any("collect(" in q or "string.join" in q for q in sent)
+    assert all("db.idx." in q or "UNWIND $uuids" in q or "CALL db.indexes" in q or q.startswith("CREATE")
+               for q in sent), sent
+    assert not turns.fallback.indexes  # the in-memory index was never built
+
+
+async def test_a_write_and_a_delete_are_seen_by_the_next_search(group) -> None:  # noqa: ANN001
+    driver, add, _ = group
+    name = driver._database  # noqa: SLF001
+    turns = GraphTurns()
+    await add("e0", "user: nginx crashed on staging", 0, [1.0, 0.0, 0.0])
+    assert uuids(await turns.search(driver, name, "nginx", 5, vector=[1.0, 0.0, 0.0])) == ["e0"]
+    await add("e1", "assistant: restart nginx and check the logs", 1, [0.9, 0.1, 0.0])
+    assert set(uuids(await turns.search(driver, name, "nginx", 5, vector=[1.0, 0.0, 0.0]))) == {"e0", "e1"}
+    await driver.execute_query("MATCH (e:Episodic {uuid: 'e0'}) DETACH DELETE e")
+    assert uuids(await turns.search(driver, name, "nginx", 5, vector=[1.0, 0.0, 0.0])) == ["e1"]
+    assert uuids(await turns.search(driver, name, "nginx", 5)) == ["e1"]
+
+
+async def test_followers_come_from_the_next_turn_in_time_within_the_window(group) -> None:  # noqa: ANN001
+    driver, add, _ = group
+    name = driver._database  # noqa: SLF001
+    await add("q", "user: which warehouse stores the invoices?", 0, [1.0, 0.0, 0.0])
+    await add("a", "assistant: the Lisbon one, since March", 1, [0.0, 1.0, 0.0])
+    await add("bye", "user: thanks, that's all for today", 2, [0.0, 0.0, 1.0])
+    await add("parrots", "user: our parrots learned a new word", 60 * 24 * 7, [0.0, 0.0, 1.0])
+    await add("far", "user: unrelated chatter", 60 * 24 * 9, [0.0, 0.0, 1.0])
+    turns = GraphTurns()
+    assert uuids(await turns.search(driver, name, "warehouse invoices", 2, followers=1)) == ["q", "a"]
+    assert uuids(await turns.search(driver, name, "warehouse invoices", 2, followers=0)) == ["q"]
+    # the next turn two days later is outside the window: none brought
+    assert uuids(await turns.search(driver, name, "parrots", 2, followers=1)) == ["parrots"]
+    # below the floor (cosine 0 to the question), a follower is not brought
+    floored = await turns.search(driver, name, "warehouse invoices", 2, vector=[1.0, 0.0, 0.0],
+                                 followers=1, min_cosine=0.99)
+    assert uuids(floored) == ["q"]
+
+
+def test_a_question_with_non_ascii_letters_also_matches_by_prefix() -> None:
+    assert keyword_query("When did they get the dog?") == "(When | did | get | dog)"
+    assert "veritaban*" in keyword_query("Veritabanının çökmesi ne zaman oldu?")
+    assert keyword_query("the of") == "" and keyword_query('x_y "(a)|b"') == "(x_y | b)"
+
+
+async def test_a_turkish_question_finds_the_turn_by_prefix(group) -> None:  # noqa: ANN001
+    driver, add, _ = group
+    name = driver._database  # noqa: SLF001
+    await add("tr0", "user: Dün gece veritabanı çöktü, sabaha kadar uğraştım.", 0)
+    await add("tr1", "user: Bir de kedim Pamuk bu hafta aşı oldu.", 1)
+    hits = await GraphTurns().search(driver, name, "Veritabanının çökmesi ne zaman oldu?", 2)
+    assert uuids(hits)[0] == "tr0"
+
+
+async def test_the_in_memory_index_answers_while_the_vector_index_cannot(group) -> None:  # noqa: ANN001
+    driver, add, _ = group
+    name = driver._database  # noqa: SLF001
+    await add("e0", "user: we deploy nginx with ansible", 0, [1.0, 0.0, 0.0])
+    graph = driver._get_graph(None)  # noqa: SLF001
+    await graph.query(TURN_VECTOR_INDEX.drop)  # an upgraded graph before its index is made
+    fallback = LexicalEpisodes()
+    turns = GraphTurns(fallback)
+    assert uuids(await turns.search(driver, name, "nginx", 3, vector=[1.0, 0.0, 0.0])) == ["e0"]
+    assert name in fallback.indexes
+    assert await ensure_vector_index(graph, DIM, TURN_VECTOR_INDEX) == "created"
+
+
+class CountingEmbedder(HashingEmbedder):
+    """The hashing embedder, counting the questions it embeds."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=DIM * 32)
+        self.questions: list[str] = []
+
+    async def create_query(self, text: str) -> list[float]:
+        self.questions.append(text)
+        return await self.create([text])
+
+
+async def test_the_service_lists_nothing_embeds_once_and_sees_a_delete_at_once(falkordb_server, tmp_path,  # noqa: ANN001
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recall with two scopes: the question is embedded once for both and cached by model and
+    text; no request lists a group's episodes or facts (the in-memory index's per-request rule:
+    this fails with turn_index=memory); a turn deleted is gone from the next answer."""
+    listings: list[str] = []
+    real_listing = lexical_module.episode_listing
+
+    async def counted(driver: Any, group_id: str, source: Any = lexical_module.EPISODES) -> Any:
+        listings.append(group_id)
+        return await real_listing(driver, group_id, source)
+
+    monkeypatch.setattr(lexical_module, "episode_listing", counted)
+    settings = EngramSettings(graph_url=falkordb_server.url, data_dir=tmp_path, group_prefix=f"t{uuid.uuid4().hex[:6]}")
+    embedder = CountingEmbedder()
+    recall = Recall(settings, embedder=embedder, facts_from="rules")
+    recall.configure(RecallSettings(dense_episodes=True, turn_index="graph"))
+    user, session = subjects.user_group(settings.group_prefix, "ada"), subjects.session_group(settings.group_prefix, "s1")
+    try:
+        for group, text in ((user, "user: the billing service runs on Postgres"),
+                            (session, "user: the billing invoices go out on Mondays")):
+            driver = await recall.graph.driver(group)
+            await driver.execute_query(
+                "CREATE (:Episodic {uuid: $u, group_id: $g, content: $c, created_at: $t, valid_at: $t})",
+                u=f"{group}-0", g=group, c=text, t=T0.isoformat())
+            await _operational(driver._get_graph(None))  # noqa: SLF001
+        request = RecallRequest(query="what about billing?", scopes=RecallScopes(user="ada", session="s1"), max_facts=5)
+        first = await recall.recall(request)
+        assert {i.group_id for i in first.items if i.kind == "episode"} == {user, session}
+        assert embedder.questions == ["what about billing?"]  # once for both scopes
+        await recall.recall(request)
+        assert embedder.questions == ["what about billing?"]  # cached
+        assert list(recall.query_vectors) == [(recall.embedder_key, "what about billing?")]
+        driver = await recall.graph.driver(user)
+        await driver.execute_query("MATCH (e:Episodic {uuid: $u}) DETACH DELETE e", u=f"{user}-0")
+        after = await recall.recall(request)
+        assert {i.uuid for i in after.items if i.kind == "episode"} == {f"{session}-0"}
+        assert listings == []  # nothing listed, however many requests
+    finally:
+        for group in (user, session):
+            await recall.graph.driver_for(group)._get_graph(None).delete()  # noqa: SLF001
+        await recall.stop()
