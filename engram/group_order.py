@@ -387,35 +387,29 @@ async def _ack(msg: Any) -> None:
         pass
 
 
-async def record_partition_floors(js: Any, *, stage: str, stream: str, old_durables: list[str],
+async def record_partition_floors(js: Any, *, stage: str, old: list[Any],
                                   bucket: str = subjects.KV_GROUP_ORDER) -> int | None:
-    """Leave each old partition durable's ack floor in the bucket (first write wins: a re-run
-    after a crash keeps the floors of the first): a group without a record starts after its old
-    partition's floor. Returns the first sequence the shared durable must start at (None: no
-    old durable, start at the beginning). The caller deletes the old durables once the shared
-    one exists.
+    """Leave the ack floor of each old partition durable (``old``: their ConsumerInfo) in the
+    bucket (first write wins: a re-run after a crash keeps the floors of the first): a group
+    without a record starts after its old partition's floor. Returns the first sequence the
+    shared durable must start at (None: no old durable, start at the beginning). The caller
+    deletes the old durables once the shared one exists.
 
     Safe only while no older engram consumes the old durables (``engram up`` and the deploy's
     topology step run before the services): a floor taken while a partition moves on only
     makes that partition's processed messages run again (idempotent), never skips one."""
-    if not old_durables:
+    if not old:
         return None
     kv = await js.key_value(bucket)
     floors: list[int] = []
-    for durable in old_durables:
-        try:
-            info = await js.consumer_info(stream, durable)
-        except nats.js.errors.NotFoundError:
-            continue
-        partition = durable.rsplit("_p", 1)[-1]
+    for info in old:
+        partition = info.name.rsplit("_p", 1)[-1]
         floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
         try:
             await kv.create(floor_key(stage, partition), str(floor).encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             floor = int((await kv.get(floor_key(stage, partition))).value or b"0")
         floors.append(floor)
-    if not floors:
-        return None
     log.info("%s: %d partition durables replaced by one shared durable (per-group order in %s)",
              stage, len(floors), bucket)
     return min(floors) + 1

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -306,6 +306,13 @@ class Topology:
     SUMMARY_GATE_FILTER = "engram.delta.*.*"
     LEGACY_SUMMARY_GATE_DURABLE = re.compile(r"summary_gate_p\d+")
 
+    GROUP_ORDERED: ClassVar[dict[str, tuple[str, re.Pattern[str]]]] = {
+        EXTRACTOR_DURABLE: ("extractor", LEGACY_EXTRACTOR_DURABLE),
+        SUMMARY_GATE_DURABLE: ("summary_gate", LEGACY_SUMMARY_GATE_DURABLE),
+    }
+    """The shared durables kept in per-group order (engram/group_order.py): their stage (the
+    record keys' prefix) and the per-partition durables of an older engram they replace."""
+
     def summary_gate_consumer(self) -> ConsumerConfig:
         """As the extractor's: a node's gate state must see its group's deltas and ticks in
         order (engram/group_order.py keeps it per group); a refresh is an LLM call."""
@@ -446,15 +453,13 @@ async def ensure_topology(js: JetStreamContext, topology: Topology, *, migrate: 
                 raise
             await _stream_call(js.update_stream, cfg)
     for stream, ccfg in topology.consumers():
-        legacy = None
-        if ccfg.durable_name == Topology.EXTRACTOR_DURABLE:
-            legacy = await _shared_durable_start(js, stream, ccfg, "extractor", Topology.LEGACY_EXTRACTOR_DURABLE)
-        elif ccfg.durable_name == Topology.SUMMARY_GATE_DURABLE:
-            legacy = await _shared_durable_start(js, stream, ccfg, "summary_gate", Topology.LEGACY_SUMMARY_GATE_DURABLE)
+        legacy: list[str] = []
+        if ccfg.durable_name in Topology.GROUP_ORDERED:
+            legacy = await _shared_durable_start(js, stream, ccfg, *Topology.GROUP_ORDERED[ccfg.durable_name])
         # CONSUMER.CREATE with an existing durable updates it (compatible fields), so a changed
         # ack_wait or max_ack_pending takes effect on restart instead of being ignored.
         await js.add_consumer(stream, ccfg)
-        for durable in legacy or ():
+        for durable in legacy:
             try:
                 await js.delete_consumer(stream, durable)
             except nats.js.errors.NotFoundError:
@@ -473,11 +478,11 @@ async def _shared_durable_start(js: JetStreamContext, stream: str, ccfg: Consume
         return []
     except nats.js.errors.NotFoundError:
         pass
-    old = [c.name for c in await js.consumers_info(stream) if legacy.fullmatch(c.name or "")]
-    start = await group_order.record_partition_floors(js, stage=stage, stream=stream, old_durables=old)
+    old = [c for c in await js.consumers_info(stream) if legacy.fullmatch(c.name or "")]
+    start = await group_order.record_partition_floors(js, stage=stage, old=old)
     if start is not None:
         ccfg.deliver_policy, ccfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, start
-    return old
+    return [c.name for c in old]
 
 
 async def _ensure_kv(js: JetStreamContext, topology: Topology) -> None:
