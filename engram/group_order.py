@@ -242,7 +242,7 @@ class GroupOrder:
                 DOORBELLS.labels(self.stage, "owned").inc()
                 await _ack(msg)
                 return
-            claimed = dataclasses.replace(record, owner=self.owner, until=now + self.lease_s, trigger=seq)
+            claimed = self._claimed(record, trigger=seq)
             new_revision = await self._write(group, claimed, revision)
             if new_revision is None:
                 continue
@@ -256,9 +256,11 @@ class GroupOrder:
         """Work through ``group``'s messages after ``record.done`` while holding its lease."""
         state = _Lease(record, revision)
         beat = asyncio.create_task(self._renew(group, msg, state), name=f"{self.stage} lease")
+        found: StoredMessage | None = None  # read by the look after letting go
         try:
             while True:
-                nxt = await self._next(group, state.record.done, msg)
+                nxt = found or await self._next(group, state.record.done, msg)
+                found = None
                 if nxt is None:
                     released = dataclasses.replace(state.record, owner=None, until=0.0, trigger=None, retry_at=0.0)
                     async with state.lock:
@@ -267,11 +269,11 @@ class GroupOrder:
                             raise LeaseLost(group)
                         state.record, state.revision = released, rev
                     # A message that arrived while letting go had its doorbell acked: look again.
-                    if await self._next(group, released.done, msg) is None:
+                    found = await self._next(group, released.done, msg)
+                    if found is None:
                         break
                     async with state.lock:
-                        claimed = dataclasses.replace(released, owner=self.owner, until=time.time() + self.lease_s,
-                                                      trigger=msg.metadata.sequence.stream)
+                        claimed = self._claimed(released, trigger=msg.metadata.sequence.stream)
                         rev = await self._write(group, claimed, state.revision)
                         if rev is None:
                             break  # another replica took it: its chain carries the group
@@ -317,6 +319,10 @@ class GroupOrder:
             raise
         finally:
             beat.cancel()
+
+    def _claimed(self, record: GroupRecord, *, trigger: int) -> GroupRecord:
+        """``record`` leased to this replica for ``lease_s`` from now, woken by ``trigger``."""
+        return dataclasses.replace(record, owner=self.owner, until=time.time() + self.lease_s, trigger=trigger)
 
     async def _release_quietly(self, group: str, state: _Lease) -> None:
         try:
