@@ -560,6 +560,17 @@ def subscribe_partitions_with_capacity(
                           name=title, **puller_options)
 
 
+def start_pulling(broker: NatsBroker, puller: CapacityPuller) -> Callable[[], Awaitable[None]]:
+    """The ``after_startup`` hook of a service that pulls with ``puller``: starts it on the
+    broker's connection once the broker's (non-fetching) subscribers run. The service stops it
+    itself, before whatever its in-flight work still uses (graph drivers) is closed."""
+
+    async def start() -> None:
+        await puller.start(broker.connection)
+
+    return start
+
+
 def jetstream(broker: NatsBroker) -> JetStreamContext:
     """A JetStream context on the broker's connection (FastStream's public ``broker.connection``;
     raises FastStream's IncorrectState before the broker connected)."""

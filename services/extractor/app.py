@@ -62,6 +62,7 @@ from engram.service import (
     failure_decision,
     jetstream,
     make_broker,
+    start_pulling,
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
@@ -154,11 +155,6 @@ class Extractor:
         await self.order.start(self.js)
         self.backlog.start(self.js)
         self.keeper.start(self.js)
-
-    async def start_pulling(self) -> None:
-        """After the broker started its (non-fetching) subscribers: start the capacity puller."""
-        if self.puller is not None:
-            await self.puller.start(self.broker.connection)
 
     async def stop(self) -> None:
         await self.backlog.stop()
@@ -258,6 +254,6 @@ def build(settings: EngramSettings | None = None, llm: LLMClient | None = None,
         capacity=settings.extractor_concurrency, wake_subject=subjects.EPISODE.format(group="*"), idle_max_s=0.2,
     )
     app = ServiceApp(name="extractor", broker=broker, on_startup=[extractor.start],
-                     after_startup=[extractor.start_pulling], on_shutdown=[extractor.stop])
+                     after_startup=[start_pulling(broker, extractor.puller)], on_shutdown=[extractor.stop])
     app.extractor = extractor  # type: ignore[attr-defined]
     return app

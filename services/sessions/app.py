@@ -61,6 +61,7 @@ from engram.service import (
     keep_alive,
     make_broker,
     retry_or_dead_letter,
+    start_pulling,
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
@@ -149,11 +150,6 @@ class SessionCloser:
         await ensure_topology(self.js, Topology.from_settings(self.settings))
         self.backlog.start(self.js)
         self.keeper.start(self.js)
-
-    async def start_pulling(self) -> None:
-        """After the broker started its (non-fetching) subscriber: start the capacity puller."""
-        if self.puller is not None:
-            await self.puller.start(self.broker.connection)
 
     async def stop(self) -> None:
         await self.backlog.stop()
@@ -289,7 +285,7 @@ def build(
     )
     context = requests.subscribe(broker, service.store, settings)
     app = ServiceApp(name="sessions", broker=broker, on_startup=[service.start],
-                     after_startup=[service.start_pulling], on_shutdown=[service.stop])
+                     after_startup=[start_pulling(broker, service.puller)], on_shutdown=[service.stop])
     app.sessions = service  # type: ignore[attr-defined]
     app.context = context  # type: ignore[attr-defined]
     return app

@@ -55,6 +55,7 @@ from engram.service import (
     failure_decision,
     jetstream,
     make_broker,
+    start_pulling,
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
@@ -151,11 +152,6 @@ class SummaryGate:
             # the sweep's schedule is a message in ENGRAM_SCHED: it would age out before firing
             log.warning("ENGRAM_SUMMARY_STALENESS_SLA_S (%.0f s) is not below the schedule stream's retention (%.0f s): "
                         "staleness sweeps would expire unfired", self.gate.staleness_sla_s, retention)
-
-    async def start_pulling(self) -> None:
-        """After the broker started its (non-fetching) subscriber: start the capacity puller."""
-        if self.puller is not None:
-            await self.puller.start(self.broker.connection)
 
     async def stop(self) -> None:
         await self.backlog.stop()
@@ -381,7 +377,7 @@ def build(
         capacity=settings.summary_gate_concurrency, wake_subject=subjects.DELTA.format(group="*"), idle_max_s=0.2,
     )
     app = ServiceApp(name="summary-gate", broker=broker, on_startup=[service.start],
-                     after_startup=[service.start_pulling], on_shutdown=[service.stop])
+                     after_startup=[start_pulling(broker, service.puller)], on_shutdown=[service.stop])
     app.summary_gate = service  # type: ignore[attr-defined]
     return app
 
