@@ -15,10 +15,14 @@ INVALIDATION CANDIDATES, as graphiti sends them):
      "no longer", "stopped", "quit", "left", "gave up", "anymore"; a contrast "..., not Google
      Meet" is none) and at least 75% (and at least 2) of the old fact's content words (crudely
      stemmed, stopwords and cues removed) occur in the new fact;
-  2. a change phrase in the new fact ends the old one (:func:`.changes.supersedes`): "switched/
+  2. a change phrase in one fact ends the other (:func:`.changes.supersedes`): "switched/
      moved/migrated S to Y" or "... from X to Y", "replaced X with Y", "swapped X for Y",
      "Y instead of / rather than X", "Y now, not X", "no longer ...", "not ... any more", with the
-     subject in the same words;
+     subject in the same words. Either way round: turns of two sessions reach the extractor in
+     the order their sessions closed, not the order they were said, so the switch can be in the
+     graph before the older "S uses X" arrives. The two contradict whichever came first;
+     graphiti's resolve_extracted_edge compares their ``valid_at`` and ends the older one (a
+     late-arriving older fact is stored already invalid, ``invalid_at`` = the switch's date);
   3. single-valued relation: both facts state LIVES_IN (lives in, moved to, relocated to, is
      based in) or WORKS_AT (works at/for, joined + a capitalised name) with the same subject
      words before the verb ("Maya's brother" is not "Maya") and different object words after it;
@@ -133,8 +137,9 @@ def contradicts(new: str, old: str) -> bool:
         covered = sum(1 for s in set(o_stems) if s in set(n_stems))
         if covered >= 2 and covered / len(set(o_stems)) >= 0.75:
             return True
-    # 2. a change phrase: "switched X to Y", "replaced X with Y", "Y instead of X", "no longer"
-    if supersedes(new, old):
+    # 2. a change phrase, in either fact: "switched X to Y", "replaced X with Y", "Y instead of X",
+    # "no longer" (which of the two holds is graphiti's call, by their valid_at)
+    if supersedes(new, old) or supersedes(old, new):
         return True
     # 3. single-valued relations: same subject, different object
     for rel_n, subj_n, obj_n in _svo(new):

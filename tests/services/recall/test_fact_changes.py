@@ -77,3 +77,26 @@ async def test_a_switch_invalidates_the_old_fact_and_recall_puts_the_new_one_fir
             if item.kind == "fact" and "Postgres" in item.fact:
                 assert "superseded" in render_line(item), [i.fact for i in response.items]
         assert any(i.kind == "episode" and "Postgres" in i.fact for i in response.items), response.prompt_section
+
+
+async def test_a_switch_extracted_before_the_older_fact_still_ends_it(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """Turns of two sessions reach the extractor in the order the sessions closed, not the order
+    they were said (engram demo's two billing sessions, ingested together, did so at random):
+    the Postgres turn extracted after the switch is stored already ended, at the switch's date,
+    and recall marks it superseded."""
+    async with stack(clean_nats, falkordb_server.url, tmp_path) as (nc, settings):
+        await _say(nc, "thursday", THURSDAY, "We switched the billing service to SQLite.", "Noted.")
+        await _say(nc, "monday", MONDAY, "The billing service uses Postgres 15.", "Noted.")
+
+        rows = await group_facts(settings, subjects.user_group(settings.group_prefix, USER.user))
+        postgres = [r for r in rows if "Postgres" in r["fact"]]
+        sqlite = [r for r in rows if "SQLite" in r["fact"]]
+        assert postgres and sqlite, rows
+        assert all(as_utc(r["invalid_at"]) == THURSDAY and r["expired_at"] is not None for r in postgres), rows
+        assert all(r["invalid_at"] is None for r in sqlite), rows
+
+        response = await ask(nc, RecallRequest(query="are we still on Postgres for billing?",
+                                               scopes=RecallScopes(user=USER.user), timeout_ms=10_000))
+        assert not response.degraded, response.reason
+        line = next(line for line in response.prompt_section.splitlines() if "Postgres" in line)
+        assert "superseded" in line, response.prompt_section

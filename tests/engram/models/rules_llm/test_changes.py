@@ -122,6 +122,26 @@ async def test_resolve_edge_prompt_marks_the_switched_fact_contradicted() -> Non
     assert response == {"duplicate_facts": [], "contradicted_facts": [1]}
 
 
+async def test_the_older_fact_arriving_after_the_switch_contradicts_it() -> None:
+    # the switch already in the graph, the fact it ended extracted later (another session that
+    # closed later): they contradict, and graphiti's valid_at comparison ends the older one
+    response = await RulesExtractorClient().generate_response(
+        resolve_edge_messages(
+            "The billing service uses Postgres 15.",
+            [],
+            ["We switched the billing service to SQLite.", "We switched the search service to OpenSearch."],
+        ),
+        response_model=EdgeDuplicate,
+    )
+    assert response == {"duplicate_facts": [], "contradicted_facts": [0]}
+    # a fact the switch does not end (it already holds the new value) is no contradiction
+    response = await RulesExtractorClient().generate_response(
+        resolve_edge_messages("The billing service uses SQLite.", [], ["We switched the billing service to SQLite."]),
+        response_model=EdgeDuplicate,
+    )
+    assert response["contradicted_facts"] == []
+
+
 @pytest.mark.parametrize(
     ("new", "old"),
     [
