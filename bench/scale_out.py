@@ -236,7 +236,7 @@ def instrument(extractor: Any, replica: int, rec: Recorder) -> None:
             rec.end(group, i, ok, episode.episode_id)
 
     extractor._process = _process  # noqa: SLF001 - bench-only hook, the service code is unchanged
-    extractor.capacity = TimedSemaphore(extractor.settings.extractor_concurrency, rec)
+    extractor.capacity = TimedSemaphore(extractor.in_flight_bound, rec)
 
 
 @dataclass

@@ -29,8 +29,12 @@ How (one durable for the stage, any number of groups; :class:`GroupOrder`):
   from retrying it sooner); at ``max_attempts`` the message is dead-lettered and the chain goes
   on. Graph backend outages are retried without end (:func:`engram.service.failure_decision`).
 
-A hung group holds its lease and one slot, nothing else: other groups' doorbells find their own
-groups free. The delivery counts of the durable no longer mean attempts (a doorbell may be
+A hung group holds its lease, nothing else: other groups' doorbells find their own groups free,
+and once a message has taken longer than the stage's *patience* (``PATIENCE_FACTOR`` times the
+median of the stage's recent messages, at least ``patience_min_s``; ``patience_default_s`` until
+``PATIENCE_SAMPLES`` messages are timed) its chain hands its slot to other groups
+(engram/slots.py) and finishes outside the count: a hung model call no longer runs every other
+group on one slot fewer. The delivery counts of the durable no longer mean attempts (a doorbell may be
 acked for a message processed later): ``attempts`` in the record does.
 
 Exactly-once is not claimed: a message processed but not yet recorded as done when its replica
@@ -50,7 +54,9 @@ import os
 import re
 import socket
 import time
+import statistics
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +64,7 @@ import nats.errors
 import nats.js.errors
 from prometheus_client import Counter
 
+from engram import slots
 from schemas import subjects
 
 log = logging.getLogger(__name__)
@@ -68,6 +75,12 @@ DOORBELLS = Counter(
     "done (already processed: acked), owned (its group's chain is running elsewhere: acked), "
     "wait (a lapsing lease or a pending retry: nacked)",
     ["stage", "outcome"],
+)
+STALLED = Counter(
+    "engram_group_order_stalled_total",
+    "Messages whose processing outlasted the stage's patience (a hung model call): their chain "
+    "handed its slot to other groups (engram/slots.py), or found none left to lend (lent=false)",
+    ["stage", "lent"],
 )
 CHAINED = Counter(
     "engram_group_order_messages_total",
@@ -138,6 +151,13 @@ DeadLetter = Callable[[StoredMessage, str, str], Awaitable[None]]
 Decide = Callable[[BaseException, int], Decision]
 
 
+PATIENCE_FACTOR = 4.0
+"""A message is stalled once it took this many times the stage's recent median: a model call's
+latency varies by ~2x between turns (long and short turns, bench/extraction_cost.py), so 4x is
+well outside the ordinary and still a small part of a 60 s hang."""
+PATIENCE_SAMPLES = 8  # messages timed before the median is trusted
+
+
 class LeaseLost(RuntimeError):
     """Another replica took the group (this one's lease lapsed): stop the chain."""
 
@@ -163,6 +183,8 @@ class GroupOrder:
         lease_s: float,
         bucket: str = subjects.KV_GROUP_ORDER,
         owner: str | None = None,
+        patience_min_s: float = 5.0,
+        patience_default_s: float = 30.0,
     ) -> None:
         self.stage = stage
         self.stream = stream
@@ -176,6 +198,44 @@ class GroupOrder:
         self._js: Any = None
         self._kv: Any = None
         self._floors: dict[str, int] = {}
+        self.patience_min_s = patience_min_s
+        self.patience_default_s = patience_default_s
+        self._took: deque[float] = deque(maxlen=64)  # the last messages' processing times (s)
+
+    def patience_s(self) -> float:
+        """How long a message may take before its chain counts as stalled (module docstring)."""
+        if len(self._took) < PATIENCE_SAMPLES:
+            return self.patience_default_s
+        return max(self.patience_min_s, PATIENCE_FACTOR * statistics.median(self._took))
+
+    async def _process_watched(self, message: StoredMessage) -> None:
+        """``process(message)``; past the patience, this chain's slot goes to other groups."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # a task copies this task's context: it sees the slot the puller set (engram/slots.py)
+        watchdog = asyncio.create_task(self._watch(started), name=f"{self.stage} patience")
+        try:
+            await self.process(message)
+        finally:
+            watchdog.cancel()
+        self._took.append(loop.time() - started)  # successes only: a failure's time says nothing
+
+    async def _watch(self, started: float) -> None:
+        """Wait out the patience, re-read every second: right after a start the stage has no
+        timings yet (patience_default_s), and once other messages finish it knows better."""
+        loop = asyncio.get_running_loop()
+        while (left := self.patience_s() - (loop.time() - started)) > 0:
+            await asyncio.sleep(min(left, 1.0))
+        self._stalled()
+
+    def _stalled(self) -> None:
+        slot = slots.CURRENT.get()
+        if slot is None or not slot.held:
+            return  # a chain started outside a slot, or whose slot went on at an earlier stall
+        lent = slot.lend()
+        STALLED.labels(self.stage, "true" if lent else "false").inc()
+        log.info("%s: a message outlasted %.1f s: %s", self.stage, self.patience_s(),
+                 "its slot went to other groups" if lent else "no slot to hand on")
 
     async def start(self, js: Any) -> None:
         self._js = js
@@ -280,7 +340,7 @@ class GroupOrder:
                         state.record, state.revision = claimed, rev
                     continue
                 try:
-                    await self.process(nxt)
+                    await self._process_watched(nxt)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - retried or dead-lettered by the decision

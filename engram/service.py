@@ -27,7 +27,7 @@ from faststream.prometheus.middleware import PrometheusMiddleware
 from faststream.security import SASLPlaintext
 from prometheus_client import REGISTRY, Counter, make_asgi_app
 
-from engram import tracing
+from engram import slots, tracing
 from engram.compat import stop_fetching
 from engram.group_order import Decision
 from engram.settings import EngramSettings
@@ -269,6 +269,9 @@ class CapacityPuller:
     payloads too). Redeliveries (delayed nacks, expired ack_wait) send no wake-up: the bounded
     polling picks them up.
 
+    Stalled work: a task whose model call hangs may hand its slot on (:mod:`engram.slots`): the loop pulls into it at once and the stalled task finishes
+    outside the count. At most ``capacity`` slots are lent at once.
+
     Stop (:meth:`stop`): no new pulls; the outstanding request (if any) is answered within
     ``probe_expires_s`` and a message it brings is handled like the others; work in flight gets
     ``grace_s`` to finish, then is cancelled and nacked without delay so another replica takes it
@@ -318,6 +321,7 @@ class CapacityPuller:
         self._partition_of = {d: p for p, d in enumerate(self.durables)}
         self._waiting: dict[int, tuple[str, asyncio.Future[Any]]] = {}  # partition -> (reply subject, answer)
         self._free = capacity
+        self._lent = 0  # slots handed on by stalled work (engram/slots.py), at most ``capacity``
         self._tasks: set[asyncio.Task[None]] = set()
         self._kick = asyncio.Event()
         self._stopping = False
@@ -327,6 +331,7 @@ class CapacityPuller:
         self.probes = 0
         self.delivered = 0
         self.unsolicited = 0
+        self.lent = 0
 
     @property
     def in_flight(self) -> int:
@@ -493,7 +498,19 @@ class CapacityPuller:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _lend(self) -> bool:
+        """A stalled piece of work hands its slot on (engram/slots.py), up to ``capacity`` at once."""
+        if self._lent >= self.capacity:
+            return False
+        self._lent += 1
+        self._free += 1
+        self.lent += 1
+        self._kick.set()
+        return True
+
     async def _work(self, p: int, msg: Any, slot: bool) -> None:
+        held = slots.Slot(self._lend) if slot else None
+        slots.CURRENT.set(held)  # this task's own context: the work may lend it (engram/slots.py)
         try:
             if self._stopping and not slot:
                 await self._give_back(msg)
@@ -506,8 +523,11 @@ class CapacityPuller:
             log.exception("%s: consuming a message of %s failed", self.name, self.durables[p])
             await self._give_back(msg)
         finally:
-            if slot:
-                self._free += 1
+            if held is not None:
+                if held.held:
+                    self._free += 1
+                else:
+                    self._lent -= 1  # its slot was handed on when it stalled: already counted free
             self._kick.set()
 
     @staticmethod

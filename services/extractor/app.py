@@ -131,10 +131,13 @@ class Extractor:
         self.configured_prompt: str | None = None
         self.previous_window = self.extraction.previous_window
         self.max_deliveries = settings.turn.max_deliveries
-        # Per-replica capacity. The puller only pulls when one of as many slots is free, so an
+        # Per-replica capacity. The puller only pulls when one of its slots is free, so an
         # episode does not wait here in normal operation; this stays the hard bound on in-flight
-        # LLM work (a late, unsolicited delivery waits here with its heartbeat running).
-        self.capacity = asyncio.Semaphore(settings.extractor_concurrency)
+        # LLM work (a late, unsolicited delivery waits here with its heartbeat running): the
+        # slots plus as many lent by stalled chains (engram/slots.py), which would otherwise
+        # queue here behind the very call that stalled.
+        self.in_flight_bound = 2 * settings.extractor_concurrency
+        self.capacity = asyncio.Semaphore(self.in_flight_bound)
         self.puller: CapacityPuller | None = None  # set by build()
         self.stop_grace_s = 15.0  # in-flight episodes get this long at stop, then are nacked
         # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported

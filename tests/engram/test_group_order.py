@@ -68,10 +68,11 @@ class Work:
 
 
 class Replica:
-    def __init__(self, work: Work, slots: int, lease_s: float, max_attempts: int = 3) -> None:
+    def __init__(self, work: Work, slots: int, lease_s: float, max_attempts: int = 3, patience_s: float = 30.0) -> None:
         self.order = GroupOrder(
             stage="extractor", stream=subjects.STREAM_EPISODES, group_filter=lambda g: f"engram.episode.*.{g}",
             process=work.process, dead_letter=work.dead_letter, lease_s=lease_s,
+            patience_default_s=patience_s, patience_min_s=patience_s,
             decide=lambda exc, attempt: failure_decision(exc, attempt, max_deliveries=max_attempts, logger=log,
                                                          base_delay_s=0.2),
         )
@@ -145,6 +146,59 @@ async def test_a_hung_group_holds_only_its_own_slot(clean_nats: str) -> None:
         assert await wait_for(lambda: _all_done(work, ["hung"], 3), 20)
         assert work.finished["hung"] == [0, 1, 2]
         assert work.violations == []
+    finally:
+        for gate in work.gates.values():
+            gate.set()
+        await replica.stop()
+        await nc.close()
+
+
+async def test_a_stalled_group_hands_its_slot_to_the_others(clean_nats: str) -> None:
+    """One slot, one group hung in its first message: past the patience its chain lends the slot,
+    the other groups run in it, and the hung group keeps its order when it comes back."""
+    nc, js = await _topology(clean_nats, partitions=2, ack_wait_s=5)
+    work = Work()
+    work.gates[("hung", 0)] = asyncio.Event()
+    replica = await Replica(work, slots=1, lease_s=5, patience_s=0.3).start(clean_nats)
+    try:
+        await _publish(js, "hung", 3)
+        assert await wait_for(lambda: _true(work.started["hung"] == [0]), 10)
+        others = [f"o{i}" for i in range(4)]
+        for g in others:
+            await _publish(js, g, 2)
+        assert await wait_for(lambda: _all_done(work, others, 2), 20), dict(work.finished)
+        assert work.started["hung"] == [0], "the hung group's later messages must wait for its first"
+        assert replica.puller.lent == 1 and work.max_in_flight == 2  # lent once: hung + one other
+        work.gates[("hung", 0)].set()
+        assert await wait_for(lambda: _all_done(work, ["hung"], 3), 20)
+        assert work.finished["hung"] == [0, 1, 2] and work.violations == []
+        assert await wait_for(lambda: _settled(js), 10)
+        assert replica.puller._free == 1 and replica.puller._lent == 0  # the slot came back once
+    finally:
+        for gate in work.gates.values():
+            gate.set()
+        await replica.stop()
+        await nc.close()
+
+
+async def test_stalled_work_borrows_at_most_the_slots_count(clean_nats: str) -> None:
+    """Every group hung (a provider outage): one slot lent, then no more; in flight stays at 2x."""
+    nc, js = await _topology(clean_nats, partitions=2, ack_wait_s=5)
+    work = Work()
+    groups = [f"h{i}" for i in range(4)]
+    for g in groups:
+        work.gates[(g, 0)] = asyncio.Event()
+    replica = await Replica(work, slots=1, lease_s=5, patience_s=0.2).start(clean_nats)
+    try:
+        for g in groups:
+            await _publish(js, g, 1)
+        assert await wait_for(lambda: _true(work.in_flight == 2), 10)
+        await asyncio.sleep(1.0)  # well past two patiences: nothing else may start
+        assert work.in_flight == 2 and replica.puller.lent == 1
+        for gate in work.gates.values():
+            gate.set()
+        assert await wait_for(lambda: _all_done(work, groups, 1), 20)
+        assert work.max_in_flight == 2 and work.violations == []
     finally:
         for gate in work.gates.values():
             gate.set()
