@@ -267,6 +267,21 @@ class RecallMessage(_Model):
     content: str
 
 
+class TimeRange(_Model):
+    """A range of times, either end open: ``after <= t <= before``."""
+
+    after: AwareDatetime | None = None
+    before: AwareDatetime | None = None
+
+    @field_validator("before")
+    @classmethod
+    def _ordered(cls, before: datetime | None, info: Any) -> datetime | None:
+        after = info.data.get("after")
+        if before is not None and after is not None and before < after:
+            raise ValueError("before is earlier than after")
+        return before
+
+
 class RecallRequest(_Model):
     """Request on ``engram.recall`` (NATS request/reply)."""
 
@@ -281,6 +296,22 @@ class RecallRequest(_Model):
     )
     token_budget: int = Field(1500, ge=16, le=100_000)
     timeout_ms: int = Field(500, ge=10, le=60_000)
+    as_of: AwareDatetime | None = Field(
+        None, description="Recall as it was true at this time: facts valid then (became true at or before it, not "
+        "ended by then, even if they ended since) and past turns said at or before it. None: now.",
+    )
+    valid_at: TimeRange | None = Field(None, description="Only facts that became true within this range.")
+    invalid_at: TimeRange | None = Field(
+        None, description="Only facts that ended within this range (a fact still true has no end: left out).",
+    )
+    edge_types: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list, max_length=50,
+        description="Only facts of these relation names (e.g. WORKS_AT; synonyms count as their canonical name).",
+    )
+
+    def filters_time(self) -> bool:
+        """Whether the request narrows facts by time or type (recall's filtered path)."""
+        return bool(self.as_of or self.valid_at or self.invalid_at or self.edge_types)
 
 
 class Provenance(_Model):

@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram import graphiti_tracing
-from engram.graph import GraphDrivers
+from engram.graph import GraphDrivers, as_utc
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, embedder_kind, is_semantic, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
@@ -42,6 +42,7 @@ from services.recall.admin import register_admin
 from services.recall.merge import Layout, drop_covered_facts, fit_budget, groups_for, merge, query_text
 from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes
 from services.recall.turns import GraphTurns
+from services.recall.time_window import TimeWindow
 from services.recall.search import EPISODE_CHARS, search_group
 from services.recall.supersession import find_supersessions, reorder
 from services.recall.temporal import rank_for_query
@@ -298,8 +299,9 @@ class Recall:
         # vector (graph lookup, keyword halves, named entities) go ahead
         vector = asyncio.ensure_future(self.query_vector(query))
         try:
+            window = TimeWindow.of(request)  # None: what holds now (the usual path)
             per_group = await asyncio.gather(
-                *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes)
+                *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes, window)
                   for scope, group in groups)
             )
         finally:
@@ -307,11 +309,12 @@ class Recall:
                 vector.cancel()  # a group failed or the request timed out: nothing waits for it
             elif not vector.cancelled():
                 vector.exception()  # retrieved: no "exception never retrieved" when no group awaited it
-        items = merge(per_group, request.max_facts)
+        now = as_utc(request.as_of)  # as of a time: what had ended by then is superseded, the rest current
+        items = merge(per_group, request.max_facts, now)
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:
             items = drop_covered_facts(items)
-        kept, section = fit_budget(items, request.token_budget, self.count_tokens, self.options.layout)
+        kept, section = fit_budget(items, request.token_budget, self.count_tokens, self.options.layout, now)
         return RecallResponse(items=kept, prompt_section=section)
 
     def _fact_bm25(self, driver: Any) -> bool:
@@ -322,7 +325,7 @@ class Recall:
         return self.options.fact_bm25 and in_memory
 
     async def _search(self, group: str, scope: str | None, query: str, vector: Awaitable[list[float]], limit: int,
-                      episodes: bool = True) -> list:
+                      episodes: bool = True, window: TimeWindow | None = None) -> list:
         if not await self.graph.exists(group):
             return []  # nothing written to this scope yet
         driver = await self.graph.driver(group)
@@ -334,9 +337,11 @@ class Recall:
                                    followers=self.options.followers, with_facts=self.options.facts,
                                    entity_facts=self.options.entity_facts, min_cosine=self.min_similarity,
                                    fact_lexical=self.fact_lexical if self._fact_bm25(driver) else None,
-                                   fusion=self.options.fusion)
+                                   fusion=self.options.fusion, window=window)
         if self.options.supersession and episodes:
-            found = await find_supersessions(driver, group, scope, items, self.options.episode_chars)
+            # as of a time, a turn is superseded only by what ended its facts by then
+            found = await find_supersessions(driver, group, scope, items, self.options.episode_chars,
+                                             now=window.as_of if window is not None else None)
             items = reorder(items, found)
         return items
 

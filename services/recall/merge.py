@@ -57,19 +57,20 @@ def near_duplicate(a: str, b: str, threshold: float = 0.8) -> bool:
     return len(wa & wb) / len(wa | wb) >= threshold
 
 
-def merge(results: Sequence[Sequence[RecallItem]], max_items: int) -> list[RecallItem]:
+def merge(results: Sequence[Sequence[RecallItem]], max_items: int, now: datetime | None = None) -> list[RecallItem]:
     """Concatenate per-group results (already in scope priority order, each best first), drop
     near-duplicates of an item already kept (the higher-priority scope wins), keep ``max_items``,
-    current facts before superseded ones (:func:`current_facts_first`)."""
+    current facts before superseded ones (:func:`current_facts_first`; current at ``now``, a
+    request's ``as_of``, else the present)."""
     kept: list[RecallItem] = []
     for items in results:
         for item in items:
             if len(kept) >= max_items:
-                return current_facts_first(kept)
+                return current_facts_first(kept, now)
             if any(item.uuid == k.uuid or near_duplicate(item.fact, k.fact) for k in kept):
                 continue
             kept.append(item)
-    return current_facts_first(kept)
+    return current_facts_first(kept, now)
 
 
 def superseded(item: RecallItem, now: datetime | None = None) -> bool:
@@ -161,24 +162,25 @@ def _heading(day: str) -> str:
     return f"{day}:\n"
 
 
-def render_section(items: Sequence[RecallItem], layout: Layout = "ranked", show_scope: bool | None = None) -> str:
+def render_section(items: Sequence[RecallItem], layout: Layout = "ranked", show_scope: bool | None = None,
+                   now: datetime | None = None) -> str:
     """The prompt section of ``items`` (in their order of relevance) in ``layout``; "" for none."""
     if not items:
         return ""
     if show_scope is None:
         show_scope = len({item.scope for item in items}) > 1
     if layout == "ranked":
-        return HEADER + "".join(render_line(i, show_scope=show_scope) for i in items) + FOOTER
+        return HEADER + "".join(render_line(i, now, show_scope=show_scope) for i in items) + FOOTER
     by_day: dict[str, list[str]] = {}
     for item in items:
-        by_day.setdefault(day_of(item), []).append(render_line(item, show_scope=show_scope, dated=False))
+        by_day.setdefault(day_of(item), []).append(render_line(item, now, show_scope=show_scope, dated=False))
     # newest day first: what replaced a fact is read before it (knowledge updates), as in the ranked layout
     days = sorted((d for d in by_day if d != UNDATED), reverse=True) + ([UNDATED] if UNDATED in by_day else [])
     return HEADER_BY_DAY + "".join(_heading(d) + "".join(by_day[d]) for d in days) + FOOTER
 
 
 def line_costs(items: Sequence[RecallItem], count_tokens: Callable[[str], int], layout: Layout = "ranked",
-               show_scope: bool | None = None) -> tuple[int, list[int]]:
+               show_scope: bool | None = None, now: datetime | None = None) -> tuple[int, list[int]]:
     """Tokens of the section's frame (header and footer) and what each item adds to it, in
     order: its line, and in the ``by_day`` layout its day's heading when it is the day's first
     item. Sums of counts, not the count of the joined text (``fit_budget`` checks that too)."""
@@ -188,7 +190,7 @@ def line_costs(items: Sequence[RecallItem], count_tokens: Callable[[str], int], 
     costs: list[int] = []
     days: set[str] = set()
     for item in items:
-        cost = count_tokens(render_line(item, show_scope=show_scope, dated=layout == "ranked"))
+        cost = count_tokens(render_line(item, now, show_scope=show_scope, dated=layout == "ranked"))
         if layout == "by_day" and day_of(item) not in days:
             days.add(day_of(item))
             cost += count_tokens(_heading(day_of(item)))
@@ -197,21 +199,21 @@ def line_costs(items: Sequence[RecallItem], count_tokens: Callable[[str], int], 
 
 
 def fit_budget(items: Sequence[RecallItem], token_budget: int, count_tokens: Callable[[str], int],
-               layout: Layout = "ranked") -> tuple[list[RecallItem], str]:
+               layout: Layout = "ranked", now: datetime | None = None) -> tuple[list[RecallItem], str]:
     """The longest prefix of ``items`` whose rendered section (``layout``) fits ``token_budget``
     tokens, and that section ("" when not even one item fits). Lines name their scope only when
-    the items come from more than one."""
+    the items come from more than one. ``now``: what counts as ended (a request's ``as_of``)."""
     show_scope = len({item.scope for item in items}) > 1
-    used, costs = line_costs(items, count_tokens, layout, show_scope)
+    used, costs = line_costs(items, count_tokens, layout, show_scope, now)
     kept: list[RecallItem] = []
     for item, cost in zip(items, costs):
         if used + cost > token_budget:
             break
         used += cost
         kept.append(item)
-    section = render_section(kept, layout, show_scope)
+    section = render_section(kept, layout, show_scope, now)
     # token counts of concatenations are not additive: shrink until the real count fits
     while kept and count_tokens(section) > token_budget:
         kept.pop()
-        section = render_section(kept, layout, show_scope)
+        section = render_section(kept, layout, show_scope, now)
     return kept, section

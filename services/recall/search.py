@@ -31,6 +31,7 @@ from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from schemas.relations import canonical_relation
 from services.recall.entities import entity_fact_ranking
 from services.recall.lexical import LexicalEpisodes, resolved
+from services.recall.time_window import OVERFETCH, TimeWindow
 from services.recall.turns import GraphTurns
 from services.recall.vector import fulltext_fact_search, hybrid_fact_search_scored
 
@@ -109,6 +110,7 @@ async def search_group(
     min_cosine: float | None = None,
     fact_lexical: LexicalEpisodes | None = None,
     fusion: str = "ranks",
+    window: TimeWindow | None = None,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
     ``query_vector`` may still be being computed (an awaitable, shared by the request's groups):
@@ -125,7 +127,9 @@ async def search_group(
     as the facts' keyword half instead of the graph's fulltext index (FalkorDB's TF-IDF).
     ``fusion``: ``ranks`` or ``scores`` (:func:`fuse`); ``scores`` needs the RRF scores of the
     vector index path and of ``lexical``'s hybrid ranking, and falls back to ``ranks`` when the
-    facts came from graphiti's own search (its scores are on another scale)."""
+    facts came from graphiti's own search (its scores are on another scale). ``window``: facts
+    and turns of a time, ended or not, or of some relations (services/recall/time_window.py):
+    facts from graphiti's search with its filters, turns filtered after the search."""
     # one scale for both rankings: the facts' RRF (vector index path) and the turns' (lexical hybrid)
     by_score = fusion == "scores" and query_vector is not None and lexical is not None and dense_episodes
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
@@ -136,6 +140,13 @@ async def search_group(
         are recall's RRF (k 60 with ``by_score``), the turns' scale."""
         # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
+        if window is not None:
+            # graphiti's search with the window's filters: recall's vector path knows current facts only
+            results = await search(clients, query, [group_id], config.model_copy(update={"limit": OVERFETCH * limit}),
+                                   window.search_filters(), query_vector=await resolved(query_vector))
+            kept = [(e, s) for e, s in zip(results.edges, results.edge_reranker_scores or [None] * len(results.edges))
+                    if window.keeps_fact(e.name, e.valid_at, e.invalid_at, e.expired_at)][:limit]
+            return [e for e, _ in kept], [s for _, s in kept], results.episodes, False
         if query_vector is not None:
             async def keyword_ranking() -> list[str] | None:
                 if not query.strip():
@@ -166,7 +177,8 @@ async def search_group(
         return edges, list(results.edge_reranker_scores or [None] * len(edges)), results.episodes[:limit], False
 
     if episodes and lexical is not None:
-        turn_search = lexical.search(clients.driver, group_id, query, limit,
+        turn_search = lexical.search(clients.driver, group_id, query,
+                                     OVERFETCH * limit if window is not None and window.as_of else limit,
                                      vector=query_vector if dense_episodes else None, followers=followers,
                                      min_cosine=min_cosine)
         if with_facts:
@@ -187,6 +199,8 @@ async def search_group(
         clients.driver, group_id, sorted({u for e in edges for u in e.episodes} | {ep.uuid for ep in turns_found})
     )
     turns_found = [ep for ep in turns_found if ep.uuid in sources]  # deleted since it was indexed
+    if window is not None:
+        turns_found = [ep for ep in turns_found if window.keeps_turn(ep.valid_at)][:limit]
     fact_items = [
         RecallItem(
             uuid=edge.uuid,

@@ -119,7 +119,12 @@ class StoredFact:
     expired_at: datetime | None
 
     def holds(self, now: datetime) -> bool:
-        return self.expired_at is None and (self.invalid_at is None or self.invalid_at > now)
+        """Whether the fact held at ``now`` (the present, or a request's ``as_of``): not known to
+        have ended by then (``expired_at``: when engram learnt it ended, always past for the
+        present) and not ended in the world by then (``invalid_at``)."""
+        if self.expired_at is not None and self.expired_at <= now:
+            return False
+        return self.invalid_at is None or self.invalid_at > now
 
 
 @dataclass
