@@ -10,7 +10,7 @@ import asyncio
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -242,6 +242,22 @@ def _print_status(result: dict) -> None:
             plain(console, caption)
 
 
+def _as_of(text: str | None) -> Any:
+    """``--as-of``: an ISO time (no zone: UTC) or a date (the end of that day, UTC)."""
+    from datetime import datetime, time, timezone
+
+    if text is None:
+        return None
+    try:
+        if len(text.strip()) == 10:  # a date alone: everything said that day counts
+            return datetime.combine(datetime.fromisoformat(text.strip()).date(), time.max, timezone.utc)
+        when = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r} is not an ISO 8601 date or time (e.g. 2026-09-15 or "
+                                 "2026-09-15T12:00:00+02:00)", param_hint="'--as-of'") from exc
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
 @app.command()
 def recall(
     query: Annotated[str, typer.Argument(help="What to remember, e.g. the user's latest message.")],
@@ -252,6 +268,10 @@ def recall(
     max_facts: Annotated[int, typer.Option(help="Facts at most.")] = 10,
     token_budget: Annotated[int, typer.Option(help="Tokens at most for the prompt section.")] = 1500,
     timeout_ms: Annotated[int, typer.Option(help="Recall answers (maybe empty) within this time.")] = 2000,
+    as_of: Annotated[Optional[str], typer.Option(
+        help="Remember as it was at this time: facts true then, turns said by then. ISO 8601 "
+             "(2026-09-15T12:00:00+02:00; no zone: UTC; a date alone: the end of that day, UTC).")] = None,
+    edge_type: Annotated[Optional[list[str]], typer.Option(help="Only facts of this relation name (e.g. USES); repeatable.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="The RecallResponse as JSON.")] = False,
     data_dir: DataDir = None,
 ) -> None:
@@ -276,9 +296,10 @@ def recall(
         request = RecallRequest(
             query=query, scopes=RecallScopes(session=session, workspace=workspace, user=user), group_ids=group or [],
             max_facts=max_facts, token_budget=token_budget, timeout_ms=timeout_ms,
+            as_of=_as_of(as_of), edge_types=edge_type or [],
         )
     except ValidationError as exc:
-        raise _bad_parameter(exc, {"group_ids": "--group", "query": "QUERY"}) from exc
+        raise _bad_parameter(exc, {"group_ids": "--group", "query": "QUERY", "edge_types": "--edge-type"}) from exc
     settings = _settings(data_dir)
 
     async def ask() -> RecallResponse:

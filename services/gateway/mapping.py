@@ -10,7 +10,7 @@ from schemas import subjects
 from schemas import ChatMessage, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys
 from schemas.messages import GraphEpisode, GraphFact
 from schemas.relations import canonical_relation
-from services.gateway.models import EntityEdgeResult, EpisodeResult, FactResult, Message
+from services.gateway.models import EntityEdgeResult, EpisodeResult, FactFilters, FactResult, Message
 
 RECALL_TOKEN_BUDGET = 100_000
 """The REST contract limits by ``max_facts`` only: give recall's token budget its maximum."""
@@ -81,10 +81,12 @@ def extraction_override(custom_extraction_instructions: str | None) -> Extractio
     return ExtractionOverride(preprocessing_prompt=text) if text else None
 
 
-def search_request(query: str, group_ids: list[str], max_facts: int, timeout_ms: int) -> RecallRequest:
+def search_request(query: str, group_ids: list[str], max_facts: int, timeout_ms: int,
+                   filters: FactFilters | None = None) -> RecallRequest:
     # The Graphiti contract returns facts (edges): no past turns here.
     return RecallRequest(query=query, group_ids=group_ids, max_facts=max_facts, include_episodes=False,
-                         token_budget=RECALL_TOKEN_BUDGET, timeout_ms=timeout_ms)
+                         token_budget=RECALL_TOKEN_BUDGET, timeout_ms=timeout_ms,
+                         **(filters.recall_fields() if filters is not None else {}))
 
 
 def memory_request(group_id: str, messages: list[Message], max_facts: int, timeout_ms: int) -> RecallRequest:

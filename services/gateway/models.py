@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, ExtractionCost
+from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, ExtractionCost, TimeRange
 from schemas.subjects import SESSION_ID_PATTERN
 
 GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
@@ -69,7 +69,24 @@ class Result(BaseModel):
     success: bool
 
 
-class SearchQuery(_In):
+class FactFilters(_In):
+    """Time and relation filters of a fact search (engram's recall: services/recall/time_window.py)."""
+
+    as_of: AwareDatetime | None = Field(
+        None, description="Facts as they were true at this time (valid then, ended since or not). Omitted: now.",
+    )
+    valid_at: TimeRange | None = Field(None, description="Only facts that became true within this range.")
+    invalid_at: TimeRange | None = Field(None, description="Only facts that ended within this range.")
+    edge_types: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list, max_length=50, description="Only facts of these relation names (e.g. USES).",
+    )
+
+    def recall_fields(self) -> dict[str, Any]:
+        return {"as_of": self.as_of, "valid_at": self.valid_at, "invalid_at": self.invalid_at,
+                "edge_types": list(self.edge_types)}
+
+
+class SearchQuery(FactFilters):
     group_ids: list[GroupId] | None = Field(
         None, max_length=50,
         description="Groups to search, in priority order. Omitted, null or empty: every group that holds a "

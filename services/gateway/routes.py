@@ -218,10 +218,11 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     @router.post("/search", response_model=SearchResults, tags=["retrieve"],
                  responses={400: {"description": "No group_ids, and more groups than ENGRAM_GATEWAY_SEARCH_ALL_MAX_GROUPS."}})
     async def search(query: SearchQuery, response: Response) -> SearchResults:
-        """Current facts for ``query`` in the given groups (hybrid BM25 + vector search), best first.
-        Without ``group_ids``, every group that holds a node, ranked together (as upstream)."""
+        """Current facts for ``query`` in the given groups (hybrid BM25 + vector search), best first;
+        with ``as_of``, the facts true then; ``valid_at`` / ``invalid_at`` ranges and ``edge_types``
+        narrow them. Without ``group_ids``, every group that holds a node, ranked together (as upstream)."""
         if query.group_ids:
-            request = mapping.search_request(query.query, query.group_ids, query.max_facts, recall_timeout_ms)
+            request = mapping.search_request(query.query, query.group_ids, query.max_facts, recall_timeout_ms, query)
             return SearchResults(facts=await _recall(request, response))
         groups = await _all_groups()
         if len(groups) > gateway.search_all_max_groups:
@@ -238,7 +239,7 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         async def one(group: str) -> list[RecallItem]:
             async with limit:
                 return await _recall_items(
-                    mapping.search_request(query.query, [group], query.max_facts, recall_timeout_ms), response)
+                    mapping.search_request(query.query, [group], query.max_facts, recall_timeout_ms, query), response)
 
         per_group = await asyncio.gather(*(one(g) for g in groups))
         return SearchResults(facts=[mapping.fact_result(i) for i in mapping.ranked_across_groups(per_group, query.max_facts)])

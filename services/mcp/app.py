@@ -23,17 +23,17 @@ from faststream.asgi import AsgiFastStream
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from prometheus_client import Counter, Histogram
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from engram.compat import route_unmatched_http
 from engram.promote import WORKSPACE_ONLY_KINDS, Promotion, PromotionKind
 from engram.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
 from schemas.memory import ContextBudgets, ContextRequest, MemoryScopes
-from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN
+from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, TimeRange
 from schemas.subjects import SESSION_ID_PATTERN
 from services.gateway.bus import Bus
-from services.gateway.models import GroupId, WriteGroupId
+from services.gateway.models import FactFilters, GroupId, WriteGroupId
 from services.gateway.settings import is_loopback
 from services.mcp.settings import McpSettings
 from services.mcp.tools import EngramTools, ToolFailed
@@ -114,9 +114,21 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         max_facts: Annotated[int, Field(ge=1, le=200)] = 10,
         center_node_uuid: Annotated[str | None, Field(max_length=256, description="Accepted for Graphiti's "
                                                       "clients and ignored (as the gateway's /search does).")] = None,
+        as_of: Annotated[AwareDatetime | None, Field(description="The facts as they were true at this time "
+                                                     "(ISO 8601 with a zone; valid then, ended since or not). "
+                                                     "Omitted: now.")] = None,
+        valid_at: Annotated[TimeRange | None, Field(description="Only facts that became true within "
+                                                    "{after, before} (either end open).")] = None,
+        invalid_at: Annotated[TimeRange | None, Field(description="Only facts that ended within "
+                                                      "{after, before}.")] = None,
+        edge_types: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]] | None,
+                              Field(max_length=50, description="Only facts of these relation names, "
+                                                               "e.g. [\"USES\"].")] = None,
     ) -> dict:
-        """Current facts (relations between entities) relevant to the query, best first."""
-        return await _run("search_memory_facts", tools.search_memory_facts(query, group_ids, max_facts))
+        """Facts (relations between entities) relevant to the query, best first: the current ones, or
+        those true at as_of, narrowed by when they began or ended and by relation name."""
+        filters = FactFilters(as_of=as_of, valid_at=valid_at, invalid_at=invalid_at, edge_types=edge_types or [])
+        return await _run("search_memory_facts", tools.search_memory_facts(query, group_ids, max_facts, filters))
 
     @server.tool()
     async def search_nodes(

@@ -49,7 +49,7 @@ from schemas.messages import (
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
 from services.gateway.idempotency import request_fingerprint
-from services.gateway.models import Message
+from services.gateway.models import FactFilters, Message
 from services.mcp.settings import McpSettings
 
 EPISODE_SESSION_PREFIX = "mcp"
@@ -113,8 +113,9 @@ class EngramTools:
             raise ToolFailed(f"engram could not do it: {answer.reason}")
         return answer
 
-    async def _recall(self, query: str, group_ids: list[str], max_facts: int) -> RecallResponse:
-        request = mapping.search_request(query, group_ids, max_facts, self.mcp.recall_timeout_ms)
+    async def _recall(self, query: str, group_ids: list[str], max_facts: int,
+                      filters: FactFilters | None = None) -> RecallResponse:
+        request = mapping.search_request(query, group_ids, max_facts, self.mcp.recall_timeout_ms, filters)
         return await self._ask(subjects.RECALL, request, RecallResponse, self.mcp.recall_timeout_ms / 1000 + 1.0)
 
     async def _request_id(self, group_id: str, uuid: str | None, call: list) -> str:
@@ -180,8 +181,9 @@ class EngramTools:
                 "stored": not ack.duplicate, "duplicate": bool(ack.duplicate), "group_id": group_id,
                 "turn_id": episode.turn_id, "episode_id": episode.episode_id}
 
-    async def search_memory_facts(self, query: str, group_ids: list[str], max_facts: int) -> dict:
-        answer = await self._recall(query, group_ids, max_facts)
+    async def search_memory_facts(self, query: str, group_ids: list[str], max_facts: int,
+                                  filters: FactFilters | None = None) -> dict:
+        answer = await self._recall(query, group_ids, max_facts, filters)
         facts = [mapping.fact_result(i).model_dump(mode="json") | {"group_id": i.group_id} for i in answer.items]
         out: dict = {"message": "Facts retrieved successfully" if facts else "No relevant facts found", "facts": facts}
         if answer.degraded:

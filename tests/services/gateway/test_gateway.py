@@ -154,6 +154,14 @@ async def test_seed_003_curl_checks_end_to_end(clean_nats, falkordb_server, tmp_
         assert 1 <= len(facts) <= 3 and all({"uuid", "name", "fact", "valid_at", "invalid_at", "created_at",
                                               "expired_at"} <= set(f) for f in facts)
         assert any("FastAPI" in f["fact"] for f in facts)
+        # as of a time before it was said, none of it was true yet; ranges and relations narrow it
+        r = await http.post("/search", json={"group_ids": [group], "query": "FastAPI pydantic", "as_of": "2001-01-01T00:00:00Z"})
+        assert r.status_code == 200 and r.json()["facts"] == [], r.text
+        r = await http.post("/search", json={"group_ids": [group], "query": "FastAPI pydantic",
+                                             "valid_at": {"after": "2001-01-01T00:00:00Z"}})
+        assert any("FastAPI" in f["fact"] for f in r.json()["facts"]), r.text
+        r = await http.post("/search", json={"group_ids": [group], "query": "FastAPI pydantic", "edge_types": ["NO_SUCH"]})
+        assert r.status_code == 200 and r.json()["facts"] == [], r.text
         r = await http.post("/get-memory", json={"group_id": group, "max_facts": 5, "center_node_uuid": None,
                                                  "messages": [{"role_type": "user", "role": "Ada",
                                                                "content": "pydantic in pyproject.toml"}]})
@@ -250,6 +258,11 @@ async def test_validation_errors_are_clear_422s(clean_nats, tmp_path) -> None:  
         r = await http.post("/search", json={"group_ids": ["g"] * 51, "query": "x"})  # none = all groups (test_graphiti_gaps)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "group_ids"]
         assert (await http.post("/search", json={"group_ids": ["g"], "query": "x", "max_facts": 0})).status_code == 422
+        r = await http.post("/search", json={"group_ids": ["g"], "query": "x", "as_of": "2026-09-15T00:00:00"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "as_of"]  # a time needs its zone
+        r = await http.post("/search", json={"group_ids": ["g"], "query": "x", "valid_at": {
+            "after": "2026-10-01T00:00:00Z", "before": "2026-09-01T00:00:00Z"}})
+        assert r.status_code == 422 and "before is earlier than after" in r.text
     assert await stored_messages(clean_nats) == []
 
 

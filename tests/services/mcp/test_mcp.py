@@ -109,6 +109,13 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
 
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5)
             assert any("FastAPI" in f["fact"] for f in found["facts"]), found
+            # as of a time before it was said, none of it held yet (Graphiti's time filters, issue 26)
+            back_then = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group],
+                                   as_of="2001-01-01T00:00:00Z")
+            assert back_then["facts"] == [], back_then
+            since = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5,
+                               valid_at={"after": "2001-01-01T00:00:00Z"})
+            assert any("FastAPI" in f["fact"] for f in since["facts"]), since
             fact = found["facts"][0]
             assert (await call(session, "get_entity_edge", uuid=fact["uuid"]))["fact"] == fact["fact"]
             nodes = (await call(session, "search_nodes", query="FastAPI", group_ids=[group]))["nodes"]
