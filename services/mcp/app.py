@@ -124,10 +124,14 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         edge_types: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]] | None,
                               Field(max_length=50, description="Only facts of these relation names, "
                                                                "e.g. [\"USES\"].")] = None,
+        min_similarity: Annotated[float | None, Field(ge=-1.0, le=1.0, description="Relevance floor: a fact "
+                                                      "sharing no word with the query needs at least this cosine "
+                                                      "(-1: none). Omitted: the deployment's.")] = None,
     ) -> dict:
         """Facts (relations between entities) relevant to the query, best first: the current ones, or
         those true at as_of, narrowed by when they began or ended and by relation name."""
-        filters = FactFilters(as_of=as_of, valid_at=valid_at, invalid_at=invalid_at, edge_types=edge_types or [])
+        filters = FactFilters(as_of=as_of, valid_at=valid_at, invalid_at=invalid_at, edge_types=edge_types or [],
+                              min_similarity=min_similarity)
         return await _run("search_memory_facts", tools.search_memory_facts(query, group_ids, max_facts, filters))
 
     @server.tool()

