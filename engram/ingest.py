@@ -32,6 +32,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from engram import compat
 from engram.message_size import oversize_reason, server_max_payload
 from engram.stream_retention import is_stream_full
+from engram_client import TRANSIENT_ERRORS
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 from schemas.ids import message_dedupe_key, seen_holds
 
@@ -43,14 +44,7 @@ PUBLISH_RETRY_S = 300.0
 JetStream leader (the connection reconnects by itself meanwhile); then the ingest fails. A retry
 is safe: the Nats-Msg-Id makes a publish that did land before its PubAck was lost a duplicate."""
 
-TRANSIENT_PUBLISH_ERRORS = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-    nats.js.errors.ServiceUnavailableError,
-)
+TRANSIENT_PUBLISH_ERRORS = TRANSIENT_ERRORS  # the thin client's (engram_client): one list for both
 """Also transient once a publish has been stored: ``NoStreamResponseError`` (no stream takes the
 subject), while ``engram topology`` re-creates ENGRAM_IN (engram/stream_migration.py). Before that
 it means engram's streams were never made, and the ingest fails at once with that explained."""
