@@ -69,6 +69,24 @@ TOOL_SECONDS = Histogram(
 )
 
 
+NOT_SUPPORTED = {
+    # Why (docs/architecture.md, "Communities and sagas"): what they would cost against what engram
+    # already gives an agent.
+    "build_communities": (
+        "not supported: engram does not build Graphiti's communities. A build clusters every entity of the "
+        "group and summarises each cluster by merging its members' summaries pairwise, about one model call per "
+        "entity, again on every build (110 entities for one LoCoMo conversation with the offline model, tens of "
+        "thousands for a year of an agent's memory), while engram refreshes an entity's summary only when its "
+        "facts change. Use search_nodes for entities and their summaries, search_memory_facts for what relates them."
+    ),
+    "summarize_saga": (
+        "not supported: engram has no sagas. Its unit of a conversation is the session: each session is "
+        "summarised once when it closes, and get_context returns the summaries of the user's last sessions "
+        "(its session layer); get_episodes lists a group's turns."
+    ),
+}
+
+
 async def _run(tool: str, call) -> Any:  # noqa: ANN001
     started = time.perf_counter()
     try:
@@ -177,6 +195,26 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
     async def clear_graph(group_id: GroupId) -> dict:
         """Delete everything of one group's graph. Messages still in the pipeline are written after this."""
         return await _run("clear_graph", tools.clear_graph(group_id))
+
+    @server.tool()
+    async def build_communities(
+        group_ids: Annotated[list[GroupId] | None, Field(max_length=50, description="Graphiti's argument; "
+                                                         "engram does not build communities.")] = None,
+    ) -> dict:
+        """Not supported by engram (Graphiti's community clustering); use search_nodes, whose entity
+        summaries engram keeps current."""
+        TOOL_CALLS.labels(tool="build_communities", outcome="error").inc()
+        raise ToolError(NOT_SUPPORTED["build_communities"])
+
+    @server.tool()
+    async def summarize_saga(
+        saga_name: Annotated[str, Field(max_length=256, description="Graphiti's argument; engram has no sagas.")],
+        group_id: GroupId | None = None,
+    ) -> dict:
+        """Not supported by engram (Graphiti's saga summaries); a session is engram's saga: get_context
+        returns the summaries of a user's last sessions."""
+        TOOL_CALLS.labels(tool="summarize_saga", outcome="error").inc()
+        raise ToolError(NOT_SUPPORTED["summarize_saga"])
 
     @server.tool()
     async def get_status() -> dict:

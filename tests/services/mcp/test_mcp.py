@@ -37,7 +37,8 @@ ADD_OK = (("outcome", "ok"), ("tool", "add_memory"))
 EDGE_ERROR = (("outcome", "error"), ("tool", "get_entity_edge"))
 TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "delete_episode", "delete_entity_edge",
          "get_entity_edge", "clear_graph", "get_status", "get_context", "promote", "save_user_note",
-         "set_user_preference", "get_user_preferences", "remove_user_preference"}
+         "set_user_preference", "get_user_preferences", "remove_user_preference", "build_communities",
+         "summarize_saga"}
 
 
 @contextlib.asynccontextmanager
@@ -91,6 +92,9 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             await fails(session, "get_episodes", group_id="x" * 201)
             await fails(session, "get_episodes", group_ids=["ok", "not ok"])
             assert "group_id or group_ids" in await fails(session, "get_episodes")
+            # Graphiti's community and saga tools answer plainly why not (issue 26, item 8)
+            assert "not supported" in await fails(session, "build_communities", group_ids=[group])
+            assert "get_context" in await fails(session, "summarize_saga", saga_name="sprint-1")
 
             # a whole episode: answered after the durable publish, with its episode id
             added = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group)
