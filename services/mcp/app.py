@@ -119,12 +119,15 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
             description="Extra instructions for extracting entities and facts from this memory (Graphiti's "
             "argument); they replace engram's configured preprocessing prompt for its episode (a message: for "
             "the turn it opens).")] = None,
+        reference_time: Annotated[AwareDatetime | None, Field(
+            description="When this was said or happened (ISO 8601 with a zone; Graphiti's argument): the episode's "
+            "time, against which its relative dates are resolved and its facts become valid. Omitted: now.")] = None,
     ) -> dict:
         """Store a memory in group_id. source='message': one chat message of session group_id (role says who
         wrote it); it joins a turn, which becomes an episode. 'text' or 'json': a whole episode. Answers only
         after the broker stored it durably, with the ids it will have."""
         return await _run("add_memory", tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
-                                           role_name, custom_extraction_instructions))
+                                           role_name, custom_extraction_instructions, reference_time))
 
     @server.tool()
     async def search_memory_facts(

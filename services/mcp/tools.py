@@ -132,10 +132,12 @@ class EngramTools:
     # --- Graphiti's tools -------------------------------------------------------------------
     async def add_memory(self, name: str, episode_body: str, group_id: str, source: str, source_description: str,
                          uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None,
-                         custom_extraction_instructions: str | None = None) -> dict:
-        at = _utc_now()
+                         custom_extraction_instructions: str | None = None,
+                         reference_time: datetime | None = None) -> dict:
+        at = reference_time or _utc_now()  # when it was said (Graphiti's reference_time): the episode's valid_at
         request_id = await self._request_id(group_id, uuid, [name, episode_body, source, source_description, role,
-                                                             role_name, custom_extraction_instructions])
+                                                             role_name, custom_extraction_instructions,
+                                                             reference_time.isoformat() if reference_time else None])
         if source == "message":
             message = Message(content=episode_body, uuid=uuid, name=name, role_type=role, role=role_name,
                               source_description=source_description,

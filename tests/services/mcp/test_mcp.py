@@ -56,6 +56,10 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict:
     return json.loads(result.content[0].text)
 
 
+async def _episodes_of(session: ClientSession, group: str) -> list[dict] | None:
+    return (await call(session, "get_episodes", group_id=group))["episodes"] or None
+
+
 async def fails(session: ClientSession, tool: str, **arguments: Any) -> str:
     result = await session.call_tool(tool, arguments)
     assert result.is_error, (tool, result)
@@ -111,6 +115,14 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             both = await call(session, "get_episodes", group_ids=[group, "mcp-empty-group"])  # Graphiti's form
             assert [e["uuid"] for e in both["episodes"]] == [added["episode_id"]]
 
+            # reference_time (Graphiti's argument): when it was said, the episode's time
+            dated = await call(session, "add_memory", name="old", episode_body="user (Ada): We used Flask in 2024.",
+                               group_id=f"{group}-dated", reference_time="2024-05-01T10:00:00Z")
+            dated_episodes = await wait_for(
+                lambda: _episodes_of(session, f"{group}-dated"), 90, interval=0.25)
+            assert [e["uuid"] for e in dated_episodes] == [dated["episode_id"]]
+            assert dated_episodes[0]["valid_at"].startswith("2024-05-01T10:00:00"), dated_episodes
+
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5)
             assert any("FastAPI" in f["fact"] for f in found["facts"]), found
             # as of a time before it was said, none of it held yet (Graphiti's time filters, issue 26)
@@ -154,7 +166,7 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
         assert 'engram_mcp_tool_calls_total{outcome="ok",tool="add_memory"}' in metrics
         assert 'engram_mcp_tool_calls_total{outcome="error",tool="get_entity_edge"}' in metrics
         after = {labels: REGISTRY.get_sample_value("engram_mcp_tool_calls_total", dict(labels)) for labels in before}
-        assert after[ADD_OK] - before[ADD_OK] == 3.0 and after[EDGE_ERROR] - before[EDGE_ERROR] == 1.0, (before, after)
+        assert after[ADD_OK] - before[ADD_OK] == 4.0 and after[EDGE_ERROR] - before[EDGE_ERROR] == 1.0, (before, after)
         assert group not in metrics
 
 
