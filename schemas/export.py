@@ -32,6 +32,7 @@ from schemas.messages import (
     GraphGroupsResponse,
     GraphEntityNodeRequest,
     GraphEntitiesRequest,
+    GraphEpisodeEntitiesRequest,
     GraphEntitiesResponse,
     GraphEntityNodeResponse,
 )
@@ -92,6 +93,8 @@ CHANNELS: dict[str, tuple[str, Payload, str]] = {
                         "Create or update one entity node with a name and summary (graph admin)."),
     "graphEntities": (subjects.GRAPH_ENTITIES, GraphEntitiesRequest,
                       "A group's entity nodes with their summaries, by uuid or newest first (graph admin)."),
+    "graphEpisodeEntities": (subjects.GRAPH_EPISODE_ENTITIES, GraphEpisodeEntitiesRequest,
+                             "The entities and facts some episodes produced, whatever their groups (graph admin)."),
     "sessionClosed": (subjects.SESSION_CLOSED, memory.SessionSegmentClosed,
                       "One segment of a publisher session ended (token limit, idle, explicit): its transcript "
                       "tail for the session close stage."),

@@ -530,6 +530,23 @@ class GraphEntitiesResponse(_Model):
     entities: list[GraphEntity] = Field(default_factory=list)
 
 
+class GraphEpisodeEntitiesRequest(_Model):
+    """Request on ``engram.graph.episode.entities``: what some episodes produced (Graphiti's
+    ``get_episode_entities``), whatever their groups."""
+
+    schema_version: Literal[1] = 1
+    uuids: list[Annotated[str, GRAPH_UUID]] = Field(min_length=1, max_length=50)
+
+
+class GraphEpisodeEntitiesResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = None
+    entities: list[GraphEntity] = Field(default_factory=list, description="The entities the episodes mention.")
+    facts: list[GraphFact] = Field(default_factory=list, description="The facts the episodes wrote or confirmed.")
+    not_found: list[str] = Field(default_factory=list, description="Requested episode uuids in no graph.")
+
+
 ALL_MODELS: tuple[type[BaseModel], ...] = (
     ChatMessage,
     SessionClosed,
@@ -554,4 +571,6 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     GraphEntityNodeResponse,
     GraphEntitiesRequest,
     GraphEntitiesResponse,
+    GraphEpisodeEntitiesRequest,
+    GraphEpisodeEntitiesResponse,
 )

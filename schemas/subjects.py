@@ -96,8 +96,11 @@ GRAPH_ENTITY_SAVE = "engram.graph.entity.save"
 """GraphEntityNodeRequest -> GraphEntityNodeResponse: create (or update) one entity node."""
 GRAPH_ENTITIES = "engram.graph.entities"
 """GraphEntitiesRequest -> GraphEntitiesResponse: a group's entity nodes with their summaries."""
+GRAPH_EPISODE_ENTITIES = "engram.graph.episode.entities"
+"""GraphEpisodeEntitiesRequest -> GraphEpisodeEntitiesResponse: the entities and facts of some
+episodes (Graphiti's get_episode_entities)."""
 GRAPH_ADMIN_SUBJECTS = (GRAPH_EPISODES, GRAPH_EDGE_GET, GRAPH_EDGE_DELETE, GRAPH_EPISODE_DELETE, GRAPH_GROUP_DELETE,
-                        GRAPH_GROUPS, GRAPH_ENTITY_SAVE, GRAPH_ENTITIES)
+                        GRAPH_GROUPS, GRAPH_ENTITY_SAVE, GRAPH_ENTITIES, GRAPH_EPISODE_ENTITIES)
 
 # --- streams -------------------------------------------------------------------------------
 STREAM_IN = "ENGRAM_IN"

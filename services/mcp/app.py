@@ -200,6 +200,15 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         return await _run("clear_graph", tools.clear_graph(group_id))
 
     @server.tool()
+    async def get_episode_entities(
+        episode_uuids: Annotated[list[Uuid], Field(min_length=1, max_length=50,
+                                                   description="Episodes whose entities and facts to return.")],
+    ) -> dict:
+        """The entities (nodes) and facts (edges) that these episodes produced: provenance, whatever
+        their groups."""
+        return await _run("get_episode_entities", tools.get_episode_entities(episode_uuids))
+
+    @server.tool()
     async def build_communities(
         group_ids: Annotated[list[GroupId] | None, Field(max_length=50, description="Graphiti's argument; "
                                                          "engram does not build communities.")] = None,

@@ -40,6 +40,8 @@ from schemas.messages import (
     GraphEntitiesRequest,
     GraphEntitiesResponse,
     GraphEpisodeDeleteRequest,
+    GraphEpisodeEntitiesRequest,
+    GraphEpisodeEntitiesResponse,
     GraphEpisodesRequest,
     GraphEpisodesResponse,
     GraphGroupDeleteRequest,
@@ -226,6 +228,20 @@ class EngramTools:
         await self._admin(subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest(uuid=uuid), GraphDeleteResponse,
                           f"episode {uuid}")
         return {"message": f"Episode {uuid} deleted successfully"}
+
+    async def get_episode_entities(self, episode_uuids: list[str]) -> dict:
+        answer = await self._admin(subjects.GRAPH_EPISODE_ENTITIES, GraphEpisodeEntitiesRequest(uuids=episode_uuids),
+                                   GraphEpisodeEntitiesResponse, f"episode(s) {', '.join(episode_uuids)}")
+        out: dict = {
+            "message": f"Retrieved provenance for {len(episode_uuids) - len(answer.not_found)} episode(s)",
+            "nodes": [{"uuid": e.uuid, "name": e.name, "labels": e.labels, "group_id": e.group_id,
+                       "summary": e.summary, "created_at": e.created_at.isoformat() if e.created_at else None}
+                      for e in answer.entities],
+            "edges": [mapping.edge_result(f).model_dump(mode="json") for f in answer.facts],
+        }
+        if answer.not_found:
+            out["not_found"] = answer.not_found
+        return out
 
     async def get_entity_edge(self, uuid: str) -> dict:
         answer = await self._admin(subjects.GRAPH_EDGE_GET, GraphEdgeRequest(uuid=uuid), GraphEdgeResponse,

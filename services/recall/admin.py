@@ -67,6 +67,8 @@ from schemas.messages import (
     GraphEdgeResponse,
     GraphEpisode,
     GraphEpisodeDeleteRequest,
+    GraphEpisodeEntitiesRequest,
+    GraphEpisodeEntitiesResponse,
     GraphEpisodesRequest,
     GraphEpisodesResponse,
     GraphFact,
@@ -138,6 +140,13 @@ Q_EPISODE_GROUP = (
     "MATCH (e:Episodic {uuid: $uuid}) RETURN e.group_id AS group_id, "
     f"e.{MESSAGE_IDS_PROPERTY} AS message_ids LIMIT 1"
 )
+Q_ENTITIES_OF_EPISODE = (
+    f"MATCH (e:Episodic {{uuid: $uuid}})-[:MENTIONS]->(n:Entity) WHERE e.group_id = $group_id RETURN {ENTITY_FIELDS}"
+)
+Q_EDGES_OF_EPISODE = (
+    "MATCH (e:Episodic {uuid: $uuid}) WHERE e.group_id = $group_id WITH e.entity_edges AS ids "
+    f"MATCH (a:Entity)-[r:RELATES_TO]->(b:Entity) WHERE r.group_id = $group_id AND r.uuid IN ids RETURN {EDGE_FIELDS}"
+)
 Q_MENTIONED = (
     "MATCH (e:Episodic {uuid: $uuid})-[:MENTIONS]->(n:Entity) WHERE e.group_id = $group_id RETURN n.uuid AS uuid"
 )
@@ -181,6 +190,17 @@ Q_EMPTY_BATCH = "MATCH (n) WITH n LIMIT $batch DETACH DELETE n RETURN count(n) A
 EMPTY_BATCH = 5000
 Q_ANY_NODE = "MATCH (n) RETURN 1 AS n LIMIT 1"
 Q_NEO4J_GROUPS = "MATCH (n) WHERE n.group_id IS NOT NULL RETURN DISTINCT n.group_id AS group_id"
+
+
+def _fact(r: dict[str, Any]) -> GraphFact:
+    """A row of ``EDGE_FIELDS`` as the contract's fact."""
+    return GraphFact(
+        uuid=r["uuid"], name=r.get("name") or "", fact=r.get("fact") or "", group_id=r.get("group_id") or "",
+        source_node_uuid=r.get("source_node_uuid") or "", target_node_uuid=r.get("target_node_uuid") or "",
+        episodes=_strings(r.get("episodes")), valid_at=as_utc(r.get("valid_at")),
+        invalid_at=as_utc(r.get("invalid_at")), created_at=as_utc(r.get("created_at")),
+        expired_at=as_utc(r.get("expired_at")),
+    )
 
 
 def _strings(value: Any) -> list[str]:
@@ -498,13 +518,7 @@ class GraphAdmin:
         if hit is None:
             return GraphEdgeResponse(status="not_found")
         _, r = hit
-        return GraphEdgeResponse(edge=GraphFact(
-            uuid=r["uuid"], name=r.get("name") or "", fact=r.get("fact") or "", group_id=r.get("group_id") or "",
-            source_node_uuid=r.get("source_node_uuid") or "", target_node_uuid=r.get("target_node_uuid") or "",
-            episodes=_strings(r.get("episodes")), valid_at=as_utc(r.get("valid_at")),
-            invalid_at=as_utc(r.get("invalid_at")), created_at=as_utc(r.get("created_at")),
-            expired_at=as_utc(r.get("expired_at")),
-        ))
+        return GraphEdgeResponse(edge=_fact(r))
 
     async def delete_edge(self, req: GraphEdgeRequest) -> GraphDeleteResponse:
         async with self._backend() as db:
@@ -563,6 +577,31 @@ class GraphAdmin:
             if req.compact:
                 await db.compact()
         return response
+
+    async def episode_entities(self, req: GraphEpisodeEntitiesRequest) -> GraphEpisodeEntitiesResponse:
+        """The entities each episode mentions and the facts it lists in ``entity_edges`` (the
+        ones it wrote and the ones it confirmed), each once, episodes in the request's order."""
+        entities: dict[str, GraphEntity] = {}
+        facts: dict[str, GraphFact] = {}
+        missing: list[str] = []
+        async with self._backend() as db:
+            for uuid in dict.fromkeys(req.uuids):
+                hit = await self._find(db, Q_EPISODE_GROUP, uuid=uuid)
+                if hit is None:
+                    missing.append(uuid)
+                    continue
+                graph, row = hit
+                group = row.get("group_id") or graph
+                for r in await db.read(graph, Q_ENTITIES_OF_EPISODE, uuid=uuid, group_id=group):
+                    entities.setdefault(r["uuid"], GraphEntity(
+                        uuid=r["uuid"], name=r.get("name") or "", group_id=r.get("group_id") or group,
+                        labels=_strings(r.get("labels")), created_at=as_utc(r.get("created_at")),
+                        summary=r.get("summary") or ""))
+                for r in await db.read(graph, Q_EDGES_OF_EPISODE, uuid=uuid, group_id=group):
+                    facts.setdefault(r["uuid"], _fact(r))
+        status = "not_found" if missing and not (entities or facts) and len(missing) == len(set(req.uuids)) else "ok"
+        return GraphEpisodeEntitiesResponse(status=status, entities=list(entities.values()),
+                                            facts=list(facts.values()), not_found=missing)
 
     async def groups(self, req: GraphGroupsRequest) -> GraphGroupsResponse:
         async with self._backend() as db:
@@ -677,5 +716,11 @@ def register_admin(broker: NatsBroker, graph: GraphDrivers, embedder: Any = None
     @broker.subscriber(subjects.GRAPH_ENTITIES, queue=QUEUE_GROUP, title="graph entities", decoder=message_itself)
     async def on_entities(msg: Any) -> GraphEntitiesResponse:
         return await answer("entities", msg.body, GraphEntitiesRequest, admin.entities, GraphEntitiesResponse)
+
+    @broker.subscriber(subjects.GRAPH_EPISODE_ENTITIES, queue=QUEUE_GROUP, title="graph episode entities",
+                       decoder=message_itself)
+    async def on_episode_entities(msg: Any) -> GraphEpisodeEntitiesResponse:
+        return await answer("episode_entities", msg.body, GraphEpisodeEntitiesRequest, admin.episode_entities,
+                            GraphEpisodeEntitiesResponse)
 
     return admin

@@ -38,7 +38,7 @@ EDGE_ERROR = (("outcome", "error"), ("tool", "get_entity_edge"))
 TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "delete_episode", "delete_entity_edge",
          "get_entity_edge", "clear_graph", "get_status", "get_context", "promote", "save_user_note",
          "set_user_preference", "get_user_preferences", "remove_user_preference", "build_communities",
-         "summarize_saga"}
+         "summarize_saga", "get_episode_entities"}
 
 
 @contextlib.asynccontextmanager
@@ -112,6 +112,12 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
 
             episodes = await wait_for(episode_written, 90, interval=0.25)
             assert [e["uuid"] for e in episodes] == [added["episode_id"]], "the graph episode has the announced id"
+            # provenance (Graphiti's get_episode_entities): what the episode wrote, whatever its group
+            made = await call(session, "get_episode_entities", episode_uuids=[added["episode_id"], "no-such-episode"])
+            assert {e["uuid"] for e in made["edges"]} == set(episodes[0]["entity_edges"]), made
+            assert made["nodes"] and all(n["group_id"] == group and n["name"] for n in made["nodes"])
+            assert made["not_found"] == ["no-such-episode"]
+            assert "not found" in await fails(session, "get_episode_entities", episode_uuids=["no-such-episode"])
             both = await call(session, "get_episodes", group_ids=[group, "mcp-empty-group"])  # Graphiti's form
             assert [e["uuid"] for e in both["episodes"]] == [added["episode_id"]]
 
