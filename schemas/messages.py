@@ -138,6 +138,21 @@ class EpisodeStats(_Model):
     late_messages: int = Field(0, description="Messages whose timestamp predates the previous turn.")
 
 
+class TripletFact(_Model):
+    """A fact given whole, stored without an extraction pass (Graphiti's ``add_triplet``): the two
+    entities are resolved against the group's (deduplicated by name as extracted ones are) and
+    the fact is resolved like an extracted fact (a duplicate merges, a contradiction ends the
+    older one)."""
+
+    source: str = Field(min_length=1, max_length=256, description="The source entity's name, e.g. Ada.")
+    relation: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z][A-Za-z0-9_ ]*$",
+                          description="The relation's name, e.g. USES (synonyms map to the canonical vocabulary).")
+    target: str = Field(min_length=1, max_length=256, description="The target entity's name, e.g. Postgres.")
+    fact: str = Field(min_length=1, max_length=2000, description="The fact as a sentence.")
+    valid_at: AwareDatetime | None = Field(None, description="Since when it holds; None: the episode's time.")
+    invalid_at: AwareDatetime | None = Field(None, description="Until when it held, if it ended.")
+
+
 class Episode(_Model):
     """One completed turn written to one scope's group, on ``engram.episode.<group_id>``."""
 
@@ -158,6 +173,9 @@ class Episode(_Model):
     first_published_at: AwareDatetime | None = Field(
         None, description="JetStream time of the turn's earliest stored message (ENGRAM_IN): where the "
         "freshness histograms (engram_pipeline_freshness_seconds) start. None from publishers that predate it.")
+    triplet: TripletFact | None = Field(
+        None, description="A fact given whole (MCP add_triplet, POST /triplets): stored as it is, with no "
+        "extraction call; ``content`` is its sentence.")
 
 
 class FactRef(_Model):

@@ -70,7 +70,7 @@ from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
 from schemas.validation import error_locations
 from services.extractor.deltas import build_node_deltas, delta_message_id
-from services.extractor.pipeline import deltas_for_existing_episode, extract_episode
+from services.extractor.pipeline import TripletRejected, deltas_for_existing_episode, extract_episode
 from services.extractor.preprocessing import (
     ExtractionSettings,
     PrependingLLMClient,
@@ -197,8 +197,13 @@ class Extractor:
             EPISODES.labels(outcome="dead_lettered").inc()
             return
         episode = scrubbed_episode(episode)
-        async with self.capacity:
-            outcome = await self._process(episode)
+        try:
+            async with self.capacity:
+                outcome = await self._process(episode)
+        except TripletRejected as exc:  # bad input: no retry makes it storable
+            await self._dead_letter(stored, "invalid_triplet", str(exc))
+            EPISODES.labels(outcome="dead_lettered").inc()
+            return
         EPISODES.labels(outcome=outcome).inc()
         EPISODE_SECONDS.observe(time.perf_counter() - started)
 

@@ -123,8 +123,9 @@ from engram.compat import driver_database, normalize_name_exact
 from engram.models.accounting import AccountingLLMClient
 from engram.models.embedding_cache import BatchingEmbedder
 from engram.tokens import CountTokens, token_counter
-from schemas import Episode, NodeDelta
+from schemas import Episode, NodeDelta, TripletFact
 from schemas.messages import ExtractionCost
+from schemas.relations import canonical_relation
 from services.extractor.chunking import (
     ChunkingSettings,
     assign_pairs,
@@ -141,7 +142,7 @@ from services.extractor.told_later import telling
 
 log = logging.getLogger("engram.extractor")
 
-ExtractionMode = Literal["combined", "separate", "chunked"]
+ExtractionMode = Literal["combined", "separate", "chunked", "triplet"]
 DEFAULT_EDGE_TYPE_MAP: dict[tuple[str, str], list[str]] = {("Entity", "Entity"): []}
 
 # Names made only of these words are not entities. The explicit list of the brief, graphiti's
@@ -475,6 +476,39 @@ async def _extract_combined(
         dropped_entities=len(unsafe) + len(orphans),
         dropped_edges=len(edges) - len(kept_edges),
     )
+
+
+class TripletRejected(ValueError):
+    """A triplet whose entity name engram cannot store (empty, punctuation, only stopwords)."""
+
+
+async def _triplet(clients: GraphitiClients, episode_node: EpisodicNode, triplet: TripletFact,
+                   timings: dict[str, float]) -> _Extracted:
+    """A fact given whole (Graphiti's ``add_triplet``) in place of the extraction pass: its two
+    entities resolved against the group's as extracted ones are (same names merge), the fact
+    pointing at them; the caller resolves it like an extracted fact (dedupe, invalidation)."""
+    if not (safe_entity_name(triplet.source) and safe_entity_name(triplet.target)):
+        raise TripletRejected("an entity name is empty, punctuation or only stopwords/pronouns")
+    now = episode_node.created_at
+    source, target = (EntityNode(name=name, group_id=episode_node.group_id, labels=["Entity"], created_at=now)
+                      for name in (triplet.source, triplet.target))
+    edge = EntityEdge(
+        source_node_uuid=source.uuid, target_node_uuid=target.uuid, name=canonical_relation(triplet.relation.strip())
+        or triplet.relation, fact=triplet.fact, group_id=episode_node.group_id, episodes=[episode_node.uuid],
+        created_at=now, valid_at=ensure_utc(triplet.valid_at) or episode_node.valid_at,
+        invalid_at=ensure_utc(triplet.invalid_at),
+    )
+    nodes = [source] if source.name.strip().casefold() == target.name.strip().casefold() else [source, target]
+    start = perf_counter()
+    await prefetch_embeddings(clients, episode_node, nodes, [edge])
+    timings["embed_ms"] = _ms(start)
+    start = perf_counter()
+    resolved, uuid_map, _ = await resolve_extracted_nodes(clients, nodes, episode_node, [])
+    if len(nodes) == 1:
+        uuid_map[target.uuid] = uuid_map.get(source.uuid, source.uuid)
+    timings["resolve_nodes_ms"] = _ms(start)
+    return _Extracted(nodes=_unique_nodes(resolved), edges=resolve_edge_pointers([edge], uuid_map),
+                      generated_uuids={n.uuid for n in nodes}, dropped_entities=0, dropped_edges=0)
 
 
 async def _merge_materialized_endpoints(
@@ -824,10 +858,13 @@ async def extract_episode(
 
     chunks = [episode.content]
     settings = chunking or ChunkingSettings()
-    if chunking is not None or mode == "chunked":
+    if episode.triplet is None and (chunking is not None or mode == "chunked"):
         chunks = episode_chunks(episode, settings)
     edge_groups = 0
-    if len(chunks) > 1 or mode == "chunked":
+    if episode.triplet is not None:
+        mode = "triplet"  # a fact given whole: no extraction call
+        extracted = await _triplet(run, episode_node, episode.triplet, timings)
+    elif len(chunks) > 1 or mode == "chunked":
         mode = "chunked"
         # A long episode's facts are extracted per chunk: no prompt then reads more of it than
         # one chunk (the bound is in _extract_chunked's docstring).

@@ -22,7 +22,8 @@ def _scrubbed(text: str | None) -> tuple[str | None, int]:
 
 def scrubbed_episode(episode: Episode) -> Episode:
     """``episode`` with every text the extractor prompts or stores scrubbed: the content, the
-    source description, the speakers' names and a per-episode extraction prompt; the same object
+    source description, the speakers' names, a per-episode extraction prompt and a triplet's
+    names and sentence; the same object
     when none held a secret. The episode's stats count what was found here too."""
     update: dict[str, object] = {}
     found = 0
@@ -42,6 +43,14 @@ def scrubbed_episode(episode: Episode) -> Episode:
         prompt, n = _scrubbed(override.preprocessing_prompt)
         if n:
             update["extraction"], found = override.model_copy(update={"preprocessing_prompt": prompt}), found + n
+    if episode.triplet is not None:  # a fact given whole is stored as given: its names and sentence too
+        triplet_update: dict[str, object] = {}
+        for field in ("source", "target", "fact"):
+            text, n = _scrubbed(getattr(episode.triplet, field))
+            if n:
+                triplet_update[field], found = text, found + n
+        if triplet_update:
+            update["triplet"] = episode.triplet.model_copy(update=triplet_update)
     if not found:
         return episode
     update["stats"] = episode.stats.model_copy(update={"secrets_scrubbed": episode.stats.secrets_scrubbed + found})

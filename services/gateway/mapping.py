@@ -7,10 +7,12 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from schemas import subjects
-from schemas import ChatMessage, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys
+from engram.triplets import triplet_episode
+from schemas import ChatMessage, Episode, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys, TripletFact
 from schemas.messages import GraphEpisode, GraphFact
 from schemas.relations import canonical_relation
-from services.gateway.models import EntityEdgeResult, EpisodeResult, FactFilters, FactResult, Message
+from services.extractor.pipeline import safe_entity_name
+from services.gateway.models import AddTripletRequest, EntityEdgeResult, EpisodeResult, FactFilters, FactResult, Message
 
 RECALL_TOKEN_BUDGET = 100_000
 """The REST contract limits by ``max_facts`` only: give recall's token budget its maximum."""
@@ -128,3 +130,17 @@ def episode_result(episode: GraphEpisode) -> EpisodeResult:
 def edge_result(edge: GraphFact) -> EntityEdgeResult:
     """The stored edge, named as recall (and so /search) names it: one edge, one name."""
     return EntityEdgeResult(**edge.model_dump(exclude={"name"}), name=canonical_relation(edge.name) or edge.name)
+
+
+def triplet_request_episode(request: AddTripletRequest, at: datetime | None = None) -> Episode:
+    """The episode of a REST or MCP add_triplet (engram/triplets.py). ValueError for an entity
+    name the graph cannot store (only stopwords, pronouns or punctuation:
+    services/extractor/pipeline.py), naming the field."""
+    for field, name in (("source_node_name", request.source_node_name), ("target_node_name", request.target_node_name)):
+        if not safe_entity_name(name):
+            raise ValueError(f"{field}: the name is empty, punctuation or only stopwords/pronouns")
+    triplet = TripletFact(source=request.source_node_name.strip(), relation=request.edge_name.strip(),
+                          target=request.target_node_name.strip(), fact=request.fact.strip(),
+                          valid_at=request.valid_at, invalid_at=request.invalid_at)
+    return triplet_episode(request.group_id, triplet, at or datetime.now(timezone.utc),
+                           f"add_triplet ({triplet.relation})")

@@ -160,6 +160,25 @@ class EntityEdgeResult(BaseModel):
     expired_at: datetime | None = None
 
 
+class AddTripletRequest(_In):
+    """A fact given whole (Graphiti's add_triplet): stored without an extraction pass."""
+
+    group_id: WriteGroupId
+    source_node_name: str = Field(min_length=1, max_length=256, description="The source entity, e.g. Ada.")
+    edge_name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z][A-Za-z0-9_ ]*$",
+                           description="The relation, e.g. USES.")
+    fact: str = Field(min_length=1, max_length=2000, description="The fact as a sentence.")
+    target_node_name: str = Field(min_length=1, max_length=256, description="The target entity, e.g. Postgres.")
+    valid_at: AwareDatetime | None = Field(None, description="Since when it holds; omitted: now.")
+    invalid_at: AwareDatetime | None = Field(None, description="Until when it held, if it ended.")
+
+
+class TripletResult(BaseModel):
+    group_id: str
+    episode_uuid: str = Field(description="The episode that stores it: get_episode_entities shows what it became.")
+    stored: bool = Field(description="False: the same triplet was already stored (nothing new).")
+
+
 class AddEntityNodeRequest(_In):
     uuid: str = Field(min_length=1, max_length=256, description="The node's uuid; the same uuid again updates it.")
     group_id: GroupId

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from engram import tracing
 from engram.message_size import first_oversize
 from engram.promote import Promotion, publish_promotion
+from engram.triplets import publish_triplet
 from engram.settings import EngramSettings
 from schemas import RecallItem, RecallResponse, subjects
 from schemas.messages import (
@@ -45,6 +46,7 @@ from services.gateway.models import (
     MAX_GROUP_ID,
     AddEntityNodeRequest,
     AddMessagesRequest,
+    AddTripletRequest,
     EntityEdgeResult,
     EntityNodeResult,
     EpisodeResult,
@@ -54,6 +56,7 @@ from services.gateway.models import (
     Result,
     SearchQuery,
     SearchResults,
+    TripletResult,
 )
 from services.gateway.settings import GatewaySettings
 
@@ -184,6 +187,27 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
                                 f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
         return PromoteResult(group_id=episode.group_id, episode_uuid=episode.episode_id)
+
+    @router.post("/triplets", status_code=status.HTTP_202_ACCEPTED, response_model=TripletResult, tags=["ingest"],
+                 responses={422: {"description": "An entity name of only stopwords or punctuation."},
+                            503: {"description": "The broker did not confirm the triplet: retry."}})
+    async def add_triplet(request: AddTripletRequest) -> TripletResult:
+        """Store a fact given whole (source -[edge_name]-> target) with no extraction pass: its
+        entities are resolved against the group's and the fact like an extracted one (a
+        duplicate merges, a contradiction ends the older fact), in the group's order, within
+        seconds. The same triplet twice is stored once (engram/triplets.py)."""
+        try:
+            episode = mapping.triplet_request_episode(request)
+        except ValueError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        try:
+            stored = await publish_triplet(bus.jetstream(), episode)
+        except BusError as exc:
+            raise _raise(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                f"the message broker did not confirm the triplet ({type(exc).__name__}); retry") from exc
+        return TripletResult(group_id=episode.group_id, episode_uuid=episode.episode_id, stored=stored)
 
     @router.post("/entity-node", status_code=status.HTTP_201_CREATED, response_model=EntityNodeResult,
                  tags=["ingest"], responses={422: {"description": "A name of only stopwords or punctuation."}})

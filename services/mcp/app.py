@@ -33,7 +33,7 @@ from schemas.memory import ContextBudgets, ContextRequest, MemoryScopes
 from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, TimeRange
 from schemas.subjects import SESSION_ID_PATTERN
 from services.gateway.bus import Bus
-from services.gateway.models import FactFilters, GroupId, WriteGroupId
+from services.gateway.models import AddTripletRequest, FactFilters, GroupId, WriteGroupId
 from services.gateway.settings import is_loopback
 from services.mcp.settings import McpSettings
 from services.mcp.tools import EngramTools, ToolFailed
@@ -198,6 +198,28 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
     async def clear_graph(group_id: GroupId) -> dict:
         """Delete everything of one group's graph. Messages still in the pipeline are written after this."""
         return await _run("clear_graph", tools.clear_graph(group_id))
+
+    @server.tool()
+    async def add_triplet(
+        source_node_name: Annotated[str, Field(min_length=1, max_length=256, description="The source entity, e.g. Ada.")],
+        edge_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z][A-Za-z0-9_ ]*$",
+                                        description="The relation, e.g. USES or WORKS_FOR.")],
+        fact: Annotated[str, Field(min_length=1, max_length=2000, description="The fact as a sentence.")],
+        target_node_name: Annotated[str, Field(min_length=1, max_length=256, description="The target entity.")],
+        group_id: WriteGroupId,
+        source_node_uuid: Annotated[str | None, Field(max_length=256, description="Graphiti's argument, ignored: "
+                                                      "engram resolves entities by name, as for extracted facts.")] = None,
+        target_node_uuid: Annotated[str | None, Field(max_length=256, description="As source_node_uuid.")] = None,
+        valid_at: Annotated[AwareDatetime | None, Field(description="Since when it holds; omitted: now.")] = None,
+        invalid_at: Annotated[AwareDatetime | None, Field(description="Until when it held, if it ended.")] = None,
+    ) -> dict:
+        """Store a fact given whole (source -[edge_name]-> target) with no extraction pass: its entities
+        resolved against the group's and the fact like an extracted one (a duplicate merges, a
+        contradiction ends the older fact). Answers once stored durably; in the graph within seconds."""
+        request = AddTripletRequest(group_id=group_id, source_node_name=source_node_name, edge_name=edge_name,
+                                    fact=fact, target_node_name=target_node_name, valid_at=valid_at,
+                                    invalid_at=invalid_at)
+        return await _run("add_triplet", tools.add_triplet(request))
 
     @server.tool()
     async def get_episode_entities(

@@ -23,6 +23,7 @@ from engram.secrets import scrub_secrets
 from engram.settings import EngramSettings
 from schemas import Episode, EpisodeMessage, RecallResponse, subjects
 from schemas.ids import episode_id_for
+from engram.triplets import publish_triplet
 from schemas.memory import (
     ContextRequest,
     ContextResponse,
@@ -51,7 +52,7 @@ from schemas.messages import (
 from services.gateway import mapping
 from services.gateway.bus import Bus, BusError
 from services.gateway.idempotency import request_fingerprint
-from services.gateway.models import FactFilters, Message
+from services.gateway.models import AddTripletRequest, FactFilters, Message
 from services.mcp.settings import McpSettings
 
 EPISODE_SESSION_PREFIX = "mcp"
@@ -228,6 +229,24 @@ class EngramTools:
         await self._admin(subjects.GRAPH_EPISODE_DELETE, GraphEpisodeDeleteRequest(uuid=uuid), GraphDeleteResponse,
                           f"episode {uuid}")
         return {"message": f"Episode {uuid} deleted successfully"}
+
+    async def add_triplet(self, request: AddTripletRequest) -> dict:
+        """Graphiti's add_triplet through engram/triplets.py (the gateway's POST /triplets too)."""
+        try:
+            episode = mapping.triplet_request_episode(request)
+        except ValueError as exc:
+            raise ToolFailed(str(exc)) from exc
+        try:
+            stored = await publish_triplet(self.bus.jetstream(), episode, self.mcp.publish_timeout_s)
+        except BusError as exc:
+            raise ToolFailed(exc.detail) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise ToolFailed(f"the message broker did not confirm the triplet ({type(exc).__name__}); retry") from exc
+        return {"message": (f"Triplet '{request.source_node_name} -[{request.edge_name}]-> "
+                            f"{request.target_node_name}' stored durably; it is resolved into the graph like an "
+                            "extracted fact" if stored else "Triplet already stored; nothing new was added"),
+                "stored": stored, "duplicate": not stored, "group_id": episode.group_id,
+                "episode_id": episode.episode_id}
 
     async def get_episode_entities(self, episode_uuids: list[str]) -> dict:
         answer = await self._admin(subjects.GRAPH_EPISODE_ENTITIES, GraphEpisodeEntitiesRequest(uuids=episode_uuids),

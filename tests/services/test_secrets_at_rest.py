@@ -85,12 +85,14 @@ NATS_DOORS: dict[str, str] = {
     "GRAPH_GROUPS": "a read; no text",
     "GRAPH_ENTITY_SAVE": PLANTED,  # through POST /entity-node (the CLI's NATS user may not save entities)
     "GRAPH_ENTITIES": "a read; no text",
+    "GRAPH_EPISODE_ENTITIES": "uuids; no text",
 }
 REST_DOORS: dict[str, str] = {
     "GET /healthcheck": "no body",
     "POST /messages": PLANTED,
     "POST /promote": PLANTED,
     "POST /entity-node": PLANTED,
+    "POST /triplets": PLANTED,
     "POST /search": PLANTED,
     "POST /get-memory": PLANTED,
     "GET /episodes/{group_id}": "a read; no text",
@@ -128,6 +130,10 @@ MCP_DOORS: dict[str, str] = {
     "set_user_preference": PLANTED,
     "get_user_preferences": "a read; no text",
     "remove_user_preference": PLANTED,
+    "add_triplet": PLANTED,
+    "get_episode_entities": "uuids; no text",
+    "build_communities": "answered as not supported: stores nothing",
+    "summarize_saga": "answered as not supported: stores nothing",
 }
 
 
@@ -222,7 +228,8 @@ async def _plant_over_nats(settings: EngramSettings) -> list[str]:
 
 async def _plant_over_rest(url: str) -> list[str]:
     group = "secret-door-rest"
-    chat, entity, note, pref, promo = (_marker(f"rest {w}") for w in ("chat", "entity", "note", "pref", "promo"))
+    chat, entity, note, pref, promo, triplet = (_marker(f"rest {w}") for w in
+                                                ("chat", "entity", "note", "pref", "promo", "triplet"))
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         async def ok(response: httpx.Response) -> None:
             assert response.status_code < 300, (response.request.url, response.status_code, response.text[:300])
@@ -245,12 +252,16 @@ async def _plant_over_rest(url: str) -> list[str]:
         await ok(await http.post("/get-memory", json={"group_id": group, "messages": [
             {"role_type": "user", "role": "Ada", "content": f"what was {TOLD}?"}]}))
         await ok(await http.post("/context", json={"scopes": user, "query": TOLD, "identity": TOLD}))
-    return [chat, entity, note, pref, promo]
+        await ok(await http.post("/triplets", json={"group_id": group, "source_node_name": f"{triplet} vault",
+                                                    "edge_name": "USES", "target_node_name": f"key {KEY_ID}",
+                                                    "fact": f"{triplet} vault stores {TOLD}"}))
+    return [chat, entity, note, pref, promo, triplet]
 
 
 async def _plant_over_mcp(url: str) -> list[str]:
     group = "secret-door-mcp"
-    text, message, note, pref, promo = (_marker(f"mcp {w}") for w in ("text", "message", "note", "pref", "promo"))
+    text, message, note, pref, promo, triplet = (_marker(f"mcp {w}") for w in
+                                                 ("text", "message", "note", "pref", "promo", "triplet"))
     client = httpx2.AsyncClient(timeout=60)
     async with client, streamable_http_client(url + "/mcp", http_client=client) as (read, write), \
             ClientSession(read, write) as session:
@@ -268,7 +279,9 @@ async def _plant_over_mcp(url: str) -> list[str]:
         await call(session, "search_memory_facts", query=f"AWS secret {TOLD}", group_ids=[group])
         await call(session, "search_nodes", query=f"AWS secret {TOLD}", group_ids=[group])
         await call(session, "get_context", query=TOLD, user="secrets-user")
-    return [text, message, note, pref, promo]
+        await call(session, "add_triplet", source_node_name=f"{triplet} vault", edge_name="USES",
+                   target_node_name=f"key {KEY_ID}", fact=f"{triplet} vault stores {TOLD}", group_id=group)
+    return [text, message, note, pref, promo, triplet]
 
 
 async def _plant_everywhere(up: Up, data: Path, *, until_no_secret: bool) -> list[str]:

@@ -38,7 +38,7 @@ EDGE_ERROR = (("outcome", "error"), ("tool", "get_entity_edge"))
 TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "delete_episode", "delete_entity_edge",
          "get_entity_edge", "clear_graph", "get_status", "get_context", "promote", "save_user_note",
          "set_user_preference", "get_user_preferences", "remove_user_preference", "build_communities",
-         "summarize_saga", "get_episode_entities"}
+         "summarize_saga", "get_episode_entities", "add_triplet"}
 
 
 @contextlib.asynccontextmanager
@@ -120,6 +120,23 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             assert "not found" in await fails(session, "get_episode_entities", episode_uuids=["no-such-episode"])
             both = await call(session, "get_episodes", group_ids=[group, "mcp-empty-group"])  # Graphiti's form
             assert [e["uuid"] for e in both["episodes"]] == [added["episode_id"]]
+
+            # a fact given whole (Graphiti's add_triplet): no extraction pass, the same provenance tool
+            triplet = await call(session, "add_triplet", source_node_name="Ada", edge_name="USES",
+                                 fact="Ada uses Emacs for Python.", target_node_name="Emacs", group_id=f"{group}-t")
+
+            async def triplet_written() -> dict | None:
+                result = await session.call_tool("get_episode_entities", {"episode_uuids": [triplet["episode_id"]]})
+                if result.is_error:  # not in the graph yet
+                    return None
+                made = result.structured_content or json.loads(result.content[0].text)
+                return made if made["edges"] else None
+
+            made = await wait_for(triplet_written, 60, interval=0.25)
+            assert [e["fact"] for e in made["edges"]] == ["Ada uses Emacs for Python."]
+            assert sorted(n["name"] for n in made["nodes"]) == ["Ada", "Emacs"]
+            assert "source_node_name" in await fails(session, "add_triplet", source_node_name="it", edge_name="USES",
+                                                     fact="x", target_node_name="Emacs", group_id=f"{group}-t")
 
             # reference_time (Graphiti's argument): when it was said, the episode's time
             dated = await call(session, "add_memory", name="old", episode_body="user (Ada): We used Flask in 2024.",

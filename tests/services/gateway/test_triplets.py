@@ -1,0 +1,89 @@
+"""Memory without an LLM pass (issue 26, item 3; engram/triplets.py): POST /triplets stores a
+fact given whole, resolved like an extracted one -- the same triplet twice is stored once, a
+triplet naming a known entity joins it, a contradicting later one ends the older fact -- and no
+extraction call is made. Real NATS and FalkorDB, the pipeline in-process (offline rules model)."""
+
+from __future__ import annotations
+
+from engram.graph import GraphDrivers, query_rows
+from engram.triplets import triplet_episode
+from schemas import TripletFact
+from services.extractor.scrub import scrubbed_episode
+from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
+from tests.services.turn_detector.helpers import wait_for
+
+GROUP = "triplets-1"
+
+
+async def _facts(settings) -> list[dict]:  # noqa: ANN001
+    graph = GraphDrivers(settings)
+    try:
+        return await query_rows(await graph.driver(GROUP),
+                                "MATCH (a:Entity)-[e:RELATES_TO]->(b:Entity) RETURN a.name AS source, e.name AS name, "
+                                "b.name AS target, e.fact AS fact, e.invalid_at AS invalid_at, e.expired_at AS expired_at")
+    finally:
+        await graph.close()
+
+
+async def _entities(settings) -> list[str]:  # noqa: ANN001
+    graph = GraphDrivers(settings)
+    try:
+        return sorted(r["name"] for r in await query_rows(await graph.driver(GROUP), "MATCH (n:Entity) RETURN n.name AS name"))
+    finally:
+        await graph.close()
+
+
+async def test_a_triplet_is_stored_once_resolved_like_an_extracted_fact(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    body = {"group_id": GROUP, "source_node_name": "billing service", "edge_name": "USES", "target_node_name": "Postgres",
+            "fact": "The billing service uses Postgres 15.", "valid_at": "2026-09-01T10:00:00Z"}
+    async with pipeline(settings), serve_gateway(settings) as http:
+        r = await http.post("/triplets", json=body)
+        assert r.status_code == 202, r.text
+        first = r.json()
+        assert first["stored"] is True and first["group_id"] == GROUP
+        again = (await http.post("/triplets", json=body)).json()
+        assert again == {**first, "stored": False}  # the same triplet twice: stored once
+
+        async def written() -> list[dict] | None:
+            rows = await _facts(settings)
+            return rows or None
+
+        rows = await wait_for(written, 30, interval=0.2)
+        assert [(r["source"], r["name"], r["target"], r["fact"]) for r in rows] == [
+            ("billing service", "USES", "Postgres", "The billing service uses Postgres 15.")]
+        r = await http.get(f"/episodes/{GROUP}", params={"last_n": 5})
+        [episode] = r.json()
+        assert episode["uuid"] == first["episode_uuid"] and episode["extraction"]["llm_calls"] == 0, episode
+
+        # a later switch, given whole too, ends the older fact; the known entity is reused, not duplicated
+        r = await http.post("/triplets", json={
+            "group_id": GROUP, "source_node_name": "Billing service", "edge_name": "USES", "target_node_name": "SQLite",
+            "fact": "We switched the billing service to SQLite.", "valid_at": "2026-10-01T10:00:00Z"})
+        assert r.status_code == 202, r.text
+
+        async def ended() -> list[dict] | None:
+            rows = await _facts(settings)
+            postgres = [x for x in rows if x["target"] == "Postgres"]
+            return rows if len(rows) == 2 and postgres and postgres[0]["invalid_at"] is not None else None
+
+        rows = await wait_for(ended, 30, interval=0.2)
+        assert sorted(await _entities(settings)) == ["Postgres", "SQLite", "billing service"], await _entities(settings)
+        assert str(next(x for x in rows if x["target"] == "Postgres")["invalid_at"]).startswith("2026-10-01")
+
+        # bad input: a clear 422, nothing stored
+        bad = await http.post("/triplets", json={**body, "source_node_name": "it"})
+        assert bad.status_code == 422 and "source_node_name" in bad.text
+        assert (await http.post("/triplets", json={**body, "edge_name": "uses; DROP"})).status_code == 422
+
+
+def test_a_triplet_s_secrets_never_reach_the_graph() -> None:
+    from datetime import datetime, timezone
+
+    triplet = TripletFact(source="Ada", relation="USES", target="password=Sup3rSecretValue!",
+                          fact="Ada logs in with password=Sup3rSecretValue! on staging.")
+    episode = triplet_episode(GROUP, triplet, datetime(2026, 9, 1, tzinfo=timezone.utc))
+    assert "Sup3rSecretValue" not in episode.model_dump_json()
+    # and the extractor scrubs again whatever door published it
+    raw = episode.model_copy(update={"triplet": triplet})
+    assert "Sup3rSecretValue" not in scrubbed_episode(raw).model_dump_json(exclude={"content"})
