@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -26,6 +27,7 @@ from engram.cli_support import (  # noqa: E402
     nats_connection,
     nats_url_or_fail,
     plain,
+    running_stack_or_fail,
     print_json,
     print_table,
     unreachable,
@@ -175,6 +177,56 @@ def topology(data_dir: DataDir = None) -> None:
 
     streams = asyncio.run(declare())
     plain(console, f"topology ok: {streams} streams, their consumers and KV buckets")
+
+
+@app.command()
+def export(
+    group: Annotated[str, typer.Option(help="The group id to export (engram status lists groups; recall's answers "
+                                            "name theirs).")],
+    out: Annotated[Optional[Path], typer.Option(help="Write here instead of standard output.")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write one group's memory (episodes, entities, facts, preferences, notes, session summaries) as
+    JSONL, to take elsewhere with `engram import` (engram/export.py)."""
+    from engram.export import ExportError, export_lines
+
+    settings = _settings(data_dir)
+    running_stack_or_fail(settings)
+    try:
+        lines = asyncio.run(export_lines(settings, group))
+    except ExportError as exc:
+        raise CliError(str(exc)) from exc
+    except (ConnectionError, OSError) as exc:
+        raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
+                       "running? (`engram status`)") from exc
+    text = "\n".join(lines) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+        plain(err, f"exported {len(lines) - 1} nodes and edges of {group} to {out}", style="dim")
+
+
+@app.command("import")
+def import_(
+    file: Annotated[Path, typer.Argument(help="An `engram export` file.", exists=True, dir_okay=False, readable=True)],
+    group: Annotated[Optional[str], typer.Option(help="Import into this group id instead of the exported one.")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write an `engram export` file into this stack's graph; importing it again changes nothing."""
+    from engram.export import ExportError, import_lines
+
+    settings = _settings(data_dir)
+    running_stack_or_fail(settings)
+    try:
+        with file.open(encoding="utf-8") as lines:
+            result = asyncio.run(import_lines(settings, lines, group))
+    except ExportError as exc:
+        raise CliError(f"{file}: {exc}") from exc
+    except (ConnectionError, OSError) as exc:
+        raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
+                       "running? (`engram status`)") from exc
+    plain(console, f"imported {result['nodes']} nodes and {result['edges']} edges into {result['group_id']}")
 
 
 @app.command()

@@ -101,6 +101,15 @@ def nats_url_or_fail(settings: EngramSettings) -> str:
                        f"{start_hint(settings)}") from exc
 
 
+def running_stack_or_fail(settings: EngramSettings) -> str:
+    """:func:`nats_url_or_fail`, and a :class:`CliError` too when the runtime file's `engram up` is
+    gone: for commands that talk to the stack's graph, whose refused connection would say less."""
+    url = nats_url_or_fail(settings)
+    if _stale_runtime(settings):
+        raise CliError(unreachable(settings, url, "not running"))
+    return url
+
+
 def _stale_runtime(settings: EngramSettings) -> int | None:
     """The supervisor pid of a runtime file whose `engram up` is gone (killed before it cleaned up)."""
     from engram.embedded import pid_alive

@@ -29,6 +29,7 @@ OPTIONS_TO_REACH_THE_STACK = {
     ("promote",): ["--workspace", "w"],
     ("recall",): ["--user", "u"],
     ("context",): ["--user", "u"],
+    ("export",): ["--group", "g"],
     **{("memory", sub): ["--user", "u"] for sub in ("prefs", "set", "unset", "note", "notes")},
 }
 """Options without which the command stops at its own argument check, before it needs the stack."""
