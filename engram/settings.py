@@ -78,6 +78,11 @@ class SessionSettings(BaseSettings):
     previous_summaries: int = Field(
         2, ge=0, le=20, description="Summaries of the same memory group's earlier segments chained into the prompt.",
     )
+    context_summaries: int = Field(
+        3, ge=1, le=20,
+        description="The memory group's last closed sessions whose summaries the context's session_summary layer "
+        "chains, newest first, within its budget (ENGRAM_CONTEXT_BUDGET_SESSION_SUMMARY): the oldest are cut first.",
+    )
 
 
 class ContextSettings(BaseSettings):

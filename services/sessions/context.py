@@ -11,7 +11,8 @@ budgets and a :class:`ContextSources` (where the stored layers come from). Layer
   services/extractor/pipeline.py): both are matched, so a chat turn never shows up here.
 * ``user_context``    -- the memory group's current preferences as ``key: value`` lines, then its
   notes, newest first (services/sessions/store.py).
-* ``session_summary`` -- the hybrid summary of the memory group's last closed session segment.
+* ``session_summary`` -- the hybrid summaries of the memory group's last closed session segments
+  (``ENGRAM_SESSION_CONTEXT_SUMMARIES``, 3), newest first, the oldest cut first to fit.
 * ``skills``          -- the request's own ``skills`` text.
 * ``recall``          -- recall's answer for ``query`` over the request's scopes (``engram.recall``),
   tagged ``<graphiti_memory>`` as recall renders it.
@@ -293,6 +294,19 @@ def render_user_context(preferences: list[UserPreference], notes: list[UserNote]
     return "\n".join(parts)
 
 
+def render_sessions(records: list[SessionRecord]) -> LayerContent:
+    """The last sessions' summaries, newest first: one alone as it is, several each under a line
+    naming its session and day (whole lines are cut from the end: the oldest go first)."""
+    if len(records) == 1:
+        return render_session(records[0])
+    # the heading opens the summary's first line: a cut after one line still says something
+    body = "\n\n".join(f"[session {r.session_id} segment {r.segment}, closed {_day(r.closed_at)}, {r.close_reason}] "
+                        f"{r.summary.strip()}" for r in records)
+    newest = records[0]
+    return LayerContent(body=body, source=f"last {len(records)} sessions, newest closed "
+                                          f"{newest.closed_at.isoformat(timespec='minutes')}")
+
+
 def render_session(record: SessionRecord) -> LayerContent:
     closed = record.closed_at.isoformat(timespec="minutes")
     return LayerContent(
@@ -333,10 +347,11 @@ AskRecall = Callable[[RecallRequest, float], Awaitable[RecallResponse]]
 class StoredSources:
     """The layers from the graph (through services/sessions/store.py's MemoryStore) and recall."""
 
-    def __init__(self, store: Any, prefix: str, ask_recall: AskRecall) -> None:  # store: MemoryStore
+    def __init__(self, store: Any, prefix: str, ask_recall: AskRecall, summaries: int = 1) -> None:  # store: MemoryStore
         self.store = store
         self.prefix = prefix
         self.ask_recall = ask_recall
+        self.summaries = summaries  # ENGRAM_SESSION_CONTEXT_SUMMARIES: sessions chained in session_summary
 
     def _memory_group(self, request: ContextRequest) -> str | None:
         s = request.scopes
@@ -368,10 +383,10 @@ class StoredSources:
         group = self._memory_group(request)
         if group is None:
             return None
-        records = await self.store.last_sessions(group, 1)
-        if not records or not records[0].summary.strip():
+        records = [r for r in await self.store.last_sessions(group, self.summaries) if r.summary.strip()]
+        if not records:
             return None
-        content = render_session(records[0])
+        content = render_sessions(records)
         return LayerContent(content.body, f"group {group}: {content.source}")
 
     async def recall(self, request: ContextRequest, budget: int, timeout_ms: int) -> LayerContent | None:

@@ -115,7 +115,8 @@ def subscribe(broker: NatsBroker, store: Any, settings: EngramSettings,
     for subject in subjects.MEMORY_SUBJECTS:
         serve_memory(subject)
 
-    context = ContextService(StoredSources(store, prefix, recall_asker(broker)), defaults)
+    context = ContextService(StoredSources(store, prefix, recall_asker(broker), settings.session.context_summaries),
+                             defaults)
 
     @broker.subscriber(subjects.CONTEXT, queue=CONTEXT_QUEUE, title="context", decoder=message_itself)
     async def on_context(msg: Any) -> ContextResponse:

@@ -237,3 +237,23 @@ async def test_context_round_trip_and_bad_requests(stack: Stack) -> None:
     assert empty.status == "ok" and empty.sections == [] and empty.prompt == "" and empty.tokens == 0
     assert sample("engram_context_requests_total", {"outcome": "bad_request"}) == bad_requests + 2
     assert sample("engram_context_seconds_count") == timed + 4
+
+
+async def test_the_session_summary_layer_chains_the_last_sessions_newest_first(stack: Stack) -> None:
+    """Seed 004's next step (issue 26, item 6): the last ENGRAM_SESSION_CONTEXT_SUMMARIES (3)
+    sessions' summaries, newest first, within the layer's budget: the oldest are cut first."""
+    user_g = subjects.user_group(stack.settings.group_prefix, "chain@example.org")
+    for day in range(4):
+        await stack.store.save_session(user_g, SessionRecord(
+            session_id=f"s{day}", segment=0, segment_id=f"s{day}-0-0", summary=f"Day {day}: worked on billing step {day}.",
+            summary_source="llm", close_reason="idle", closed_at=T0 + timedelta(days=day)))
+    request = ContextRequest(scopes=MemoryScopes(user="chain@example.org"), timeout_ms=10_000,
+                             budgets=ContextBudgets(recall=0))
+    layer = {s.layer: s for s in (await ask(stack.nc, request)).sections}["session_summary"]
+    text = layer.text
+    assert "Day 3" in text and "Day 2" in text and "Day 1" in text and "Day 0" not in text, text  # the last 3
+    assert text.index("Day 3") < text.index("Day 2") < text.index("Day 1")  # newest first
+    assert "[session s3 segment 0, closed 2026-03-04, idle] Day 3" in text and "last 3 sessions" in layer.source
+    tight = request.model_copy(update={"budgets": ContextBudgets(recall=0, session_summary=80)})
+    cut = {s.layer: s for s in (await ask(stack.nc, tight)).sections}["session_summary"]
+    assert "Day 3" in cut.text and "Day 1" not in cut.text and cut.truncated and cut.tokens <= 80, cut.text
