@@ -70,7 +70,7 @@ NOT_RUN = {
         "the OpenAI-compatible client it configures is tested against the LLM simulator "
         "(tests/engram/test_openai_provider.py, tests/engram/test_openai_real_model_defaults.py)",
     ("Sessions and the agent's context",
-     "── user_context: 752/1500 tokens (group engram_user_0bfe935e70c321c7: 0 preferences, 42 notes)"):
+     "── user_context: 695/1500 tokens (group engram_user_0bfe935e70c321c7: 0 preferences, 43 notes)"):
         "example output, not a command: the `engram context` line of 'Using it' runs (after the same "
         "LoCoMo ingest), and tests/engram/test_cli_context.py checks the layout and the budgets",
     ("MCP (Model Context Protocol)",
