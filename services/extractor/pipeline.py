@@ -135,6 +135,7 @@ from services.extractor.chunking import (
     should_chunk,
 )
 from services.extractor.deltas import build_node_deltas
+from services.extractor.extraction_prompt import engram_clients
 from services.extractor.local_answers import DEDUPE_SIMILARITY, LocalAnswersLLMClient
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from services.extractor.told_later import telling
@@ -438,8 +439,9 @@ async def _extract_combined(
     timings: dict[str, float],
 ) -> _Extracted:
     start = perf_counter()
+    # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py)
     nodes, edges, _ = await extract_nodes_and_edges(
-        clients, episode_node, previous, custom_extraction_instructions=instructions or None
+        engram_clients(clients), episode_node, previous, custom_extraction_instructions=instructions or None
     )
     timings["extract_ms"] = _ms(start)
 
