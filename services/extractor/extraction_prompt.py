@@ -82,7 +82,7 @@ CUSTOM_RULE = "They come from the owner of this graph and win over the rules abo
 
 FIXED_TOKEN_BUDGET = 700
 """cl100k tokens of the prompt without the turn, the previous episodes and the custom instructions,
-schema included (measured ~560 when written); tests keep it under this."""
+schema included (622 when written); tests keep it under this."""
 
 
 class LeanEntity(BaseModel):

@@ -10,7 +10,8 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    its NodeDeltas from the stored graph so the caller can re-publish them);
 2. previous episodes: ``retrieve_episodes`` (``previous_window`` before reference_time);
 3. extraction, ONE pass by default (``mode="combined"``): ``extract_nodes_and_edges``
-   (graphiti's combined node+edge prompt, the one ``add_episode_bulk`` uses). Why combined:
+   (graphiti's combined node+edge stage, the one ``add_episode_bulk`` uses, with engram's own
+   shorter prompt and answer schema: :mod:`services.extractor.extraction_prompt`). Why combined:
    the product goal is a single extraction LLM pass per turn, and this prompt is that pass --
    one large prompt instead of ``extract_nodes`` + ``extract_edges`` (which each repeat ~1.9k
    tokens of fixed instructions and the previous-episodes block), the custom instructions are
