@@ -94,7 +94,7 @@ async def main(args: argparse.Namespace) -> int:
     conversations = load_conversations(args.locomo)
     samples = [s for s in args.samples.split(",") if s]
     turns = build_slice(args.locomo, conversations, samples, args.per_conversation)
-    chosen = [t for t in round_robin(turns) if t.observations][: args.turns]
+    chosen = [t for t in round_robin(turns) if t.observations][args.skip: args.turns]
     current = validate_at_startup(ExtractionSettings()) or ""
     templates = {"graphiti": args.graphiti_template.read_text(encoding="utf-8").strip() if args.graphiti_template
                  else current, "engram": current}
@@ -138,6 +138,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", default=",".join(TUNING_SPLIT), help="comma-separated tuning conversations")
     p.add_argument("--per-conversation", type=int, default=15, help="turns read per conversation")
     p.add_argument("--turns", type=int, default=8, help="turns asked (those with observations, round robin)")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N of those turns (resume a run)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--graphiti-template", type=Path, help="custom instructions of the graphiti variant")
     p.add_argument("--llm-base-url", required=True)
