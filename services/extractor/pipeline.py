@@ -10,7 +10,8 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    its NodeDeltas from the stored graph so the caller can re-publish them);
 2. previous episodes: ``retrieve_episodes`` (``previous_window`` before reference_time);
 3. extraction, ONE pass by default (``mode="combined"``): ``extract_nodes_and_edges``
-   (graphiti's combined node+edge prompt, the one ``add_episode_bulk`` uses). Why combined:
+   (graphiti's combined node+edge stage, the one ``add_episode_bulk`` uses, with engram's own
+   shorter prompt and answer schema: :mod:`services.extractor.extraction_prompt`). Why combined:
    the product goal is a single extraction LLM pass per turn, and this prompt is that pass --
    one large prompt instead of ``extract_nodes`` + ``extract_edges`` (which each repeat ~1.9k
    tokens of fixed instructions and the previous-episodes block), the custom instructions are
@@ -136,6 +137,7 @@ from services.extractor.chunking import (
     should_chunk,
 )
 from services.extractor.deltas import build_node_deltas
+from services.extractor.extraction_prompt import engram_clients
 from services.extractor.local_answers import DEDUPE_SIMILARITY, LocalAnswersLLMClient
 from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from services.extractor.told_later import telling
@@ -439,8 +441,9 @@ async def _extract_combined(
     timings: dict[str, float],
 ) -> _Extracted:
     start = perf_counter()
+    # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py)
     nodes, edges, _ = await extract_nodes_and_edges(
-        clients, episode_node, previous, custom_extraction_instructions=instructions or None
+        engram_clients(clients), episode_node, previous, custom_extraction_instructions=instructions or None
     )
     timings["extract_ms"] = _ms(start)
 

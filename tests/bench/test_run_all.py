@@ -25,6 +25,7 @@ NOT_BENCHES = {
     "llm_simulator.py": "the misbehaving LLM server that bench/chaos.py and the LLM fault tests use",
     "reference_llm.py": "the LLM client answering from LoCoMo's observations (recall_quality.py --facts reference)",
     "local_llm.py": "serves a small GGUF model with xllamacpp for extraction_quality.py runs outside CI",
+    "extraction_prompt_ab.py": "graphiti's vs engram's combined extraction prompt with a real model, outside CI",
 }
 
 

@@ -1,7 +1,7 @@
 """Extraction instructions end to end, against real NATS JetStream and FalkorDB with the pipeline
 in-process (turn-detector -> extractor, recall) and a recording LLM (the offline rules model that
 keeps every prompt it is sent): ENGRAM_EXTRACTION_PREPROCESSING_MODE places the text before or
-after graphiti's instructions, and a per-turn override sent through REST ``POST /messages``, a
+after the extraction instructions (the combined prompt's are engram's own), and a per-turn override sent through REST ``POST /messages``, a
 ChatMessage on NATS or MCP ``add_memory`` reaches the model's prompt -- scrubbed, never logged."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from engram.embedded import free_port
 from engram.settings import EngramSettings, TurnDetectorSettings
 from schemas import ExtractionOverride, subjects
 from services.extractor import app as ex_app
+from services.extractor.extraction_prompt import INSTRUCTIONS
 from services.mcp.settings import McpSettings
 from services.recall import app as recall_app
 from services.turn_detector import app as td_app
@@ -33,7 +34,8 @@ from tests.support.llm import RecordingLLMClient
 
 # A secret the scrubber knows (an OpenAI-style key): it must reach neither the Episode nor the prompt.
 SECRET = "sk-" + "Zq8wN3vR5tY7uI9oP1aS2dF4gH6jK8lX"
-GRAPHITI_GOAL = "# Goal"  # the first line of graphiti's combined extraction instructions
+# the first line of the combined extraction instructions (engram's own prompt: services/extractor/extraction_prompt.py)
+GRAPHITI_GOAL = INSTRUCTIONS.split("\n", 1)[0]
 CONFIGURED = "Reading this chat turn"  # the first line of the default template (templates/default-session-turn.md)
 
 
@@ -96,7 +98,7 @@ async def test_preprocessing_mode_puts_the_text_before_or_after_graphitis_instru
         assert at < goal
         assert "<CUSTOM INSTRUCTIONS>" not in prompt
     else:
-        assert goal < prompt.index("<CUSTOM INSTRUCTIONS>") < at  # graphiti's own section, after its rules
+        assert goal < prompt.index("<CUSTOM INSTRUCTIONS>") < at  # the custom-instructions section, after the rules
         assert "<PREPROCESSING INSTRUCTIONS>" not in prompt
     # every extraction prompt of the episode got it, and only those: dedupe and summaries did not
     assert all(marker in p for p in llm.extraction_prompts())

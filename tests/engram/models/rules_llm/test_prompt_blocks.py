@@ -1,8 +1,8 @@
 """The prompt blocks the rules client reads must be in graphiti's prompts: fails when graphiti
 renames, drops or reformats one.
 
-Each case renders a prompt with graphiti's own prompt library (and engram's summary-gate prompt
-builder) from the context graphiti's code passes, answers it, and records every block the
+Each case renders a prompt with graphiti's own prompt library (and engram's combined extraction
+and summary-gate prompt builders) from the context graphiti's code passes, answers it, and records every block the
 handler looked up (``prompts._block``): the blocks found must be exactly the expected ones, and
 the text blocks must hold what the context put there. Every response model the client handles
 has a case, so a new handler without one fails too.
@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from engram.models.rules_llm import RulesExtractorClient, prompts
 from schemas.memory import TranscriptLine
+from services.extractor.extraction_prompt import build_prompt
 from services.sessions.close import HybridSessionSummary, UserFacts, facts_messages, summary_messages
 from services.summary_gate.store import ActiveFact, NodeView
 from services.summary_gate.summarize import EntitySummaries, build_messages
@@ -74,6 +75,17 @@ class Case:
 
 
 CASES = [
+    Case(
+        # engram's own combined prompt (services/extractor/extraction_prompt.py): no ENTITY TYPES block
+        # (the rules client then assumes the one default type), the same two message blocks
+        "engram: extract_nodes_and_edges.extract_message", CombinedExtraction,
+        lambda: build_prompt({
+            "episode_content": CHAT_TURN, "previous_episodes": PREVIOUS, "custom_extraction_instructions": "x",
+            "entity_types": _build_entity_types_context(None), "edge_types": [], "strict_edge_types": False,
+        }).as_messages(),
+        frozenset({"CURRENT MESSAGES", "PREVIOUS MESSAGES"}),
+        {"CURRENT MESSAGES": CHAT_TURN, "PREVIOUS MESSAGES": '[{"content": "user (Caroline): Hi Melanie!"}]'},
+    ),
     Case(
         "extract_nodes_and_edges.extract_message", CombinedExtraction,
         lambda: prompt_library.extract_nodes_and_edges.extract_message({
@@ -208,7 +220,7 @@ def test_graphiti_prompts_hold_the_blocks_the_handlers_read(case: Case, monkeypa
 
 def test_a_renamed_block_is_noticed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above can fail: the same prompt with one tag renamed loses that block."""
-    case = next(c for c in CASES if c.model is CombinedExtraction)
+    case = next(c for c in CASES if c.prompt == "extract_nodes_and_edges.extract_message")
     renamed = [Message(role=m.role, content=m.content.replace("CURRENT MESSAGES>", "CURRENT_EPISODES>")) for m in case.messages()]
     found = {tag for tag, text in blocks_read(renamed, case.model, monkeypatch).items() if text is not None}
     assert "CURRENT MESSAGES" not in found and found != case.found

@@ -1,0 +1,184 @@
+"""engram's combined extraction prompt (services/extractor/extraction_prompt.py): its token budget,
+the pieces a model needs, the lean schema, and that the rules model answers it as it answered
+graphiti's prompt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from graphiti_core.prompts import prompt_library
+from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction as GraphitiCombinedExtraction
+from graphiti_core.utils.maintenance.node_operations import _build_entity_types_context
+
+from engram.models.rules_llm import RulesExtractorClient
+from engram.tokens import token_counter
+from services.extractor.extraction_prompt import (
+    FIXED_TOKEN_BUDGET,
+    INSTRUCTIONS,
+    PROMPT_LIBRARY,
+    PROMPT_NAME,
+    SYSTEM,
+    LeanCombinedExtraction,
+    LeanSchemaLLMClient,
+    build_prompt,
+    engram_clients,
+    is_engram_prompt,
+)
+from services.extractor.preprocessing import ExtractionSettings, validate_at_startup
+from tests.engram.models.rules_llm.helpers import CHAT_TURN, CHAT_TYPES, REF
+
+SCHEMA_NOTE = "\n\nRespond with a JSON object in the following format:\n\n"  # what graphiti's client appends
+# A conversation turn of LoCoMo's size (~80 tokens; LoCoMo itself is never stored in the project).
+TURN = ("Caroline: I went to a LGBTQ support group yesterday and it was so powerful. The stories people shared "
+        "about their transitions really inspired me to keep going with my counseling plans.\n"
+        "Melanie: Wow, that's cool, Caroline! I'm so glad it helped. I took the kids to the museum last weekend "
+        "and we spent hours at the dinosaur exhibit.")
+PREVIOUS = [{"content": "Caroline: Hey Mel! Good to see you! How have you been?\nMelanie: Hey Caroline! I'm "
+             "swamped with the kids and work. What's up with you? Anything new?", "timestamp": REF.isoformat()}] * 2
+
+
+def context(content: str = TURN, previous: list[dict] | None = None, custom: str = "",
+            types: Any = None, edge_types: list | None = None) -> dict[str, Any]:
+    return {"episode_content": content, "previous_episodes": PREVIOUS if previous is None else previous,
+            "custom_extraction_instructions": custom, "entity_types": _build_entity_types_context(types),
+            "edge_types": edge_types or [], "strict_edge_types": False}
+
+
+def call_tokens(ctx: dict[str, Any]) -> int:
+    """cl100k tokens of the call as the rules model (and accounting) count it: messages + schema."""
+    messages = build_prompt(ctx).as_messages()
+    count = token_counter()
+    schema = json.dumps(LeanCombinedExtraction.model_json_schema())
+    return sum(count(m.content) for m in messages) + count(SCHEMA_NOTE + schema)
+
+
+def test_fixed_part_stays_under_its_token_budget() -> None:
+    assert call_tokens(context(content="", previous=[])) <= FIXED_TOKEN_BUDGET
+
+
+def test_a_locomo_sized_call_with_the_default_template_stays_under_the_budget_for_0_15x() -> None:
+    # 0.15x of upstream graphiti's ~12,250 tokens per LoCoMo turn is ~1,840 for everything a turn
+    # costs (bench/extraction_cost.py); the extraction call must leave room for the rare small calls.
+    template = validate_at_startup(ExtractionSettings()) or ""
+    assert template and call_tokens(context(custom=template)) <= 1_500
+    graphiti = prompt_library.extract_nodes_and_edges.extract_message(context(custom=template))
+    before = sum(token_counter()(m.content) for m in graphiti) + token_counter()(
+        SCHEMA_NOTE + json.dumps(GraphitiCombinedExtraction.model_json_schema()))
+    assert call_tokens(context(custom=template)) < 0.6 * before
+
+
+def test_the_prompt_carries_what_a_model_needs() -> None:
+    messages = build_prompt(context(custom="KEEP-VERSIONS")).as_messages()
+    assert [m.role for m in messages] == ["system", "user"] and messages[0].content.startswith(SYSTEM)
+    user = messages[1].content
+    for piece in (
+        "CURRENT MESSAGES", "PREVIOUS MESSAGES",  # what to extract from, and context only
+        "speaker", "fullest name",  # speaker attribution
+        "actor", "source", "target", "extracted_entities",  # edges between extracted entities
+        "no pronouns", "makes sense alone", "numbers, dates",  # self-contained facts with details
+        "Not entities", "vague abstractions", "Skip content-free",  # no junk
+        "changed or ended", "new state",  # changes, for invalidation
+        "hedges", "SCREAMING_SNAKE_CASE", "language",
+    ):
+        assert piece in user, piece
+    # the owner's instructions, after the rules, win on conflict; then the blocks the rules model reads
+    assert user.index(INSTRUCTIONS) < user.index("<CUSTOM INSTRUCTIONS>\nKEEP-VERSIONS\n</CUSTOM INSTRUCTIONS>")
+    assert "win over the rules above" in user
+    assert user.index("</CUSTOM INSTRUCTIONS>") < user.index("<PREVIOUS MESSAGES>") < user.index("<CURRENT MESSAGES>")
+    assert f"<CURRENT MESSAGES>\n{TURN}\n</CURRENT MESSAGES>" in user
+    assert json.loads(user.split("<PREVIOUS MESSAGES>\n")[1].split("\n</PREVIOUS MESSAGES>")[0]) == [
+        {"content": p["content"]} for p in PREVIOUS]
+    # no section for empty custom instructions, no entity-type list for the one default type
+    bare = build_prompt(context()).as_messages()[1].content
+    assert "CUSTOM INSTRUCTIONS" not in bare and "ENTITY TYPES" not in bare and "entity_type_id" not in bare
+
+
+def test_custom_entity_or_edge_types_get_graphitis_prompt() -> None:
+    typed = build_prompt(context(types=CHAT_TYPES)).as_messages()
+    edged = build_prompt(context(edge_types=[{"fact_type_name": "WORKS_AT", "fact_type_signatures": [],
+                                              "fact_type_description": "x"}])).as_messages()
+    for messages in (typed, edged):
+        assert not is_engram_prompt(messages) and "<ENTITY TYPES>" in messages[1].content
+    assert is_engram_prompt(build_prompt(context()).as_messages())
+
+
+def test_the_lean_schema_has_no_defs_titles_descriptions_or_unused_fields() -> None:
+    schema = LeanCombinedExtraction.model_json_schema()
+    text = json.dumps(schema)
+    for absent in ("$defs", "$ref", "title", "description", "episode_indices", "entity_type_id"):
+        assert absent not in text, absent
+    assert LeanCombinedExtraction.__name__ == "CombinedExtraction"  # the rules model answers by this name
+    edge = schema["properties"]["edges"]["items"]
+    assert set(edge["required"]) == {"source_entity_name", "target_entity_name", "relation_type", "fact"}
+    assert token_counter()(text) < 200
+
+
+class Recording(RulesExtractorClient):
+    def __init__(self, answer: dict | None = None) -> None:
+        super().__init__()
+        self.asked: list[tuple[str | None, Any]] = []
+        self.answer = answer
+
+    async def generate_response(self, messages, response_model=None, max_tokens=None, model_size=None,  # type: ignore[override]
+                                group_id=None, prompt_name=None, **kwargs):  # noqa: ANN001, ANN003
+        self.asked.append((prompt_name, response_model))
+        if self.answer is not None:
+            return dict(self.answer)
+        return await super().generate_response(messages, response_model, prompt_name=prompt_name)
+
+
+async def test_lean_client_asks_with_the_lean_schema_and_fills_graphitis_defaults() -> None:
+    inner = Recording({"extracted_entities": [{"name": "Caroline"}, {"name": "LGBTQ support group"}],
+                       "edges": [{"source_entity_name": "Caroline", "target_entity_name": "LGBTQ support group",
+                                  "relation_type": "ATTENDED", "fact": "Caroline went to a LGBTQ support group."}]})
+    client = LeanSchemaLLMClient(inner)
+    answer = await client.generate_response(build_prompt(context()).as_messages(), GraphitiCombinedExtraction,
+                                            prompt_name=PROMPT_NAME)
+    assert inner.asked == [(PROMPT_NAME, LeanCombinedExtraction)]
+    parsed = GraphitiCombinedExtraction(**answer)  # what graphiti does with it
+    assert [e.entity_type_id for e in parsed.extracted_entities] == [0, 0] and parsed.edges[0].episode_indices == [0]
+    # graphiti's own prompt (custom types) and every other prompt keep their response model
+    await client.generate_response(build_prompt(context(types=CHAT_TYPES)).as_messages(), GraphitiCombinedExtraction,
+                                   prompt_name=PROMPT_NAME)
+    await client.generate_response(build_prompt(context()).as_messages(), GraphitiCombinedExtraction,
+                                   prompt_name="extract_edges.edge")
+    assert [m for _, m in inner.asked[1:]] == [GraphitiCombinedExtraction, GraphitiCombinedExtraction]
+
+
+@pytest.mark.parametrize("turn", [CHAT_TURN, TURN])
+async def test_the_rules_model_answers_engrams_prompt_as_it_answered_graphitis(turn: str) -> None:
+    template = validate_at_startup(ExtractionSettings()) or ""
+    ctx = context(content=turn, custom=template)
+    rules = RulesExtractorClient()
+    before = await rules.generate_response(prompt_library.extract_nodes_and_edges.extract_message(ctx),
+                                           GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
+    after = await LeanSchemaLLMClient(rules).generate_response(build_prompt(ctx).as_messages(),
+                                                               GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
+    assert after["edges"], "the turn has facts"
+    assert after["extracted_entities"] == before["extracted_entities"]
+    assert after["edges"] == [{k: v for k, v in e.items() if k != "episode_indices"} for e in before["edges"]]
+    assert rules.calls[1].prompt_tokens < 0.6 * rules.calls[0].prompt_tokens
+
+
+def test_engram_clients_route_only_the_combined_prompt() -> None:
+    from graphiti_core.graphiti_types import GraphitiClients
+    from graphiti_core.prompts.lib import default_chat_prompt_library, get_prompt_builder
+    from graphiti_core.tracer import NoOpTracer
+
+    from engram.models.hashing_embedder import HashingEmbedder
+    from services.extractor.app import NoRerank
+
+    clients = GraphitiClients.model_construct(driver=None, llm_client=RulesExtractorClient(), embedder=HashingEmbedder(8),
+                                              cross_encoder=NoRerank(), tracer=NoOpTracer())
+    routed = engram_clients(clients)
+    assert routed.prompt_library is PROMPT_LIBRARY and isinstance(routed.llm_client, LeanSchemaLLMClient)
+    assert clients.prompt_library is None  # the other stages keep graphiti's legacy path
+    assert is_engram_prompt(get_prompt_builder(PROMPT_LIBRARY, PROMPT_NAME)(context()).as_messages())
+    timestamps = {"facts": [{"fact": "x", "reference_time": REF.isoformat()}]}
+    ours = get_prompt_builder(PROMPT_LIBRARY, "extract_edges.extract_timestamps_batch")(timestamps).as_messages()
+    theirs = get_prompt_builder(default_chat_prompt_library, "extract_edges.extract_timestamps_batch")(timestamps)
+    assert [m.content for m in ours] == [m.content for m in theirs.as_messages()]
+    legacy = prompt_library.extract_edges.extract_timestamps_batch(timestamps)
+    assert [m.content for m in ours] == [m.content for m in legacy]
