@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ("templates", "examples")
-SOURCES = ("pyproject.toml", "README.md", "engram", "schemas", "services", *BUNDLED)
+SOURCES = ("pyproject.toml", "README.md", "engram", "engram_client", "schemas", "services", *BUNDLED)
 
 
 def _files(directory: Path) -> dict[str, bytes]:

@@ -252,8 +252,13 @@ def _holds_a_value(fact: str) -> bool:
     return bool(RELATION_VERBS & set(_content_stems(fact)) or _COPULA.search(fact.replace("’", "'")))
 
 
-def supersedes(new_fact: str, old_fact: str) -> ChangeKind | None:
-    """Which change in ``new_fact`` ends ``old_fact`` (see the module docstring), or None."""
+def supersedes(new_fact: str, old_fact: str, *, min_switch_context: int = 1) -> ChangeKind | None:
+    """Which change in ``new_fact`` ends ``old_fact`` (see the module docstring), or None.
+
+    ``min_switch_context``: content words a "switched S to Y" needs in S. Read against a fact that
+    reached the graph *after* the switch (dedupe.contradicts, the reverse direction), 2: a
+    one-word subject -- a person -- holds many values at once ("Ada moved to Austin" does not end
+    "Ada uses FastAPI" said the next day), a named thing ("the billing service") one."""
     old_stems = set(_content_stems(old_fact))
     if not old_stems or negated(old_fact):
         return None
@@ -263,7 +268,8 @@ def supersedes(new_fact: str, old_fact: str) -> ChangeKind | None:
             if change.old <= old_stems and not change.old <= change.new and change.context <= old_stems:
                 return "replacement"
         elif change.kind == "switch":
-            if (not change.new <= old_stems and change.context and _subject_in(change.context, old_stems)
+            if (not change.new <= old_stems and len(change.context) >= min_switch_context
+                    and change.context and _subject_in(change.context, old_stems)
                     and _holds_a_value(old_fact) and _named_values(old_fact) - new_stems):
                 return "switch"
         elif len(change.context) >= 2 and change.context <= old_stems:

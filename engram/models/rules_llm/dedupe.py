@@ -22,7 +22,9 @@ INVALIDATION CANDIDATES, as graphiti sends them):
      the order their sessions closed, not the order they were said, so the switch can be in the
      graph before the older "S uses X" arrives. The two contradict whichever came first;
      graphiti's resolve_extracted_edge compares their ``valid_at`` and ends the older one (a
-     late-arriving older fact is stored already invalid, ``invalid_at`` = the switch's date);
+     late-arriving older fact is stored already invalid, ``invalid_at`` = the switch's date).
+     The reverse reading needs a switch of a subject of two words or more ("the billing
+     service"): "Ada moved to Austin" must not end "Ada uses FastAPI" told after it;
   3. single-valued relation: both facts state LIVES_IN (lives in, moved to, relocated to, is
      based in) or WORKS_AT (works at/for, joined + a capitalised name) with the same subject
      words before the verb ("Maya's brother" is not "Maya") and different object words after it;
@@ -139,7 +141,7 @@ def contradicts(new: str, old: str) -> bool:
             return True
     # 2. a change phrase, in either fact: "switched X to Y", "replaced X with Y", "Y instead of X",
     # "no longer" (which of the two holds is graphiti's call, by their valid_at)
-    if supersedes(new, old) or supersedes(old, new):
+    if supersedes(new, old) or supersedes(old, new, min_switch_context=2):
         return True
     # 3. single-valued relations: same subject, different object
     for rel_n, subj_n, obj_n in _svo(new):

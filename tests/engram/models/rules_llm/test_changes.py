@@ -134,6 +134,12 @@ async def test_the_older_fact_arriving_after_the_switch_contradicts_it() -> None
         response_model=EdgeDuplicate,
     )
     assert response == {"duplicate_facts": [], "contradicted_facts": [0]}
+    # a person's switch does not end another value of the person told after it (the explorer's
+    # "I moved to Austin." then "I use FastAPI.")
+    response = await RulesExtractorClient().generate_response(
+        resolve_edge_messages("Ada uses FastAPI.", [], ["Ada moved to Austin."]), response_model=EdgeDuplicate,
+    )
+    assert response["contradicted_facts"] == []
     # a fact the switch does not end (it already holds the new value) is no contradiction
     response = await RulesExtractorClient().generate_response(
         resolve_edge_messages("The billing service uses SQLite.", [], ["We switched the billing service to SQLite."]),
