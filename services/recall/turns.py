@@ -86,13 +86,12 @@ Q_KEYWORD_TEXT = (
     "CALL db.idx.fulltext.queryNodes('Episodic', $query) YIELD node, score "
     "WHERE node.group_id = $g RETURN node.uuid AS uuid, node.content AS content ORDER BY score DESC, uuid LIMIT $k"
 )
-# Each query word's document frequency in the group (one fulltext lookup per word, counted) and
-# the group's turn count: the statistics BM25's idf needs, read per request instead of kept.
-Q_DOC_FREQ = (
-    "UNWIND $words AS w CALL db.idx.fulltext.queryNodes('Episodic', w) YIELD node "
-    "WITH w, node WHERE node.group_id = $g RETURN w, count(node) AS df"
-)
-Q_TURN_COUNT = "MATCH (e:Episodic) WHERE e.group_id = $g RETURN count(e) AS n"
+# Each query word's document frequency (one fulltext lookup per word, counted) and the turn
+# count: the statistics BM25's idf needs, read per request instead of kept. Over the whole graph,
+# which on FalkorDB is the group (engram keeps one graph per group): no group filter, so the count
+# is FalkorDB's label count (O(1), no scan) and a frequency reads no node's properties.
+Q_DOC_FREQ = "UNWIND $words AS w CALL db.idx.fulltext.queryNodes('Episodic', w) YIELD node RETURN w, count(node) AS df"
+Q_TURN_COUNT = "MATCH (e:Episodic) RETURN count(e) AS n"
 Q_NEAREST = (
     f"CALL db.idx.vector.queryNodes('{TURN_VECTOR_INDEX.label}', '{TURN_VECTOR_INDEX.property}', $k, vecf32($vector)) "
     "YIELD node, score WHERE node.group_id = $g RETURN node.uuid AS uuid, 1 - score AS similarity ORDER BY score"
@@ -193,8 +192,8 @@ async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> 
         return []
     candidates, freqs, count = await asyncio.gather(
         graph.ro_query(Q_KEYWORD_TEXT, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth}),
-        graph.ro_query(Q_DOC_FREQ, {"words": doc_freq_words(query), "g": group_id}),
-        graph.ro_query(Q_TURN_COUNT, {"g": group_id}))
+        graph.ro_query(Q_DOC_FREQ, {"words": doc_freq_words(query)}),
+        graph.ro_query(Q_TURN_COUNT))
     rows = [(uuid, content or "") for uuid, content in candidates.result_set]
     doc_freq = {w: int(df) for w, df in freqs.result_set}
     turns = int(count.result_set[0][0]) if count.result_set else 0
