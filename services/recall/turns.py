@@ -155,11 +155,11 @@ def doc_freq_words(query: str) -> list[str]:
 
 
 def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[str, int], turns: int,
-                  k: int) -> list[tuple[str, float]]:
+                  k: int, keep_unscored: bool = False) -> list[tuple[str, float]]:
     """``candidates`` ((uuid, text), the fulltext index's best by its own score) ranked by the
     in-memory index's BM25 (services/recall/lexical.py: bm25s's Lucene formula, k1 1.5, b 0.75,
     Snowball stems with English lemmas, the language's stopwords), best ``k`` first, only those
-    holding a question term.
+    holding a question term; with ``keep_unscored`` the other candidates follow (score 0).
 
     Why: the fulltext index's own score (RediSearch's TF-IDF as FalkorDB runs it) ranks turns far
     worse than BM25 over the same words (LoCoMo conv-26, evidence in the keyword half's first 5:
@@ -168,12 +168,12 @@ def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[
     counted by the index per request, Q_DOC_FREQ), the group's turn count (``turns``) and the mean
     turn length, taken here over the candidates (an estimate: the group's mean is not read, that
     would be a scan). The language is the candidates' (their stopword votes; the in-memory index
-    takes the whole group's), voted by the first ``LANGUAGE_SAMPLE``. A stem's frequency is the
+    takes the whole group's), voted by the question and the first ``LANGUAGE_SAMPLE``. A stem's frequency is the
     largest of its words' and at least the candidates holding it (the index stems with its own
     English stemmer, which may split what Snowball with lemmas joins)."""
     if not candidates or k <= 0:
         return []
-    votes: Counter[str] = Counter()
+    votes: Counter[str] = language_votes(query)
     for _, text in candidates[:LANGUAGE_SAMPLE]:
         votes.update(language_votes(text))
     language = language_of(votes)
@@ -215,7 +215,14 @@ def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[
         if score > 0:
             scored.append((-score, at, uuid))
     scored.sort()
-    return [(uuid, -neg) for neg, _, uuid in scored[:k]]
+    ranked = [(uuid, -neg) for neg, _, uuid in scored[:k]]
+    if keep_unscored and len(ranked) < k:
+        # matched by the index (a prefix of a non-English word) but by no stem: after the scored
+        # ones, in the index's order, as before the rescoring ("kedinin" meets "kedim" by kedi*
+        # while a group's few candidates do not vote Turkish, MIN_LANGUAGE_VOTES)
+        held = {uuid for uuid, _ in ranked}
+        ranked += [(uuid, 0.0) for uuid, _, _ in counted if uuid not in held][:k - len(ranked)]
+    return ranked
 
 
 async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> list[str]:
@@ -233,7 +240,8 @@ async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> 
     rows = [(uuid, content or "") for uuid, content in candidates.result_set]
     doc_freq = {w: int(df) for w, df in freqs.result_set}
     turns = int(count.result_set[0][0]) if count.result_set else 0
-    return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, turns, depth)]
+    prefixed = "*" in words_query  # a non-ASCII question: its words also matched by prefix
+    return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, turns, depth, keep_unscored=prefixed)]
 
 
 def _order_key(doc: Doc) -> tuple[str, str, str]:

@@ -159,6 +159,10 @@ def test_bm25_rescoring_puts_the_turn_with_the_rare_word_first() -> None:
     assert bm25_rescored("LGBTQ", [], {"lgbtq": 2}, 200, 5) == []
     # a frequency the index did not count (0) is at least the candidates holding the term
     assert [u for u, _ in bm25_rescored("lgbtq", candidates, {}, 200, 5)] == ["gold"]
+    # keep_unscored (a question matched by prefix): what no stem joins follows, in the index's order
+    kept = bm25_rescored("lgbtq", candidates, {}, 200, 5, keep_unscored=True)
+    assert kept[0][0] == "gold" and [u for u, s in kept[1:]] == ["common", "none"] and kept[1][1] == 0.0
+    assert len(bm25_rescored("lgbtq", candidates, {}, 200, 2, keep_unscored=True)) == 2
 
 
 async def test_the_keyword_half_ranks_as_the_in_memory_bm25(group) -> None:  # noqa: ANN001
