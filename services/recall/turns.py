@@ -48,9 +48,10 @@ What still differs from the in-memory index: the candidates are the fulltext ind
 own score (at LoCoMo's size every turn holding a word; in a group of 20k turns a turn BM25 would
 rank high but TF-IDF below ``RESCORE_DEPTH x`` the depth is missed -- not measured at that size);
 a word's frequency is counted with RediSearch's English stemmer, the mean turn length is the
-candidates' and the language is voted by the candidates (the in-memory index uses the group's);
-a question with a non-ASCII letter reaches turns in other languages by prefix (``veritaban*``)
-only; fact-augmented keys (``fact_keys``) are not available; the facts' keyword half stays the
+candidates' and the language is voted by the question and the candidates (the in-memory index
+uses the group's: a Turkish group's few candidates may vote none, English stems then); a question
+with a non-ASCII letter reaches turns in other languages by prefix (``veritaban*``) only, and keeps
+those prefix matches that no stem joins after the scored ones; fact-augmented keys (``fact_keys``) are not available; the facts' keyword half stays the
 graph's fulltext index (TF-IDF, services/recall/search.py). The HNSW index is approximate
 (efRuntime 200). Neo4j, or a FalkorDB graph whose turn vector index cannot answer yet (being built
 after an upgrade), uses the in-memory index (``fallback``) for that request.
