@@ -99,11 +99,8 @@ RESCORE_DEPTH = 2  # keyword_ranking: fulltext candidates rescored by BM25, per 
 LANGUAGE_SAMPLE = 64  # bm25_rescored: the candidates whose stopwords vote the language
 FOLLOWER_ROWS = 16  # turns read from that window (same-time turns are ordered by created_at, uuid)
 
-Q_KEYWORD = (
-    "CALL db.idx.fulltext.queryNodes('Episodic', $query) YIELD node, score "
-    "WHERE node.group_id = $g RETURN node.uuid AS uuid, score ORDER BY score DESC, uuid LIMIT $k"
-)
-# The keyword half's candidates with their text, rescored by BM25 here (:func:`bm25_rescored`)
+# The keyword half's candidates with their text, rescored by BM25 here (:func:`bm25_rescored`):
+# the index's own order (its score) only chooses which turns are candidates
 Q_KEYWORD_TEXT = (
     "CALL db.idx.fulltext.queryNodes('Episodic', $query) YIELD node, score "
     "WHERE node.group_id = $g RETURN node.uuid AS uuid, node.content AS content ORDER BY score DESC, uuid LIMIT $k"
@@ -168,10 +165,10 @@ def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[
     return: each term's document frequency (``doc_freq``: word -> turns of the group holding it,
     counted by the index per request, Q_DOC_FREQ), the group's turn count (``turns``) and the mean
     turn length, taken here over the candidates (an estimate: the group's mean is not read, that
-    would be a scan). The language is the candidates' (their stopword votes; the in-memory index
-    takes the whole group's), voted by the question and the first ``LANGUAGE_SAMPLE``. A stem's frequency is the
-    largest of its words' and at least the candidates holding it (the index stems with its own
-    English stemmer, which may split what Snowball with lemmas joins)."""
+    would be a scan). The language is voted by the stopwords of the question and of the first
+    ``LANGUAGE_SAMPLE`` candidates (the in-memory index takes the whole group's). A stem's frequency
+    is the largest of its words' and at least the candidates holding it (the index stems with its
+    own English stemmer, which may split what Snowball with lemmas joins)."""
     if not candidates or k <= 0:
         return []
     votes: Counter[str] = language_votes(query)
