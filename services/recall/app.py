@@ -40,7 +40,7 @@ from schemas.validation import error_locations
 from services.extractor.app import NoRerank
 from services.recall.admin import register_admin
 from services.recall.merge import Layout, drop_covered_facts, fit_budget, groups_for, merge, query_text
-from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes
+from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes, warm_up
 from services.recall.turns import GraphTurns
 from services.recall.search import EPISODE_CHARS, search_group
 from services.recall.supersession import find_supersessions, reorder
@@ -265,6 +265,9 @@ class Recall:
         load = getattr(self.embedder, "load", None)
         if load is not None:
             await load()  # a local model loads at start, not on the first request
+        # BM25's first term loads lemminflect's tables (~0.5 s): at start, not in the first recall
+        # (with turn_index=graph every recall stems its question and candidates)
+        await asyncio.to_thread(warm_up)
 
     async def stop(self) -> None:
         await self.graph.close()

@@ -226,6 +226,12 @@ def _term(word: str, language: str) -> str:
     return stem
 
 
+def warm_up() -> None:
+    """Pay the first English term's one-time costs now (lemminflect reads its tables: ~0.5 s, and
+    the stemmer is built): the recall service calls it at start."""
+    _term("went", DEFAULT_LANGUAGE)
+
+
 def tokens(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
     """The terms BM25 sees: ``language``'s stopwords dropped, the rest stemmed."""
     stop = STOPWORDS.get(language, frozenset())
