@@ -280,10 +280,17 @@ class GraphTurns:
                 return None
             return [(uuid, float(similarity)) for uuid, similarity in rows]
 
-        dense, keyword = await asyncio.gather(nearest(), keyword_ranking(graph, group_id, query, depth))
+        # independent reads side by side; the keyword half's failure counts only when the graph
+        # answers: while the vector index cannot (dropped, being built) the in-memory index
+        # answers, whatever the fulltext lookups met meanwhile
+        dense, keyword = await asyncio.gather(nearest(), keyword_ranking(graph, group_id, query, depth),
+                                              return_exceptions=True)
         vector = await resolved(vector)  # computed by now
         if dense is None:
             return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
+        for half in (dense, keyword):
+            if isinstance(half, BaseException):
+                raise half
         stub = {u: Doc(u, "") for u in [*keyword, *(u for u, _ in dense)]}
         fused = fuse_turns([(stub[u], 0.0) for u in keyword], [(stub[u], s) for u, s in dense], k,
                            min_cosine=min_cosine)
