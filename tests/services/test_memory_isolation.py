@@ -417,12 +417,22 @@ def check_context(world: World, v: Viewer, route: str, answer: ContextResponse) 
                 items += 1
             allowed = mine
         elif section.layer == "session_summary":
+            assert source.startswith(f"group {v.memory_group}: "), (v.label, source)
             match = re.match(rf"group {re.escape(v.memory_group)}: session (\S+) segment (\d+),", source)
-            assert match, (v.label, source)
-            record = next((r for r in truth.sessions.values() if r[:2] == (match.group(1), int(match.group(2)))), None)
-            assert record is not None, f"{route} session_summary for {v.label}: {source} is not the group's"
-            assert record[2].strip().startswith("\n".join(lines).removesuffix("…").strip()), (v.label, section.text[:300])
-            allowed, items = mine, 1
+            if match:  # one session: the source names it
+                record = next((r for r in truth.sessions.values() if r[:2] == (match.group(1), int(match.group(2)))), None)
+                assert record is not None, f"{route} session_summary for {v.label}: {source} is not the group's"
+                assert record[2].strip().startswith("\n".join(lines).removesuffix("…").strip()), (v.label, section.text[:300])
+                allowed, items = mine, 1
+            else:  # several chained: each opens with its own heading (services/sessions/context.py)
+                heads = [m for m in (re.match(r"\[session (\S+) segment (\d+), closed [^\]]*\] ?(.*)", line)
+                                     for line in lines) if m]
+                assert heads and "last" in source, (v.label, source, lines[:3])
+                for head in heads:
+                    record = next((r for r in truth.sessions.values() if r[:2] == (head.group(1), int(head.group(2)))), None)
+                    assert record is not None, f"{route} session_summary for {v.label}: {head.group(0)[:80]} is not the group's"
+                    assert record[2].strip().startswith(head.group(3).removesuffix("…").strip()), (v.label, head.group(0)[:200])
+                allowed, items = mine, len(heads)
         elif section.layer in ("recall", "agent_memory"):
             if section.layer == "agent_memory":
                 assert v.scopes.workspace and f"workspace group {subjects.workspace_group(world.plan.prefix, v.scopes.workspace)}:" in source
