@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import time
 
-import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from engram_client import read_epoch
 from schemas import subjects
 
 
@@ -35,16 +35,7 @@ class SessionEpochs:
         return cls(await js.key_value(subjects.KV_SESSION_EPOCHS))
 
     async def get(self, session_id: str) -> int:
-        try:
-            entry = await self._kv.get(session_id)
-        except nats.js.errors.KeyNotFoundError:
-            return 0
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return 0
-        try:
-            return int(entry.value.decode())
-        except ValueError:
-            return 0
+        return await read_epoch(self._kv, session_id)  # the thin client reads it the same way
 
     async def bump(self, session_id: str) -> int:
         """A new epoch, strictly above the stored one (monotonic even if clocks step back)."""

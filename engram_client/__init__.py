@@ -39,7 +39,7 @@ import nats.js.errors
 
 from schemas import ChatMessage, SessionClosed, subjects
 
-__all__ = ["Publisher", "TRANSIENT_ERRORS"]
+__all__ = ["Publisher", "TRANSIENT_ERRORS", "read_epoch"]
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,
@@ -51,6 +51,21 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 """Publish failures worth a retry: the server or the stream's leader is (re)starting (engram
 ingest retries the same ones: engram/ingest.py)."""
+
+
+async def read_epoch(kv: Any, session_id: str) -> int:
+    """A session's epoch in the ``engram_session_epochs`` bucket ``kv`` (engram/epochs.py writes
+    them): 0 when none, deleted, or not a number."""
+    try:
+        entry = await kv.get(session_id)
+    except nats.js.errors.KeyNotFoundError:
+        return 0
+    if entry.value is None or entry.operation in ("DEL", "PURGE"):
+        return 0
+    try:
+        return int(entry.value.decode())
+    except ValueError:
+        return 0
 
 
 def _trace_headers() -> dict[str, str]:
@@ -90,16 +105,7 @@ class Publisher:
                 self._epochs = await self.js.key_value(subjects.KV_SESSION_EPOCHS)
             except nats.js.errors.BucketNotFoundError:
                 return 0  # engram not started yet, or never deleted anything
-        try:
-            entry = await self._epochs.get(session_id)
-        except nats.js.errors.KeyNotFoundError:
-            return 0
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return 0
-        try:
-            return int(entry.value.decode())
-        except ValueError:
-            return 0
+        return await read_epoch(self._epochs, session_id)
 
     async def message(self, message: ChatMessage) -> bool:
         """Store ``message`` durably; True when stored, False when engram already had it."""
