@@ -41,7 +41,7 @@ start=$(date +%s)
 # The wheel is built from a copy of the sources (symlinks kept: engram/templates -> ../templates), so
 # a stale build/ directory of the checkout cannot add files to it.
 mkdir "$WORK/src"
-cp -a pyproject.toml README.md engram schemas services templates examples "$WORK/src/"
+cp -a pyproject.toml README.md engram engram_client schemas services templates examples "$WORK/src/"
 "$VENV/bin/python" -m pip wheel --no-deps --wheel-dir "$WORK/dist" "$WORK/src" >"$WORK/install.log" 2>&1 \
     || { tail -n 40 "$WORK/install.log" >&2; fail "pip wheel failed"; }
 WHEEL="$(ls "$WORK"/dist/engram-*.whl)"
