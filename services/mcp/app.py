@@ -12,6 +12,7 @@ a non-loopback address (as the gateway does). Tool arguments and results are nev
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime, timezone
 import hmac
 import json
 import time
@@ -23,7 +24,7 @@ from faststream.asgi import AsgiFastStream
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from prometheus_client import Counter, Histogram
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, BeforeValidator, Field
 
 from engram.compat import route_unmatched_http
 from engram.promote import WORKSPACE_ONLY_KINDS, Promotion, PromotionKind
@@ -47,7 +48,9 @@ INSTRUCTIONS = (
 )
 
 Uuid = Annotated[str, Field(min_length=1, max_length=256)]
-GroupIds = Annotated[list[GroupId], Field(min_length=1, max_length=50, description="Groups to search.")]
+GroupIds = Annotated[list[GroupId], BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
+                     Field(min_length=1, max_length=50, description="Groups to search (one group id alone is "
+                                                                      "taken as a list of one, as Graphiti does).")]
 UserKey = Annotated[str | None, Field(max_length=512, description="User key: the user's memory when given.")]
 WorkspaceKey = Annotated[str | None, Field(max_length=512, description="Workspace key: used when no user.")]
 SessionKey = Annotated[str | None, Field(pattern=SESSION_ID_PATTERN, description="Session id: used when neither.")]
@@ -67,6 +70,24 @@ TOOL_SECONDS = Histogram(
     "engram_mcp_tool_seconds", "MCP tool call latency, by tool.", ["tool"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+
+
+FlatTime = Annotated[datetime | None, Field(description="Graphiti's flat form of the ranges: ISO 8601, no zone "
+                                                        "meaning UTC.")]
+
+
+def _range(name: str, nested: TimeRange | None, after: datetime | None, before: datetime | None) -> TimeRange | None:
+    """A fact time range from engram's ``{after, before}`` or Graphiti's ``<name>_after/_before``
+    (naive times are UTC, as Graphiti reads them); both forms at once is a tool error."""
+    if after is None and before is None:
+        return nested
+    if nested is not None:
+        raise ToolError(f"give {name} or {name}_after/{name}_before, not both")
+    utc = [t if t is None or t.tzinfo else t.replace(tzinfo=timezone.utc) for t in (after, before)]
+    try:
+        return TimeRange(after=utc[0], before=utc[1])
+    except ValueError as exc:
+        raise ToolError(f"{name}: {exc}") from exc
 
 
 NOT_SUPPORTED = {
@@ -148,19 +169,30 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         min_similarity: Annotated[float | None, Field(ge=-1.0, le=1.0, description="Relevance floor: a fact "
                                                       "sharing no word with the query needs at least this cosine "
                                                       "(-1: none). Omitted: the deployment's.")] = None,
+        valid_at_after: FlatTime = None, valid_at_before: FlatTime = None,
+        invalid_at_after: FlatTime = None, invalid_at_before: FlatTime = None,
     ) -> dict:
         """Facts (relations between entities) relevant to the query, best first: the current ones, or
-        those true at as_of, narrowed by when they began or ended and by relation name."""
-        filters = FactFilters(as_of=as_of, valid_at=valid_at, invalid_at=invalid_at, edge_types=edge_types or [],
-                              min_similarity=min_similarity)
+        those true at as_of, narrowed by when they began or ended and by relation name. The ranges
+        also come in Graphiti's flat form (valid_at_after, ..., invalid_at_before)."""
+        filters = FactFilters(as_of=as_of, valid_at=_range("valid_at", valid_at, valid_at_after, valid_at_before),
+                              invalid_at=_range("invalid_at", invalid_at, invalid_at_after, invalid_at_before),
+                              edge_types=edge_types or [], min_similarity=min_similarity)
         return await _run("search_memory_facts", tools.search_memory_facts(query, group_ids, max_facts, filters))
 
     @server.tool()
     async def search_nodes(
         query: Annotated[str, Field(min_length=1, max_length=8000)], group_ids: GroupIds,
         max_nodes: Annotated[int, Field(ge=1, le=100)] = 10,
+        entity_types: Annotated[list[Annotated[str, Field(max_length=128)]] | None, Field(
+            max_length=50, description="Graphiti's argument: engram's entities are all of type Entity; a list "
+            "without it finds none.")] = None,
+        center_node_uuid: Annotated[str | None, Field(max_length=256, description="Accepted for Graphiti's "
+                                                      "clients and ignored.")] = None,
     ) -> dict:
         """Entities (name, summary) around the facts relevant to the query, with those facts, best first."""
+        if entity_types and "Entity" not in entity_types:
+            return {"message": "No relevant nodes found (engram's entities are all of type Entity)", "nodes": []}
         return await _run("search_nodes", tools.search_nodes(query, group_ids, max_nodes))
 
     @server.tool()

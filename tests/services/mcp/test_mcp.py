@@ -152,6 +152,17 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             back_then = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group],
                                    as_of="2001-01-01T00:00:00Z")
             assert back_then["facts"] == [], back_then
+            # Graphiti's own forms: flat ranges (a naive time is UTC), one group id alone, node types
+            flat = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=group,
+                              valid_at_after="2001-01-01T00:00:00")
+            assert any("FastAPI" in f["fact"] for f in flat["facts"]), flat
+            assert (await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group],
+                               valid_at_before="2001-01-01T00:00:00Z"))["facts"] == []
+            assert "not both" in await fails(session, "search_memory_facts", query="x", group_ids=[group],
+                                             valid_at={"after": "2001-01-01T00:00:00Z"},
+                                             valid_at_after="2001-01-01T00:00:00Z")
+            assert (await call(session, "search_nodes", query="FastAPI", group_ids=[group],
+                               entity_types=["Preference"]))["nodes"] == []
             since = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group], max_facts=5,
                                valid_at={"after": "2001-01-01T00:00:00Z"})
             assert any("FastAPI" in f["fact"] for f in since["facts"]), since
