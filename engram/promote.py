@@ -101,12 +101,20 @@ def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
     )
 
 
+async def publish_episode(js, episode: Episode, timeout_s: float | None = None) -> bool:  # noqa: ANN001 - JetStreamContext
+    """Publish an episode given whole (a promotion, MCP add_memory text, a triplet) straight to its
+    group's episode subject, its id as the Nats-Msg-Id, and wait for the broker's
+    acknowledgement; False: the broker already had it (a duplicate)."""
+    ack = await js.publish(
+        subjects.episode(episode.group_id), episode.model_dump_json().encode(),
+        headers={subjects.HDR_MSG_ID: episode.episode_id, "content-type": "application/json"},
+        stream=subjects.STREAM_EPISODES, **({"timeout": timeout_s} if timeout_s is not None else {}),
+    )
+    return not ack.duplicate
+
+
 async def publish_promotion(js, promotion: Promotion, prefix: str) -> Episode:  # noqa: ANN001 - a nats JetStreamContext
     """Publish the promotion's episode and wait for the broker's acknowledgement."""
     episode = promotion_episode(promotion, prefix)
-    await js.publish(
-        subjects.episode(episode.group_id), episode.model_dump_json().encode(),
-        headers={subjects.HDR_MSG_ID: episode.episode_id, "content-type": "application/json"},
-        stream=subjects.STREAM_EPISODES,
-    )
+    await publish_episode(js, episode)
     return episode

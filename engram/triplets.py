@@ -16,8 +16,9 @@ import hashlib
 import json
 from datetime import datetime
 
+from engram.promote import publish_episode
 from engram.secrets import scrub_secrets
-from schemas import Episode, TripletFact, subjects
+from schemas import Episode, TripletFact
 from schemas.ids import episode_id_for
 from schemas.messages import EpisodeMessage
 
@@ -52,9 +53,4 @@ def triplet_episode(group_id: str, triplet: TripletFact, at: datetime, source_de
 
 async def publish_triplet(js, episode: Episode, timeout_s: float = 5.0) -> bool:  # noqa: ANN001 - JetStreamContext
     """Publish a triplet's episode and wait for the broker's acknowledgement; False: a duplicate."""
-    ack = await js.publish(
-        subjects.episode(episode.group_id), episode.model_dump_json().encode(), timeout=timeout_s,
-        headers={subjects.HDR_MSG_ID: episode.episode_id, "content-type": "application/json"},
-        stream=subjects.STREAM_EPISODES,
-    )
-    return not ack.duplicate
+    return await publish_episode(js, episode, timeout_s)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from engram.message_size import oversize_reason
-from engram.promote import Promotion, publish_promotion
+from engram.promote import Promotion, publish_episode, publish_promotion
 from engram.secrets import scrub_secrets
 from engram.settings import EngramSettings
 from schemas import Episode, EpisodeMessage, RecallResponse, subjects
@@ -121,6 +122,16 @@ class EngramTools:
         request = mapping.search_request(query, group_ids, max_facts, self.mcp.recall_timeout_ms, filters)
         return await self._ask(subjects.RECALL, request, RecallResponse, self.mcp.recall_timeout_ms / 1000 + 1.0)
 
+    @staticmethod
+    async def _confirmed(what: str, publish: Callable[[], Awaitable[Any]]) -> Any:
+        """``publish()``'s result; a tool error when the broker did not confirm ``what``."""
+        try:
+            return await publish()
+        except BusError as exc:
+            raise ToolFailed(exc.detail) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise ToolFailed(f"the message broker did not confirm the {what} ({type(exc).__name__}); retry") from exc
+
     async def _request_id(self, group_id: str, uuid: str | None, call: list) -> str:
         """Without a uuid, an identical add_memory call within ENGRAM_MCP_RETRY_WINDOW_S is a retry
         (the same ids); a later one is a new memory (services/gateway/idempotency.py)."""
@@ -171,19 +182,11 @@ class EngramTools:
         too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())
         if too_big:
             raise ToolFailed(f"not stored: {too_big}")
-        try:
-            ack = await self.bus.jetstream().publish(
-                subjects.episode(group_id), episode.model_dump_json().encode(), timeout=self.mcp.publish_timeout_s,
-                stream=subjects.STREAM_EPISODES,
-                headers={subjects.HDR_MSG_ID: episode.episode_id, "content-type": "application/json"},
-            )
-        except BusError as exc:
-            raise ToolFailed(exc.detail) from exc
-        except Exception as exc:  # noqa: BLE001 - not known to be stored
-            raise ToolFailed(f"the message broker did not confirm the episode ({type(exc).__name__}); retry") from exc
-        return {"message": ("Episode already stored (same episode id); nothing new was added" if ack.duplicate
-                            else "Episode stored durably; extraction writes its entities and facts"),
-                "stored": not ack.duplicate, "duplicate": bool(ack.duplicate), "group_id": group_id,
+        stored = await self._confirmed("episode", lambda: publish_episode(self.bus.jetstream(), episode,
+                                                                        self.mcp.publish_timeout_s))
+        return {"message": ("Episode stored durably; extraction writes its entities and facts" if stored
+                            else "Episode already stored (same episode id); nothing new was added"),
+                "stored": stored, "duplicate": not stored, "group_id": group_id,
                 "turn_id": episode.turn_id, "episode_id": episode.episode_id}
 
     async def search_memory_facts(self, query: str, group_ids: list[str], max_facts: int,
@@ -236,12 +239,8 @@ class EngramTools:
             episode = mapping.triplet_request_episode(request)
         except ValueError as exc:
             raise ToolFailed(str(exc)) from exc
-        try:
-            stored = await publish_triplet(self.bus.jetstream(), episode, self.mcp.publish_timeout_s)
-        except BusError as exc:
-            raise ToolFailed(exc.detail) from exc
-        except Exception as exc:  # noqa: BLE001 - not known to be stored
-            raise ToolFailed(f"the message broker did not confirm the triplet ({type(exc).__name__}); retry") from exc
+        stored = await self._confirmed("triplet", lambda: publish_triplet(self.bus.jetstream(), episode,
+                                                                        self.mcp.publish_timeout_s))
         return {"message": (f"Triplet '{request.source_node_name} -[{request.edge_name}]-> "
                             f"{request.target_node_name}' stored durably; it is resolved into the graph like an "
                             "extracted fact" if stored else "Triplet already stored; nothing new was added"),
@@ -303,12 +302,8 @@ class EngramTools:
         return answer.model_dump(mode="json")
 
     async def promote(self, promotion: Promotion) -> dict:
-        try:
-            episode = await publish_promotion(self.bus.jetstream(), promotion, self.settings.group_prefix)
-        except BusError as exc:
-            raise ToolFailed(exc.detail) from exc
-        except Exception as exc:  # noqa: BLE001 - not known to be stored
-            raise ToolFailed(f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
+        episode = await self._confirmed("promotion", lambda: publish_promotion(self.bus.jetstream(), promotion,
+                                                                               self.settings.group_prefix))
         return {"message": "Promotion stored durably", "group_id": episode.group_id, "episode_id": episode.episode_id}
 
     async def _memory(self, subject: str, request: BaseModel, what: str = "") -> MemoryResponse:
