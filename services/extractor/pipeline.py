@@ -856,7 +856,8 @@ async def extract_episode(
     episode_node = build_episodic_node(episode, now)
 
     start = perf_counter()
-    previous = await previous_episodes_for(run, episode, previous_window)
+    # a triplet is not extracted: no previous episodes to read for it
+    previous = [] if episode.triplet is not None else await previous_episodes_for(run, episode, previous_window)
     timings["previous_episodes_ms"] = _ms(start)
 
     chunks = [episode.content]
