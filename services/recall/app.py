@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram import graphiti_tracing
-from engram.graph import GraphDrivers, as_utc
+from engram.graph import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, embedder_kind, is_semantic, vector_dim
 from engram.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
@@ -318,7 +318,7 @@ class Recall:
                 vector.cancel()  # a group failed or the request timed out: nothing waits for it
             elif not vector.cancelled():
                 vector.exception()  # retrieved: no "exception never retrieved" when no group awaited it
-        now = as_utc(request.as_of)  # as of a time: what had ended by then is superseded, the rest current
+        now = window.as_of if window is not None else None  # as of a time: what had ended by then is superseded
         items = merge(per_group, request.max_facts, now)
         items = rank_for_query(query, items, lift=self.options.when_lift)
         if self.options.drop_covered_facts:
