@@ -8,6 +8,7 @@ SIGKILLed parent leaves no orphan server behind.
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import os
 import re
@@ -154,7 +155,7 @@ def start_nats(data_dir: Path, *, host: str = "127.0.0.1", port: int | None = No
                 with urllib.request.urlopen(f"{monitor}/healthz?js-enabled-only=true", timeout=1) as resp:
                     if resp.status == 200:
                         return ManagedProcess("nats", proc, url, data_dir / "logs" / "nats.log", {"monitoring_url": monitor})
-            except (ValueError, KeyError, OSError):
+            except (ValueError, KeyError, OSError, http.client.HTTPException):
                 pass
         time.sleep(0.05)
     proc.kill()
@@ -188,11 +189,14 @@ def redis_ping(host: str, port: int, password: str | None = None) -> tuple[bool,
 
 
 def http_ok(url: str) -> bool:
-    """True when GET ``url`` answers 2xx within a second (service health endpoints)."""
+    """True when GET ``url`` answers 2xx within a second (service health endpoints).
+    A malformed answer counts as "not yet": probing a loopback port nothing listens on yet can
+    connect the probe to itself (TCP simultaneous open on an ephemeral port), and it then reads
+    its own request back ("BadStatusLine: GET /healthz HTTP/1.1")."""
     try:
         with urllib.request.urlopen(url, timeout=1) as resp:
             return 200 <= resp.status < 300
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return False
 
 

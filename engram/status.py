@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import time
 import urllib.parse
@@ -29,7 +30,7 @@ def summary_counters(metrics_url: str) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(metrics_url, timeout=2) as resp:  # noqa: S310 - loopback URL from the runtime file
             text = resp.read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return {}
     out: dict[str, Any] = {"refreshed": {}, "skipped": {}, "composed": {}, "deferred": 0.0, "llm_calls": 0.0,
                            "deltas": 0.0}

@@ -15,6 +15,7 @@ sessions: drain the input stream first.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
@@ -515,15 +516,29 @@ async def _ensure_kv(js: JetStreamContext, topology: Topology) -> None:
 _REPLICA_ERRORS = {10074, 10023, 10005}
 
 
+# "error creating store for stream": the server could not set up the stream's files, as when a
+# stream of the same name was deleted a moment ago and its directory is still being removed.
+_STORE_BUSY = 10049
+STORE_BUSY_RETRIES = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
 async def _stream_call(call: Any, cfg: StreamConfig) -> Any:
     """STREAM.CREATE/UPDATE, with the cause spelled out when the replica count does not fit the
-    server: a single nats-server takes only 1, a cluster at most its (JetStream) node count."""
-    try:
-        return await call(cfg)
-    except nats.js.errors.APIError as exc:
-        if exc.err_code in _REPLICA_ERRORS and (cfg.num_replicas or 1) > 1:
-            raise RuntimeError(
-                f"stream {cfg.name}: NATS cannot place {cfg.num_replicas} replicas ({exc.description}); "
-                "ENGRAM_STREAM_REPLICAS must be 1 for a single nats-server and at most the cluster's node count"
-            ) from exc
-        raise
+    server: a single nats-server takes only 1, a cluster at most its (JetStream) node count.
+    A transient store error (``_STORE_BUSY``) is retried a few times before it is raised."""
+    for delay in (*STORE_BUSY_RETRIES, None):
+        try:
+            return await call(cfg)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _STORE_BUSY and delay is not None:
+                log.info("stream %s: the server's store is not ready (%s); retrying in %.2fs",
+                         cfg.name, exc.description, delay)
+                await asyncio.sleep(delay)
+                continue
+            if exc.err_code in _REPLICA_ERRORS and (cfg.num_replicas or 1) > 1:
+                raise RuntimeError(
+                    f"stream {cfg.name}: NATS cannot place {cfg.num_replicas} replicas ({exc.description}); "
+                    "ENGRAM_STREAM_REPLICAS must be 1 for a single nats-server and at most the cluster's node count"
+                ) from exc
+            raise
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -238,3 +238,41 @@ async def test_a_migration_cut_short_is_finished_by_the_next_run(js: Any) -> Non
     assert (await js.stream_info(subjects.STREAM_IN)).state.first_seq == 2
     ack = await js.publish(subjects.in_message("s1"), b"{}")
     assert ack.seq == 2
+
+
+async def test_a_transient_store_error_on_stream_create_is_retried(monkeypatch) -> None:  # noqa: ANN001
+    """NATS answers 'error creating store for stream' (10049) when a stream of the same name was
+    deleted a moment before; the create is retried instead of failing the service's start."""
+    from nats.js.api import StreamConfig
+
+    from engram import topology as topo
+
+    monkeypatch.setattr(topo, "STORE_BUSY_RETRIES", (0.0, 0.0))
+    calls: list[str] = []
+
+    async def flaky(cfg: StreamConfig) -> str:
+        calls.append(cfg.name)
+        if len(calls) < 3:
+            raise nats.js.errors.ServerError(code=500, err_code=10049, description="error creating store for stream")
+        return "created"
+
+    assert await topo._stream_call(flaky, StreamConfig(name="S")) == "created"
+    assert calls == ["S", "S", "S"]
+
+    async def always_busy(cfg: StreamConfig) -> str:
+        calls.append(cfg.name)
+        raise nats.js.errors.ServerError(code=500, err_code=10049, description="error creating store for stream")
+
+    calls.clear()
+    with pytest.raises(nats.js.errors.ServerError):
+        await topo._stream_call(always_busy, StreamConfig(name="S"))
+    assert len(calls) == 3  # two retries, then the error is raised
+
+    async def other_error(cfg: StreamConfig) -> str:
+        calls.append(cfg.name)
+        raise nats.js.errors.BadRequestError(code=400, err_code=10058, description="stream name already in use")
+
+    calls.clear()
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await topo._stream_call(other_error, StreamConfig(name="S"))
+    assert calls == ["S"]  # no retry for an error that is not transient
