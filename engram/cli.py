@@ -39,7 +39,7 @@ app = typer.Typer(help="engram: conversation memory for agents over NATS.", no_a
 dlq_app = typer.Typer(help="Inspect and replay dead letters.", no_args_is_help=True, cls=EngramGroup,
                       pretty_exceptions_show_locals=False)
 app.add_typer(dlq_app, name="dlq")
-memory_app = typer.Typer(help="Read and write user memory (preferences, notes) as an agent's tools do.",
+memory_app = typer.Typer(help="Read and write user memory (preferences, notes, favorites, activity) as an agent's tools do.",
                          no_args_is_help=True, cls=EngramGroup, pretty_exceptions_show_locals=False)
 app.add_typer(memory_app, name="memory")
 console = Console()
@@ -558,6 +558,129 @@ def memory_notes(user: MemoryUser = None, workspace: MemoryWorkspace = None, ses
     for n in notes:
         plain(console, f"{n.created_at.isoformat(timespec='seconds')} [{n.source}] {n.text}")
     plain(console, f"{len(notes)} notes", style="dim")
+
+
+@memory_app.command("activity")
+def memory_activity(text: Annotated[str, typer.Argument(help="What was done for the user, e.g. 'searched: Python tutorials'.")],
+                    kind: Annotated[str, typer.Option(help="What sort of activity (lowercase), e.g. search, tool.")] = "activity",
+                    activity_id: Annotated[Optional[str], typer.Option("--id", help="Your id for the entry: logging it again logs it once.")] = None,
+                    user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                    data_dir: DataDir = None) -> None:
+    """Log an activity (as an agent's log_activity tool does)."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import LogActivityRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    try:
+        request = LogActivityRequest(scopes=scopes, text=text, kind=kind, activity_id=activity_id)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"text": "TEXT", "kind": "--kind", "activity_id": "--id"}) from exc
+    activity = _ask_memory(data_dir, subjects.MEMORY_ACTIVITY_LOG, request).activity
+    plain(console, f"logged activity {activity.uuid if activity else '?'}")
+
+
+@memory_app.command("activities")
+def memory_activities(user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                      limit: Annotated[int, typer.Option(help="Entries at most, newest first.")] = 50,
+                      kind: Annotated[Optional[str], typer.Option(help="Only entries of this kind.")] = None,
+                      json_output: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False,
+                      data_dir: DataDir = None) -> None:
+    """The activity log, newest first."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import ListActivitiesRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    try:
+        request = ListActivitiesRequest(scopes=scopes, limit=limit, kind=kind)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"limit": "--limit", "kind": "--kind"}) from exc
+    activities = _ask_memory(data_dir, subjects.MEMORY_ACTIVITIES_LIST, request).activities
+    if json_output:
+        print_json(console, [a.model_dump(mode="json") for a in activities])
+        return
+    for a in activities:
+        plain(console, f"{a.occurred_at.isoformat(timespec='seconds')} {a.kind}: {a.text}  ({a.uuid})")
+    plain(console, f"{len(activities)} activities", style="dim")
+
+
+@memory_app.command("remove-activity")
+def memory_remove_activity(uuid: Annotated[str, typer.Argument(help="The entry's uuid (see `engram memory activities`).")],
+                           user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                           data_dir: DataDir = None) -> None:
+    """Delete one activity log entry; exits 1 when there is none with this uuid."""
+    from schemas import subjects
+    from schemas.memory import DeleteActivityRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    response = _ask_memory(data_dir, subjects.MEMORY_ACTIVITY_DELETE, DeleteActivityRequest(scopes=scopes, uuid=uuid))
+    if response.status == "not_found":
+        raise CliError(f"no activity {uuid} in this memory (see `engram memory activities`)")
+    plain(console, f"removed activity {uuid}")
+
+
+@memory_app.command("favorite")
+def memory_favorite(item: Annotated[str, typer.Argument(help="The item: a title, a link, a name.")],
+                    kind: Annotated[Optional[str], typer.Option(help="What sort of item (lowercase), e.g. doc, repo.")] = None,
+                    user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                    data_dir: DataDir = None) -> None:
+    """Add a favorite (as an agent's add_favorite tool does)."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import AddFavoriteRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    try:
+        request = AddFavoriteRequest(scopes=scopes, item=item, kind=kind)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"item": "ITEM", "kind": "--kind"}) from exc
+    favorite = _ask_memory(data_dir, subjects.MEMORY_FAVORITE_ADD, request).favorite
+    plain(console, f"saved favorite {favorite.uuid if favorite else '?'}")
+
+
+@memory_app.command("favorites")
+def memory_favorites(user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                     limit: Annotated[int, typer.Option(help="Favorites at most, newest first.")] = 100,
+                     json_output: Annotated[bool, typer.Option("--json", help="JSON for scripts.")] = False,
+                     data_dir: DataDir = None) -> None:
+    """The favorites, newest first."""
+    from pydantic import ValidationError
+
+    from schemas import subjects
+    from schemas.memory import ListFavoritesRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    try:
+        request = ListFavoritesRequest(scopes=scopes, limit=limit)
+    except ValidationError as exc:
+        raise _bad_parameter(exc, {"limit": "--limit"}) from exc
+    favorites = _ask_memory(data_dir, subjects.MEMORY_FAVORITES_LIST, request).favorites
+    if json_output:
+        print_json(console, [f.model_dump(mode="json") for f in favorites])
+        return
+    for f in favorites:
+        kind = f" ({f.kind})" if f.kind else ""
+        plain(console, f"{f.added_at.isoformat(timespec='seconds')} {f.item}{kind}  ({f.uuid})")
+    plain(console, f"{len(favorites)} favorites", style="dim")
+
+
+@memory_app.command("remove-favorite")
+def memory_remove_favorite(uuid: Annotated[str, typer.Argument(help="The favorite's uuid (see `engram memory favorites`).")],
+                           user: MemoryUser = None, workspace: MemoryWorkspace = None, session: MemorySession = None,
+                           data_dir: DataDir = None) -> None:
+    """Remove one favorite; exits 1 when there is none with this uuid."""
+    from schemas import subjects
+    from schemas.memory import RemoveFavoriteRequest
+
+    scopes = _memory_scopes(user, workspace, session)
+    response = _ask_memory(data_dir, subjects.MEMORY_FAVORITE_REMOVE, RemoveFavoriteRequest(scopes=scopes, uuid=uuid))
+    if response.status == "not_found":
+        raise CliError(f"no favorite {uuid} in this memory (see `engram memory favorites`)")
+    plain(console, f"removed favorite {uuid}")
 
 
 @app.command()

@@ -78,6 +78,11 @@ class SessionSettings(BaseSettings):
     previous_summaries: int = Field(
         2, ge=0, le=20, description="Summaries of the same memory group's earlier segments chained into the prompt.",
     )
+    activities_kept: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="Activity log entries (log_activity) kept per memory group: logging one more deletes the oldest "
+        "past this many.",
+    )
     context_summaries: int = Field(
         3, ge=1, le=20,
         description="The memory group's last closed sessions whose summaries the context's session_summary layer "
@@ -92,7 +97,7 @@ class ContextSettings(BaseSettings):
 
     identity: int = Field(500, ge=0, le=100_000, description="Tokens of the identity layer (the agent's own text).")
     agent_memory: int = Field(500, ge=0, le=100_000, description="Tokens of the agent memory layer.")
-    user_context: int = Field(1500, ge=0, le=100_000, description="Tokens of the user context layer (notes, preferences).")
+    user_context: int = Field(1500, ge=0, le=100_000, description="Tokens of the user context layer (preferences, favorites, notes, recent activity).")
     session_summary: int = Field(500, ge=0, le=100_000, description="Tokens of the last closed session's summary.")
     skills: int = Field(1000, ge=0, le=100_000, description="Tokens of the skills layer (the agent's own text).")
     recall: int = Field(1500, ge=0, le=100_000, description="Tokens of the recall layer for the current query.")

@@ -9,8 +9,8 @@
 * The session close stage turns it into a :class:`SessionRecord` (hybrid summary) plus
   preferences and notes, stored in the *memory group*: the user's group when the session named a
   user, else the workspace's, else the session's (:func:`memory_group_for`).
-* Proactive memory (request/reply): save a note, set/get/remove a preference, list notes and
-  sessions. Every request names its owner with :class:`MemoryScopes` (the same keys as recall).
+* Proactive memory (request/reply): save a note, set/get/remove a preference, log an activity,
+  add a favorite, and list or remove each; list sessions. Every request names its owner with :class:`MemoryScopes` (the same keys as recall).
 * The context builder (request/reply on ``engram.context``): the prompt sections an agent injects,
   each cut to its cl100k token budget.
 """
@@ -123,6 +123,33 @@ class UserNote(_Model):
     session_id: str | None = None
 
 
+ACTIVITY_KIND_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+
+class UserActivity(_Model):
+    """Something the agent did for the user (seed 004 ``log_activity``: "RAG search: Python
+    tutorials"): a log, newest first, the oldest pruned past ``ENGRAM_SESSION_ACTIVITIES_KEPT``."""
+
+    uuid: str
+    kind: str = Field(description="What sort of activity, e.g. search, tool, visit (lowercase).")
+    text: str
+    occurred_at: AwareDatetime
+    source: MemorySource
+    session_id: str | None = None
+
+
+class UserFavorite(_Model):
+    """An item the user marked as a favorite (seed 004 ``add_favorite``); adding an equal item
+    (same kind; case, spacing and punctuation aside) returns the stored one."""
+
+    uuid: str
+    item: str
+    kind: str | None = Field(None, description="What sort of item, e.g. doc, recipe, repo (lowercase).")
+    added_at: AwareDatetime
+    source: MemorySource
+    session_id: str | None = None
+
+
 class SaveUserNoteRequest(_Model):
     """``engram.memory.note.save``: remember a note about the user (seed 004 ``save_user_note``)."""
 
@@ -176,6 +203,67 @@ class DeleteUserNoteRequest(_Model):
     uuid: str = Field(min_length=1, max_length=256)
 
 
+class LogActivityRequest(_Model):
+    """``engram.memory.activity.log``: add an entry to the user's activity log (seed 004 ``log_activity``)."""
+
+    schema_version: Literal[1] = 1
+    scopes: MemoryScopes
+    text: str = Field(min_length=1, max_length=2000)
+    kind: str = Field("activity", pattern=ACTIVITY_KIND_PATTERN)
+    occurred_at: AwareDatetime | None = Field(None, description="When it happened; the time the request is served when unset.")
+    activity_id: str | None = Field(
+        None, pattern=TOKEN_PATTERN,
+        description="The caller's id for this entry: a retried request with the same id is logged once. Without it, "
+        "an entry equal to a logged one (kind, text, session and occurred_at) is logged once.",
+    )
+    source: MemorySource = "conversation"
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+
+
+class ListActivitiesRequest(_Model):
+    """``engram.memory.activities.list``: the activity log, newest first."""
+
+    schema_version: Literal[1] = 1
+    scopes: MemoryScopes
+    limit: int = Field(50, ge=1, le=1000)
+    kind: str | None = Field(None, pattern=ACTIVITY_KIND_PATTERN, description="Only entries of this kind.")
+
+
+class DeleteActivityRequest(_Model):
+    """``engram.memory.activity.delete``: delete one activity entry by uuid."""
+
+    schema_version: Literal[1] = 1
+    scopes: MemoryScopes
+    uuid: str = Field(min_length=1, max_length=256)
+
+
+class AddFavoriteRequest(_Model):
+    """``engram.memory.favorite.add``: mark an item as the user's favorite (seed 004 ``add_favorite``)."""
+
+    schema_version: Literal[1] = 1
+    scopes: MemoryScopes
+    item: str = Field(min_length=1, max_length=2000, description="The item: a title, a link, a name.")
+    kind: str | None = Field(None, pattern=ACTIVITY_KIND_PATTERN)
+    source: MemorySource = "conversation"
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+
+
+class ListFavoritesRequest(_Model):
+    """``engram.memory.favorites.list``: the favorites, newest first."""
+
+    schema_version: Literal[1] = 1
+    scopes: MemoryScopes
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class RemoveFavoriteRequest(_Model):
+    """``engram.memory.favorite.remove``: remove one favorite by uuid."""
+
+    schema_version: Literal[1] = 1
+    scopes: MemoryScopes
+    uuid: str = Field(min_length=1, max_length=256)
+
+
 class ListSessionsRequest(_Model):
     """``engram.memory.sessions.list``: closed segments, newest first."""
 
@@ -196,6 +284,10 @@ class MemoryResponse(_Model):
     preference: UserPreference | None = None
     preferences: list[UserPreference] = Field(default_factory=list)
     sessions: list[SessionRecord] = Field(default_factory=list)
+    activity: UserActivity | None = None
+    activities: list[UserActivity] = Field(default_factory=list)
+    favorite: UserFavorite | None = None
+    favorites: list[UserFavorite] = Field(default_factory=list)
 
 
 ContextLayer = Literal["identity", "agent_memory", "user_context", "session_summary", "skills", "recall"]
@@ -255,6 +347,12 @@ MEMORY_MODELS = (
     ListUserNotesRequest,
     DeleteUserNoteRequest,
     ListSessionsRequest,
+    LogActivityRequest,
+    ListActivitiesRequest,
+    DeleteActivityRequest,
+    AddFavoriteRequest,
+    ListFavoritesRequest,
+    RemoveFavoriteRequest,
     MemoryResponse,
     ContextRequest,
     ContextResponse,

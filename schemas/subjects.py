@@ -73,10 +73,24 @@ MEMORY_PREFERENCE_REMOVE = "engram.memory.preference.remove"
 """RemoveUserPreferenceRequest -> MemoryResponse."""
 MEMORY_SESSIONS_LIST = "engram.memory.sessions.list"
 """ListSessionsRequest -> MemoryResponse."""
+MEMORY_ACTIVITY_LOG = "engram.memory.activity.log"
+"""LogActivityRequest -> MemoryResponse (seed 004 ``log_activity``)."""
+MEMORY_ACTIVITIES_LIST = "engram.memory.activities.list"
+"""ListActivitiesRequest -> MemoryResponse."""
+MEMORY_ACTIVITY_DELETE = "engram.memory.activity.delete"
+"""DeleteActivityRequest -> MemoryResponse."""
+MEMORY_FAVORITE_ADD = "engram.memory.favorite.add"
+"""AddFavoriteRequest -> MemoryResponse (seed 004 ``add_favorite``)."""
+MEMORY_FAVORITES_LIST = "engram.memory.favorites.list"
+"""ListFavoritesRequest -> MemoryResponse."""
+MEMORY_FAVORITE_REMOVE = "engram.memory.favorite.remove"
+"""RemoveFavoriteRequest -> MemoryResponse."""
 CONTEXT = "engram.context"
 """ContextRequest -> ContextResponse: the agent's layered context (served by the sessions service)."""
 MEMORY_SUBJECTS = (MEMORY_NOTE_SAVE, MEMORY_NOTE_DELETE, MEMORY_NOTES_LIST, MEMORY_PREFERENCE_SET,
-                   MEMORY_PREFERENCE_GET, MEMORY_PREFERENCE_REMOVE, MEMORY_SESSIONS_LIST)
+                   MEMORY_PREFERENCE_GET, MEMORY_PREFERENCE_REMOVE, MEMORY_SESSIONS_LIST,
+                   MEMORY_ACTIVITY_LOG, MEMORY_ACTIVITIES_LIST, MEMORY_ACTIVITY_DELETE,
+                   MEMORY_FAVORITE_ADD, MEMORY_FAVORITES_LIST, MEMORY_FAVORITE_REMOVE)
 
 # --- graph admin (NATS request/reply, served by the recall service; used by the gateway) ----
 GRAPH_EPISODES = "engram.graph.episodes"

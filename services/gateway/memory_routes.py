@@ -9,6 +9,12 @@ sessions service over NATS request/reply (services/sessions/requests.py).
 * ``GET /memory/preferences``            get_user_preferences    (``engram.memory.preference.get``)
 * ``DELETE /memory/preferences/{key}``   remove_user_preference  (``engram.memory.preference.remove``)
 * ``GET /memory/sessions``               closed session segments, newest first
+* ``POST /memory/activities``            log_activity            (``engram.memory.activity.log``)
+* ``GET /memory/activities``             the activity log, newest first (``engram.memory.activities.list``)
+* ``DELETE /memory/activities/{uuid}``   (``engram.memory.activity.delete``)
+* ``POST /memory/favorites``             add_favorite            (``engram.memory.favorite.add``)
+* ``GET /memory/favorites``              the favorites, newest first (``engram.memory.favorites.list``)
+* ``DELETE /memory/favorites/{uuid}``    (``engram.memory.favorite.remove``)
 
 Whose memory: the ``user``, ``workspace`` or ``session`` query parameter (the user's when given,
 else the workspace's, else the session's); none is a 400. Content travels in bodies only: the
@@ -25,24 +31,33 @@ from pydantic import BaseModel
 
 from schemas import subjects
 from schemas.memory import (
+    ACTIVITY_KIND_PATTERN,
+    AddFavoriteRequest,
     ContextRequest,
     ContextResponse,
+    DeleteActivityRequest,
     DeleteUserNoteRequest,
     GetUserPreferencesRequest,
+    ListActivitiesRequest,
+    ListFavoritesRequest,
     ListSessionsRequest,
     ListUserNotesRequest,
+    LogActivityRequest,
     MemoryResponse,
     MemoryScopes,
+    RemoveFavoriteRequest,
     RemoveUserPreferenceRequest,
     SaveUserNoteRequest,
     SessionRecord,
     SetUserPreferenceRequest,
+    UserActivity,
+    UserFavorite,
     UserNote,
     UserPreference,
 )
 from schemas.subjects import SESSION_ID_PATTERN
 from services.gateway.bus import Bus, BusError
-from services.gateway.models import NoteBody, PreferenceBody, Result
+from services.gateway.models import ActivityBody, FavoriteBody, NoteBody, PreferenceBody, Result
 from services.gateway.settings import GatewaySettings
 
 CONTEXT_DEGRADED_HEADER = "X-Engram-Context-Degraded"
@@ -62,6 +77,7 @@ def memory_scopes(
 Scopes = Annotated[MemoryScopes, Depends(memory_scopes)]
 PathKey = Annotated[str, Path(min_length=1, max_length=128, description="The preference's key, e.g. language.")]
 PathNoteUuid = Annotated[str, Path(min_length=1, max_length=256)]
+"""A note's, an activity's or a favorite's uuid."""
 
 
 def _raise(exc: BusError) -> HTTPException:
@@ -158,3 +174,51 @@ def add_memory_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -> 
     async def list_sessions(scopes: Scopes, limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[SessionRecord]:
         """Closed session segments with their summaries, newest first."""
         return (await ask(subjects.MEMORY_SESSIONS_LIST, ListSessionsRequest(scopes=scopes, limit=limit))).sessions
+
+    @router.post("/memory/activities", status_code=status.HTTP_201_CREATED, response_model=UserActivity,
+                 tags=["sessions"])
+    async def log_activity(body: ActivityBody, scopes: Scopes) -> UserActivity:
+        """Log what the agent did for the user (the oldest entries past ENGRAM_SESSION_ACTIVITIES_KEPT
+        are deleted); an entry with a logged ``activity_id`` returns the logged one."""
+        answer = await ask(subjects.MEMORY_ACTIVITY_LOG, LogActivityRequest(
+            scopes=scopes, text=body.text, kind=body.kind, occurred_at=body.occurred_at,
+            activity_id=body.activity_id, source=body.source, session_id=body.session_id))
+        if answer.activity is None:
+            raise HTTPException(status.HTTP_502_BAD_GATEWAY, "the sessions service logged no activity")
+        return answer.activity
+
+    @router.get("/memory/activities", response_model=list[UserActivity], tags=["sessions"])
+    async def list_activities(
+        scopes: Scopes, limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        kind: Annotated[str | None, Query(pattern=ACTIVITY_KIND_PATTERN, description="Only this kind.")] = None,
+    ) -> list[UserActivity]:
+        """The activity log, newest first."""
+        request = ListActivitiesRequest(scopes=scopes, limit=limit, kind=kind)
+        return (await ask(subjects.MEMORY_ACTIVITIES_LIST, request)).activities
+
+    @router.delete("/memory/activities/{uuid}", response_model=Result, tags=["sessions"],
+                   responses={404: {"description": "No activity with this uuid in the memory group."}})
+    async def delete_activity(uuid: PathNoteUuid, scopes: Scopes) -> Result:
+        await ask(subjects.MEMORY_ACTIVITY_DELETE, DeleteActivityRequest(scopes=scopes, uuid=uuid), f"activity {uuid}")
+        return Result(message="Activity deleted", success=True)
+
+    @router.post("/memory/favorites", status_code=status.HTTP_201_CREATED, response_model=UserFavorite,
+                 tags=["sessions"])
+    async def add_favorite(body: FavoriteBody, scopes: Scopes) -> UserFavorite:
+        """Mark an item as the user's favorite; an equal one (same kind) returns the stored one."""
+        answer = await ask(subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(
+            scopes=scopes, item=body.item, kind=body.kind, source=body.source, session_id=body.session_id))
+        if answer.favorite is None:
+            raise HTTPException(status.HTTP_502_BAD_GATEWAY, "the sessions service stored no favorite")
+        return answer.favorite
+
+    @router.get("/memory/favorites", response_model=list[UserFavorite], tags=["sessions"])
+    async def list_favorites(scopes: Scopes, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[UserFavorite]:
+        """The favorites, newest first."""
+        return (await ask(subjects.MEMORY_FAVORITES_LIST, ListFavoritesRequest(scopes=scopes, limit=limit))).favorites
+
+    @router.delete("/memory/favorites/{uuid}", response_model=Result, tags=["sessions"],
+                   responses={404: {"description": "No favorite with this uuid in the memory group."}})
+    async def remove_favorite(uuid: PathNoteUuid, scopes: Scopes) -> Result:
+        await ask(subjects.MEMORY_FAVORITE_REMOVE, RemoveFavoriteRequest(scopes=scopes, uuid=uuid), f"favorite {uuid}")
+        return Result(message="Favorite removed", success=True)

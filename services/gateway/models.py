@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, ExtractionCost, TimeRange
-from schemas.subjects import SESSION_ID_PATTERN
+from schemas.memory import ACTIVITY_KIND_PATTERN
+from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
 
 GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
 GROUP_ID_HELP = "group_id may contain only ASCII letters, digits, '_' and '-' (pattern ^[a-zA-Z0-9_-]+$)"
@@ -224,3 +225,24 @@ class PreferenceBody(_In):
     source: Literal["conversation", "extraction"] = "conversation"
     session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN,
                                    description="The chat session the preference was stated in, if any.")
+
+
+class ActivityBody(_In):
+    """``POST /memory/activities``: an entry of the user's activity log (seed 004 ``log_activity``)."""
+
+    text: str = Field(min_length=1, max_length=2000)
+    kind: str = Field("activity", pattern=ACTIVITY_KIND_PATTERN, description="e.g. search, tool, visit (lowercase).")
+    occurred_at: AwareDatetime | None = Field(None, description="When it happened; now when unset.")
+    activity_id: str | None = Field(None, pattern=TOKEN_PATTERN,
+                                    description="Your id for the entry: a retried request with the same id is logged once.")
+    source: Literal["conversation", "extraction"] = "conversation"
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN, description="The chat session it happened in, if any.")
+
+
+class FavoriteBody(_In):
+    """``POST /memory/favorites``: an item the user marked as a favorite (seed 004 ``add_favorite``)."""
+
+    item: str = Field(min_length=1, max_length=2000, description="The item: a title, a link, a name.")
+    kind: str | None = Field(None, pattern=ACTIVITY_KIND_PATTERN, description="e.g. doc, recipe, repo (lowercase).")
+    source: Literal["conversation", "extraction"] = "conversation"
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN, description="The chat session it was added in, if any.")

@@ -30,9 +30,9 @@ from engram.compat import route_unmatched_http
 from engram.promote import WORKSPACE_ONLY_KINDS, Promotion, PromotionKind
 from engram.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
-from schemas.memory import ContextBudgets, ContextRequest, MemoryScopes
+from schemas.memory import ACTIVITY_KIND_PATTERN, ContextBudgets, ContextRequest, LogActivityRequest, MemoryScopes
 from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, TimeRange
-from schemas.subjects import SESSION_ID_PATTERN
+from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
 from services.gateway.bus import Bus
 from services.gateway.models import AddTripletRequest, FactFilters, GroupId, WriteGroupId
 from services.gateway.settings import is_loopback
@@ -44,7 +44,9 @@ INSTRUCTIONS = (
     "engram is a temporal memory of conversations. add_memory stores a chat message (source='message') or a "
     "whole text (source='text'/'json') durably and answers with the ids it will have; extraction turns it into "
     "entities and facts shortly after. search_memory_facts finds current facts; get_context builds the layered "
-    "context for an answer; promote keeps a decision, lesson, preference or procedure for a workspace or user."
+    "context for an answer; promote keeps a decision, lesson, preference or procedure for a workspace or user; "
+    "save_user_note, set_user_preference, add_favorite and log_activity keep what you learn about and do for "
+    "your user, shown in get_context's user context."
 )
 
 Uuid = Annotated[str, Field(min_length=1, max_length=256)]
@@ -351,6 +353,63 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
     ) -> dict:
         """End a preference's current value (it stays in the history); returns the ended value."""
         return await _run("remove_user_preference", tools.remove_user_preference(_scopes(user, workspace, session), key))
+
+    @server.tool()
+    async def log_activity(
+        text: Annotated[str, Field(min_length=1, max_length=2000, description="What was done, e.g. 'RAG search: Python tutorials'.")],
+        kind: Annotated[str, Field(pattern=ACTIVITY_KIND_PATTERN, description="e.g. search, tool, visit (lowercase).")] = "activity",
+        occurred_at: Annotated[AwareDatetime | None, Field(description="When it happened; now when unset.")] = None,
+        activity_id: Annotated[str | None, Field(pattern=TOKEN_PATTERN,
+                                                 description="Your id for the entry: a retried call with it logs once.")] = None,
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        session_id: SessionKey = None,
+    ) -> dict:
+        """Log something done for the user in their activity log (shown, latest first, in get_context's
+        user context)."""
+        request = LogActivityRequest(scopes=_scopes(user, workspace, session), text=text, kind=kind,
+                                     occurred_at=occurred_at, activity_id=activity_id, session_id=session_id)
+        return await _run("log_activity", tools.log_activity(request))
+
+    @server.tool()
+    async def list_activities(
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        limit: Annotated[int, Field(ge=1, le=1000)] = 50,
+        kind: Annotated[str | None, Field(pattern=ACTIVITY_KIND_PATTERN, description="Only this kind.")] = None,
+    ) -> dict:
+        """The user's activity log, newest first."""
+        return await _run("list_activities", tools.list_activities(_scopes(user, workspace, session), limit, kind))
+
+    @server.tool()
+    async def remove_activity(
+        uuid: Uuid, user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+    ) -> dict:
+        """Delete one entry of the activity log."""
+        return await _run("remove_activity", tools.remove_activity(_scopes(user, workspace, session), uuid))
+
+    @server.tool()
+    async def add_favorite(
+        item: Annotated[str, Field(min_length=1, max_length=2000, description="The item: a title, a link, a name.")],
+        kind: Annotated[str | None, Field(pattern=ACTIVITY_KIND_PATTERN, description="e.g. doc, recipe, repo.")] = None,
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        session_id: SessionKey = None,
+    ) -> dict:
+        """Mark an item as the user's favorite (an equal item returns the stored one)."""
+        return await _run("add_favorite", tools.add_favorite(_scopes(user, workspace, session), item, kind, session_id))
+
+    @server.tool()
+    async def list_favorites(
+        user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+        limit: Annotated[int, Field(ge=1, le=1000)] = 100,
+    ) -> dict:
+        """The user's favorites, newest first."""
+        return await _run("list_favorites", tools.list_favorites(_scopes(user, workspace, session), limit))
+
+    @server.tool()
+    async def remove_favorite(
+        uuid: Uuid, user: UserKey = None, workspace: WorkspaceKey = None, session: SessionKey = None,
+    ) -> dict:
+        """Remove one favorite."""
+        return await _run("remove_favorite", tools.remove_favorite(_scopes(user, workspace, session), uuid))
 
     return server
 

@@ -26,11 +26,17 @@ from schemas import Episode, EpisodeMessage, RecallResponse, subjects
 from schemas.ids import episode_id_for
 from engram.triplets import publish_triplet
 from schemas.memory import (
+    AddFavoriteRequest,
     ContextRequest,
     ContextResponse,
+    DeleteActivityRequest,
     GetUserPreferencesRequest,
+    ListActivitiesRequest,
+    ListFavoritesRequest,
+    LogActivityRequest,
     MemoryResponse,
     MemoryScopes,
+    RemoveFavoriteRequest,
     RemoveUserPreferenceRequest,
     SaveUserNoteRequest,
     SetUserPreferenceRequest,
@@ -328,6 +334,31 @@ class EngramTools:
         answer = await self._memory(subjects.MEMORY_PREFERENCE_GET,
                                     GetUserPreferencesRequest(scopes=scopes, include_history=include_history))
         return {"preferences": [p.model_dump(mode="json") for p in answer.preferences]}
+
+    async def log_activity(self, request: LogActivityRequest) -> dict:
+        answer = await self._memory(subjects.MEMORY_ACTIVITY_LOG, request)
+        return answer.activity.model_dump(mode="json") if answer.activity else {}
+
+    async def list_activities(self, scopes: MemoryScopes, limit: int, kind: str | None) -> dict:
+        answer = await self._memory(subjects.MEMORY_ACTIVITIES_LIST, ListActivitiesRequest(scopes=scopes, limit=limit, kind=kind))
+        return {"activities": [a.model_dump(mode="json") for a in answer.activities]}
+
+    async def remove_activity(self, scopes: MemoryScopes, uuid: str) -> dict:
+        await self._memory(subjects.MEMORY_ACTIVITY_DELETE, DeleteActivityRequest(scopes=scopes, uuid=uuid), "activity")
+        return {"message": "Activity deleted"}
+
+    async def add_favorite(self, scopes: MemoryScopes, item: str, kind: str | None, session_id: str | None) -> dict:
+        answer = await self._memory(subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(
+            scopes=scopes, item=item, kind=kind, session_id=session_id))
+        return answer.favorite.model_dump(mode="json") if answer.favorite else {}
+
+    async def list_favorites(self, scopes: MemoryScopes, limit: int) -> dict:
+        answer = await self._memory(subjects.MEMORY_FAVORITES_LIST, ListFavoritesRequest(scopes=scopes, limit=limit))
+        return {"favorites": [f.model_dump(mode="json") for f in answer.favorites]}
+
+    async def remove_favorite(self, scopes: MemoryScopes, uuid: str) -> dict:
+        await self._memory(subjects.MEMORY_FAVORITE_REMOVE, RemoveFavoriteRequest(scopes=scopes, uuid=uuid), "favorite")
+        return {"message": "Favorite removed"}
 
     async def remove_user_preference(self, scopes: MemoryScopes, key: str) -> dict:
         answer = await self._memory(subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=scopes, key=key),

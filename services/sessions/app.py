@@ -13,6 +13,8 @@ Per SessionSegmentClosed on ``engram.session.closed.<session>`` (durable ``sessi
    -> nack with a short delay, the redelivery then finds it closed. So two concurrent deliveries
    of one segment make exactly one summary call (stricter than seed 004, where both ran);
 4. the previous summaries of the group (``ENGRAM_SESSION_PREVIOUS_SUMMARIES``, newest first),
+   once the same session's previous segment is closed (while a live worker closes it, this one
+   is nacked with a short delay: ``engram_sessions_previous_segment_waits_total``),
    then summary and facts concurrently (close.py; each step catches its own failures);
 5. preferences (``source=extraction``; the latest value wins, see store.py) and notes (deduped),
    then the session record, which marks the segment closed. A crash before the record leaves the
@@ -86,6 +88,11 @@ UNGROUNDED = Counter(
     "engram_sessions_facts_ungrounded_total",
     "Extracted preferences and notes dropped because the user's own messages do not say them (close.grounded_facts).",
 )
+PREVIOUS_WAITS = Counter(
+    "engram_sessions_previous_segment_waits_total",
+    "Times a segment's close waited (nack with a short delay) for the same session's previous segment, being "
+    "closed by a live worker, so that its summary chains that one.",
+)
 MESSAGES = Counter(
     "engram_sessions_close_messages_total",
     "SessionSegmentClosed messages handled, by outcome (closed, duplicate, busy, dead_lettered).", ["outcome"],
@@ -130,7 +137,7 @@ class SessionCloser:
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings(), nats=lambda: broker.connection), stage=STAGE)
         self.llm.set_tracer(graphiti_tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/graphiti_tracing.py)
         self.graphs = GraphDrivers(settings)
-        self.store = MemoryStore(self.graphs)
+        self.store = MemoryStore(self.graphs, activities_kept=settings.session.activities_kept)
         self.clock = clock
         self.lease_s = float(Topology.from_settings(settings).sessions_consumer().ack_wait)
         self.busy_retry_s = busy_retry_s
@@ -214,6 +221,16 @@ class SessionCloser:
         """Close one segment: ``closed``, ``duplicate`` (closed before) or :class:`Busy`."""
         group = self.group_of(event)
         now = self.clock()
+        if event.segment > 0 and self.settings.session.previous_summaries > 0:
+            # Segments close concurrently (replicas x slots), but a segment's summary chains the
+            # earlier ones: while a live worker is closing the previous segment of the same
+            # session, this one waits for it. Bounded by that close (its lease); a previous
+            # segment that failed, was released, or belongs to another group is not waited for.
+            held = await self.store.segment_claimed_at(group, session_id=event.session_id, segment=event.segment - 1,
+                                                       lease_s=self.lease_s, now=now)
+            if held is not None:
+                PREVIOUS_WAITS.inc()
+                return Busy(max(0.5, min(self.busy_retry_s, 2.0)))
         claim = await self.store.claim_session(group, session_id=event.session_id, segment=event.segment,
                                                segment_id=event.segment_id, lease_s=self.lease_s, now=now)
         if claim.outcome == "closed":

@@ -10,7 +10,8 @@ budgets and a :class:`ContextSources` (where the stored layers come from). Layer
   whose ``source_description`` is ``engram promotion (<kind>)`` (engram/promote.py,
   services/extractor/pipeline.py): both are matched, so a chat turn never shows up here.
 * ``user_context``    -- the memory group's current preferences as ``key: value`` lines, then its
-  notes, newest first (services/sessions/store.py).
+  notes, its favorites and its latest activity log entries, each newest first
+  (services/sessions/store.py); cut from the end, so the activity log goes first.
 * ``session_summary`` -- the hybrid summaries of the memory group's last closed session segments
   (``ENGRAM_SESSION_CONTEXT_SUMMARIES``, 3), newest first, the oldest cut first to fit.
 * ``skills``          -- the request's own ``skills`` text.
@@ -45,6 +46,8 @@ from schemas.memory import (
     ContextResponse,
     ContextSection,
     SessionRecord,
+    UserActivity,
+    UserFavorite,
     UserNote,
     UserPreference,
     memory_group_for,
@@ -67,6 +70,10 @@ AGENT_MEMORY_LIMIT = 50
 """Promoted memories read for the agent_memory layer (newest first; the budget cuts further)."""
 NOTES_LIMIT = 200
 """Notes read for the user_context layer (newest first; the budget cuts further)."""
+FAVORITES_LIMIT = 50
+"""Favorites read for the user_context layer (newest first; the budget cuts further)."""
+ACTIVITIES_LIMIT = 10
+"""Activity log entries shown in the user_context layer: the latest only (the log is for recency)."""
 
 
 @dataclass(frozen=True)
@@ -282,8 +289,10 @@ def render_promotions(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_user_context(preferences: list[UserPreference], notes: list[UserNote]) -> str:
-    """Current preferences as ``key: value`` lines, then the notes, newest first."""
+def render_user_context(preferences: list[UserPreference], notes: list[UserNote],
+                        favorites: list[UserFavorite] = (), activities: list[UserActivity] = ()) -> str:
+    """Current preferences as ``key: value`` lines, then the notes, the favorites and the
+    activity log (``- <day> <kind>: <text>``), each newest first."""
     parts = []
     current = [p for p in preferences if p.current]
     if current:
@@ -291,6 +300,14 @@ def render_user_context(preferences: list[UserPreference], notes: list[UserNote]
     if notes:
         ordered = sorted(notes, key=lambda n: n.created_at, reverse=True)
         parts.append("Notes:\n" + "\n".join(f"- {_one_line(n.text)}" for n in ordered))
+    if favorites:
+        ordered_f = sorted(favorites, key=lambda f: f.added_at, reverse=True)
+        parts.append("Favorites:\n" + "\n".join(
+            f"- {_one_line(f.item)}" + (f" ({f.kind})" if f.kind else "") for f in ordered_f))
+    if activities:
+        ordered_a = sorted(activities, key=lambda a: a.occurred_at, reverse=True)
+        parts.append("Recent activity:\n" + "\n".join(
+            f"- {_day(a.occurred_at)} {a.kind}: {_one_line(a.text)}" for a in ordered_a))
     return "\n".join(parts)
 
 
@@ -374,10 +391,15 @@ class StoredSources:
         group = self._memory_group(request)
         if group is None:
             return None
-        preferences, notes = await asyncio.gather(self.store.preferences(group), self.store.notes(group, NOTES_LIMIT))
-        body = render_user_context(preferences, notes)
+        preferences, notes, favorites, activities = await asyncio.gather(
+            self.store.preferences(group), self.store.notes(group, NOTES_LIMIT),
+            self.store.favorites(group, FAVORITES_LIMIT), self.store.activities(group, ACTIVITIES_LIMIT))
+        body = render_user_context(preferences, notes, favorites, activities)
         current = sum(1 for p in preferences if p.current)
-        return LayerContent(body, f"group {group}: {_n(current, 'preference')}, {_n(len(notes), 'note')}") if body else None
+        counts = [_n(current, "preference"), _n(len(notes), "note")]
+        counts += [_n(len(favorites), "favorite")] if favorites else []
+        counts += [_n(len(activities), "activity", "activities")] if activities else []
+        return LayerContent(body, f"group {group}: {', '.join(counts)}") if body else None
 
     async def session_summary(self, request: ContextRequest) -> LayerContent | None:
         group = self._memory_group(request)

@@ -8,7 +8,9 @@ request/reply and the gateway over HTTP. Seed 004's tools map onto subjects:
 * ``set_user_preference``    -> ``engram.memory.preference.set``   (:func:`set_preference`)
 * ``get_user_preferences``   -> ``engram.memory.preference.get``   (:func:`get_preferences`)
 * ``remove_user_preference`` -> ``engram.memory.preference.remove`` (:func:`remove_preference`)
-* plus listing and deleting notes, and listing closed sessions.
+* ``log_activity``           -> ``engram.memory.activity.log``     (:func:`log_activity`)
+* ``add_favorite``           -> ``engram.memory.favorite.add``     (:func:`add_favorite`)
+* plus listing and deleting notes, activities and favorites, and listing closed sessions.
 
 Every request names its owner with ``scopes``; the memory group is the user's when ``user`` is
 set, else the workspace's, else the session's (:func:`schemas.memory.memory_group_for`). A
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -30,16 +33,24 @@ from pydantic import BaseModel, ValidationError
 from engram.secrets import scrub_keyed_value, scrub_secrets
 from schemas import subjects
 from schemas.memory import (
+    AddFavoriteRequest,
+    DeleteActivityRequest,
     DeleteUserNoteRequest,
     GetUserPreferencesRequest,
+    ListActivitiesRequest,
+    ListFavoritesRequest,
     ListSessionsRequest,
     ListUserNotesRequest,
+    LogActivityRequest,
     MemoryResponse,
     MemoryScopes,
+    RemoveFavoriteRequest,
     RemoveUserPreferenceRequest,
     SaveUserNoteRequest,
     SessionRecord,
     SetUserPreferenceRequest,
+    UserActivity,
+    UserFavorite,
     UserNote,
     UserPreference,
     memory_group_for,
@@ -62,6 +73,14 @@ class Store(Protocol):
     async def remove_preference(self, group_id: str, key: str) -> UserPreference | None: ...
     async def preferences(self, group_id: str, *, include_history: bool = False) -> list[UserPreference]: ...
     async def last_sessions(self, group_id: str, n: int = 1) -> list[SessionRecord]: ...
+    async def log_activity(self, group_id: str, text: str, *, kind: str, source: str, session_id: str | None = None,
+                           occurred_at: datetime | None = None, activity_id: str | None = None) -> UserActivity: ...
+    async def activities(self, group_id: str, limit: int = 50, *, kind: str | None = None) -> list[UserActivity]: ...
+    async def delete_activity(self, group_id: str, activity_uuid_: str) -> bool: ...
+    async def add_favorite(self, group_id: str, item: str, *, kind: str | None, source: str,
+                           session_id: str | None = None) -> UserFavorite: ...
+    async def favorites(self, group_id: str, limit: int = 100) -> list[UserFavorite]: ...
+    async def remove_favorite(self, group_id: str, favorite_uuid_: str) -> bool: ...
 
 
 class BadRequest(ValueError):
@@ -88,11 +107,15 @@ async def list_notes(store: Store, prefix: str, request: ListUserNotesRequest) -
     return MemoryResponse(group_id=group, notes=await store.notes(group, request.limit))
 
 
+def _deleted(found: bool, what: str, group: str) -> MemoryResponse:
+    if not found:
+        return MemoryResponse(status="not_found", reason=f"no {what} with this uuid in the memory group", group_id=group)
+    return MemoryResponse(group_id=group)
+
+
 async def delete_note(store: Store, prefix: str, request: DeleteUserNoteRequest) -> MemoryResponse:
     group = group_of(request.scopes, prefix)
-    if not await store.delete_note(group, request.uuid):
-        return MemoryResponse(status="not_found", reason="no note with this uuid in the memory group", group_id=group)
-    return MemoryResponse(group_id=group)
+    return _deleted(await store.delete_note(group, request.uuid), "note", group)
 
 
 async def set_preference(store: Store, prefix: str, request: SetUserPreferenceRequest) -> MemoryResponse:
@@ -123,6 +146,41 @@ async def list_sessions(store: Store, prefix: str, request: ListSessionsRequest)
     return MemoryResponse(group_id=group, sessions=await store.last_sessions(group, request.limit))
 
 
+async def log_activity(store: Store, prefix: str, request: LogActivityRequest) -> MemoryResponse:
+    group = group_of(request.scopes, prefix)
+    activity = await store.log_activity(group, scrub_secrets(request.text).text, kind=request.kind,
+                                        source=request.source, session_id=request.session_id,
+                                        occurred_at=request.occurred_at, activity_id=request.activity_id)
+    return MemoryResponse(group_id=group, activity=activity)
+
+
+async def list_activities(store: Store, prefix: str, request: ListActivitiesRequest) -> MemoryResponse:
+    group = group_of(request.scopes, prefix)
+    return MemoryResponse(group_id=group, activities=await store.activities(group, request.limit, kind=request.kind))
+
+
+async def delete_activity(store: Store, prefix: str, request: DeleteActivityRequest) -> MemoryResponse:
+    group = group_of(request.scopes, prefix)
+    return _deleted(await store.delete_activity(group, request.uuid), "activity", group)
+
+
+async def add_favorite(store: Store, prefix: str, request: AddFavoriteRequest) -> MemoryResponse:
+    group = group_of(request.scopes, prefix)
+    favorite = await store.add_favorite(group, scrub_secrets(request.item).text, kind=request.kind,
+                                        source=request.source, session_id=request.session_id)
+    return MemoryResponse(group_id=group, favorite=favorite)
+
+
+async def list_favorites(store: Store, prefix: str, request: ListFavoritesRequest) -> MemoryResponse:
+    group = group_of(request.scopes, prefix)
+    return MemoryResponse(group_id=group, favorites=await store.favorites(group, request.limit))
+
+
+async def remove_favorite(store: Store, prefix: str, request: RemoveFavoriteRequest) -> MemoryResponse:
+    group = group_of(request.scopes, prefix)
+    return _deleted(await store.remove_favorite(group, request.uuid), "favorite", group)
+
+
 @dataclass(frozen=True)
 class Operation:
     op: str
@@ -139,6 +197,12 @@ OPERATIONS: dict[str, Operation] = {
     subjects.MEMORY_PREFERENCE_GET: Operation("preference_get", GetUserPreferencesRequest, get_preferences),
     subjects.MEMORY_PREFERENCE_REMOVE: Operation("preference_remove", RemoveUserPreferenceRequest, remove_preference),
     subjects.MEMORY_SESSIONS_LIST: Operation("sessions_list", ListSessionsRequest, list_sessions),
+    subjects.MEMORY_ACTIVITY_LOG: Operation("activity_log", LogActivityRequest, log_activity),
+    subjects.MEMORY_ACTIVITIES_LIST: Operation("activities_list", ListActivitiesRequest, list_activities),
+    subjects.MEMORY_ACTIVITY_DELETE: Operation("activity_delete", DeleteActivityRequest, delete_activity),
+    subjects.MEMORY_FAVORITE_ADD: Operation("favorite_add", AddFavoriteRequest, add_favorite),
+    subjects.MEMORY_FAVORITES_LIST: Operation("favorites_list", ListFavoritesRequest, list_favorites),
+    subjects.MEMORY_FAVORITE_REMOVE: Operation("favorite_remove", RemoveFavoriteRequest, remove_favorite),
 }
 
 

@@ -21,6 +21,12 @@ group recall searches for the user scope).
   ``_``) so ``Language`` and ``language`` are one preference.
 * ``EngramNote`` -- ``uuid = uuid5(group, normalised text)``: a note equal to an existing one
   (case, spacing and punctuation aside) is not stored twice; the first one's source and time stay.
+* ``EngramActivity`` -- an activity log entry (seed 004 ``log_activity``), ``uuid = uuid5(group,
+  the caller's activity_id)`` when given, else of (kind, normalised text, session, occurred_at): a
+  retried request is logged once. The log is bounded: logging an entry deletes the group's oldest
+  past ``activities_kept`` (``ENGRAM_SESSION_ACTIVITIES_KEPT``).
+* ``EngramFavorite`` -- ``uuid = uuid5(group, kind, normalised item)``: adding an equal favorite
+  returns the stored one.
 
 Times are stored as fixed-width ISO-8601 UTC strings (microseconds, ``+00:00``), so ordering
 on the string is ordering in time, on both backends. Readers never create a group's graph
@@ -41,11 +47,14 @@ from typing import Any, Literal
 from graphiti_core.driver.driver import GraphDriver
 
 from engram.graph import GraphDrivers, as_utc, query_rows
-from schemas.memory import SessionRecord, UserNote, UserPreference
+from schemas.memory import SessionRecord, UserActivity, UserFavorite, UserNote, UserPreference
 
 log = logging.getLogger("engram.sessions.store")
 
 SESSION, PREFERENCE, NOTE = "EngramSession", "EngramPreference", "EngramNote"
+ACTIVITY, FAVORITE = "EngramActivity", "EngramFavorite"
+ACTIVITIES_KEPT = 1000
+"""Activity entries kept per group unless the store is told otherwise (ENGRAM_SESSION_ACTIVITIES_KEPT)."""
 _NAMESPACE = uuidlib.UUID("6f1c2b0e-5d1a-4c47-9a59-3f4f1f0a2e10")  # engram's session layer
 
 ClaimOutcome = Literal["claimed", "busy", "closed"]
@@ -57,6 +66,10 @@ _FALKOR_INDICES = (
     f"CREATE INDEX FOR (n:{PREFERENCE}) ON (n.group_id, n.key, n.current)",
     f"CREATE INDEX FOR (n:{NOTE}) ON (n.uuid)",
     f"CREATE INDEX FOR (n:{NOTE}) ON (n.group_id, n.created_at)",
+    f"CREATE INDEX FOR (n:{ACTIVITY}) ON (n.uuid)",
+    f"CREATE INDEX FOR (n:{ACTIVITY}) ON (n.group_id, n.occurred_at)",
+    f"CREATE INDEX FOR (n:{FAVORITE}) ON (n.uuid)",
+    f"CREATE INDEX FOR (n:{FAVORITE}) ON (n.group_id, n.added_at)",
 )
 # Neo4j: one database for all groups; uniqueness constraints make MERGE on the uuid race-free.
 _NEO4J_INDICES = (
@@ -65,6 +78,10 @@ _NEO4J_INDICES = (
     f"CREATE INDEX engram_preference_key IF NOT EXISTS FOR (n:{PREFERENCE}) ON (n.group_id, n.key, n.current)",
     f"CREATE CONSTRAINT engram_note_uuid IF NOT EXISTS FOR (n:{NOTE}) REQUIRE n.uuid IS UNIQUE",
     f"CREATE INDEX engram_note_created IF NOT EXISTS FOR (n:{NOTE}) ON (n.group_id, n.created_at)",
+    f"CREATE CONSTRAINT engram_activity_uuid IF NOT EXISTS FOR (n:{ACTIVITY}) REQUIRE n.uuid IS UNIQUE",
+    f"CREATE INDEX engram_activity_occurred IF NOT EXISTS FOR (n:{ACTIVITY}) ON (n.group_id, n.occurred_at)",
+    f"CREATE CONSTRAINT engram_favorite_uuid IF NOT EXISTS FOR (n:{FAVORITE}) REQUIRE n.uuid IS UNIQUE",
+    f"CREATE INDEX engram_favorite_added IF NOT EXISTS FOR (n:{FAVORITE}) ON (n.group_id, n.added_at)",
 )
 
 
@@ -96,6 +113,17 @@ def normal_note(text: str) -> str:
 
 def note_uuid(group_id: str, text: str) -> str:
     return str(uuidlib.uuid5(_NAMESPACE, f"note\x1f{group_id}\x1f{normal_note(text)}"))
+
+
+def activity_uuid(group_id: str, *, activity_id: str | None, kind: str, text: str, session_id: str | None,
+                  occurred_at: datetime) -> str:
+    key = (f"id\x1f{activity_id}" if activity_id
+           else f"{kind}\x1f{normal_note(text)}\x1f{session_id or ''}\x1f{iso(occurred_at)}")
+    return str(uuidlib.uuid5(_NAMESPACE, f"activity\x1f{group_id}\x1f{key}"))
+
+
+def favorite_uuid(group_id: str, item: str, kind: str | None) -> str:
+    return str(uuidlib.uuid5(_NAMESPACE, f"favorite\x1f{group_id}\x1f{kind or ''}\x1f{normal_note(item)}"))
 
 
 @dataclass(frozen=True)
@@ -136,13 +164,26 @@ _PREFERENCE_FIELDS = ", ".join(
     f"p.{f} AS {f}" for f in ("key", "value", "source", "set_at", "session_id", "current", "ended_at", "ended_by")
 )
 _NOTE_FIELDS = ", ".join(f"n.{f} AS {f}" for f in ("uuid", "text", "source", "created_at", "session_id"))
+_ACTIVITY_FIELDS = ", ".join(f"a.{f} AS {f}" for f in ("uuid", "kind", "text", "occurred_at", "source", "session_id"))
+_FAVORITE_FIELDS = ", ".join(f"f.{f} AS {f}" for f in ("uuid", "item", "kind", "added_at", "source", "session_id"))
+
+
+def _activity(row: dict[str, Any]) -> UserActivity:
+    return UserActivity(uuid=row["uuid"], kind=row["kind"], text=row["text"], occurred_at=as_utc(row["occurred_at"]),
+                        source=row["source"], session_id=row["session_id"])
+
+
+def _favorite(row: dict[str, Any]) -> UserFavorite:
+    return UserFavorite(uuid=row["uuid"], item=row["item"], kind=row["kind"], added_at=as_utc(row["added_at"]),
+                        source=row["source"], session_id=row["session_id"])
 
 
 class MemoryStore:
     """Reads and writes of the session layer over the service's :class:`GraphDrivers`."""
 
-    def __init__(self, graphs: GraphDrivers) -> None:
+    def __init__(self, graphs: GraphDrivers, *, activities_kept: int = ACTIVITIES_KEPT) -> None:
         self.graphs = graphs
+        self.activities_kept = activities_kept
         self._indexed: set[int] = set()
         self._lock = asyncio.Lock()
 
@@ -205,6 +246,24 @@ class MemoryStore:
         claimed_at = row["claimed_at"]
         return Claim(row["outcome"], token,
                      datetime.fromtimestamp(float(claimed_at), timezone.utc) if claimed_at is not None else None)
+
+    async def segment_claimed_at(self, group_id: str, *, session_id: str, segment: int, lease_s: float,
+                                 now: datetime | None = None) -> datetime | None:
+        """When a live worker claimed ``session_id``'s ``segment`` in the group: None unless that
+        segment is being closed right now (claimed less than ``lease_s`` ago). Closed, released,
+        unknown or in another group: None."""
+        now = now or utc_now()
+        driver = await self._reader(group_id)
+        if driver is None:
+            return None
+        rows = await query_rows(
+            driver,
+            f"MATCH (s:{SESSION}) WHERE s.group_id = $group_id AND s.session_id = $session_id "
+            "AND s.segment = $segment AND s.state = 'claimed' AND s.claimed_at_s > $stale_before "
+            "RETURN s.claimed_at_s AS claimed_at LIMIT 1",
+            group_id=group_id, session_id=session_id, segment=segment, stale_before=now.timestamp() - lease_s,
+        )
+        return datetime.fromtimestamp(float(rows[0]["claimed_at"]), timezone.utc) if rows else None
 
     async def save_session(self, group_id: str, record: SessionRecord, *, token: str | None = None) -> bool:
         """Write the closed segment's record and mark it closed. A record already closed is
@@ -356,13 +415,97 @@ class MemoryStore:
 
     async def delete_note(self, group_id: str, note_uuid_: str) -> bool:
         """Delete one note; False when the group has no note with that uuid."""
+        return await self._delete_one(group_id, NOTE, note_uuid_)
+
+    # --- activity log --------------------------------------------------------------------------
+    async def log_activity(
+        self, group_id: str, text: str, *, kind: str, source: str, session_id: str | None = None,
+        occurred_at: datetime | None = None, activity_id: str | None = None,
+    ) -> UserActivity:
+        """Log an entry (an equal one, see :func:`activity_uuid`, is returned unchanged), then
+        delete the group's oldest entries past ``activities_kept``."""
+        text = " ".join(text.split())
+        at = occurred_at or utc_now()
+        driver = await self._writer(group_id)
+        rows = await query_rows(
+            driver,
+            f"MERGE (a:{ACTIVITY} {{uuid: $uuid}}) "
+            "ON CREATE SET a.group_id = $group_id, a.kind = $kind, a.text = $text, a.occurred_at = $at, "
+            "a.source = $source, a.session_id = $session_id "
+            f"RETURN {_ACTIVITY_FIELDS}",
+            uuid=activity_uuid(group_id, activity_id=activity_id, kind=kind, text=text, session_id=session_id,
+                               occurred_at=at),
+            group_id=group_id, kind=kind, text=text, at=iso(at), source=source, session_id=session_id,
+        )
+        await query_rows(
+            driver,
+            f"MATCH (a:{ACTIVITY}) WHERE a.group_id = $group_id "
+            "WITH a ORDER BY a.occurred_at DESC, a.uuid SKIP $kept DELETE a",
+            group_id=group_id, kept=self.activities_kept,
+        )
+        return _activity(rows[0])
+
+    async def activities(self, group_id: str, limit: int = 50, *, kind: str | None = None) -> list[UserActivity]:
+        """The group's activity log, newest first (only ``kind``'s entries when given)."""
+        driver = await self._reader(group_id)
+        if driver is None or limit <= 0:
+            return []
+        rows = await query_rows(
+            driver,
+            f"MATCH (a:{ACTIVITY}) WHERE a.group_id = $group_id AND ($kind IS NULL OR a.kind = $kind) "
+            f"RETURN {_ACTIVITY_FIELDS} ORDER BY a.occurred_at DESC, a.uuid LIMIT $limit",
+            group_id=group_id, kind=kind, limit=limit,
+        )
+        return [_activity(r) for r in rows]
+
+    async def delete_activity(self, group_id: str, activity_uuid_: str) -> bool:
+        """Delete one entry; False when the group has no entry with that uuid."""
+        return await self._delete_one(group_id, ACTIVITY, activity_uuid_)
+
+    # --- favorites -----------------------------------------------------------------------------
+    async def add_favorite(
+        self, group_id: str, item: str, *, kind: str | None, source: str, session_id: str | None = None,
+        at: datetime | None = None,
+    ) -> UserFavorite:
+        """Store a favorite, unless an equal one (same kind, :func:`normal_note` of the item)
+        exists: then that one is returned unchanged."""
+        item = " ".join(item.split())
+        driver = await self._writer(group_id)
+        rows = await query_rows(
+            driver,
+            f"MERGE (f:{FAVORITE} {{uuid: $uuid}}) "
+            "ON CREATE SET f.group_id = $group_id, f.item = $item, f.kind = $kind, f.added_at = $at, "
+            "f.source = $source, f.session_id = $session_id "
+            f"RETURN {_FAVORITE_FIELDS}",
+            uuid=favorite_uuid(group_id, item, kind), group_id=group_id, item=item, kind=kind,
+            at=iso(at or utc_now()), source=source, session_id=session_id,
+        )
+        return _favorite(rows[0])
+
+    async def favorites(self, group_id: str, limit: int = 100) -> list[UserFavorite]:
+        """The group's favorites, newest first."""
+        driver = await self._reader(group_id)
+        if driver is None or limit <= 0:
+            return []
+        rows = await query_rows(
+            driver,
+            f"MATCH (f:{FAVORITE}) WHERE f.group_id = $group_id "
+            f"RETURN {_FAVORITE_FIELDS} ORDER BY f.added_at DESC, f.uuid LIMIT $limit",
+            group_id=group_id, limit=limit,
+        )
+        return [_favorite(r) for r in rows]
+
+    async def remove_favorite(self, group_id: str, favorite_uuid_: str) -> bool:
+        """Remove one favorite; False when the group has no favorite with that uuid."""
+        return await self._delete_one(group_id, FAVORITE, favorite_uuid_)
+
+    async def _delete_one(self, group_id: str, label: str, uuid_: str) -> bool:
         driver = await self._reader(group_id)
         if driver is None:
             return False
         rows = await query_rows(
             driver,
-            f"MATCH (n:{NOTE} {{uuid: $uuid}}) WHERE n.group_id = $group_id "
-            "WITH n, n.uuid AS uuid DELETE n RETURN uuid",
-            uuid=note_uuid_, group_id=group_id,
+            f"MATCH (n:{label} {{uuid: $uuid}}) WHERE n.group_id = $group_id WITH n, n.uuid AS uuid DELETE n RETURN uuid",
+            uuid=uuid_, group_id=group_id,
         )
         return bool(rows)

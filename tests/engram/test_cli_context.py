@@ -91,6 +91,37 @@ async def test_engram_context_and_memory_commands(clean_nats: str, falkordb_serv
     assert no_service.returncode == 1 and "no engram service answered" in no_service.stderr
 
 
+async def test_engram_memory_activities_and_favorites(clean_nats: str, falkordb_server, tmp_path: Path) -> None:  # noqa: ANN001
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, group_prefix=prefix)
+    env = {"ENGRAM_GROUP_PREFIX": prefix}
+    async with sessions_side(settings):
+        run = lambda *args: asyncio.to_thread(_cli, clean_nats, tmp_path, *args, env=env)  # noqa: E731
+        logged = await run("memory", "activity", "--user", "ada", "--kind", "search", "--id", "r1", "searched: Python tutorials")
+        assert logged.returncode == 0 and logged.stdout.startswith("logged activity "), logged.stderr
+        again = await run("memory", "activity", "--user", "ada", "--kind", "search", "--id", "r1", "searched: Python tutorials")
+        assert again.stdout == logged.stdout  # the same id: logged once
+        entries = json.loads((await run("memory", "activities", "--user", "ada", "--json")).stdout)
+        assert [(a["kind"], a["text"]) for a in entries] == [("search", "searched: Python tutorials")]
+        bad = await run("memory", "activity", "--user", "ada", "--kind", "Not A Kind", "x")
+        assert bad.returncode == 2 and "--kind" in bad.stderr
+
+        fav = await run("memory", "favorite", "--user", "ada", "--kind", "book", "Fluent Python")
+        assert fav.returncode == 0 and fav.stdout.startswith("saved favorite "), fav.stderr
+        listed = await run("memory", "favorites", "--user", "ada")
+        assert "Fluent Python (book)" in listed.stdout and "1 favorites" in listed.stdout
+
+        out = await run("context", "--user", "ada")
+        assert "- Fluent Python (book)" in out.stdout and "search: searched: Python tutorials" in out.stdout
+
+        favorite_uuid = fav.stdout.split()[-1]
+        assert (await run("memory", "remove-favorite", "--user", "ada", favorite_uuid)).returncode == 0
+        gone = await run("memory", "remove-favorite", "--user", "ada", favorite_uuid)
+        assert gone.returncode == 1 and "no favorite" in gone.stderr
+        assert (await run("memory", "remove-activity", "--user", "ada", entries[0]["uuid"])).returncode == 0
+        assert json.loads((await run("memory", "activities", "--user", "ada", "--json")).stdout) == []
+
+
 async def settings_preference(nats_url: str, user: str) -> None:
     """Set a preference over NATS as an agent's set_user_preference tool does."""
     import nats

@@ -30,7 +30,8 @@ OPTIONS_TO_REACH_THE_STACK = {
     ("recall",): ["--user", "u"],
     ("context",): ["--user", "u"],
     ("export",): ["--group", "g"],
-    **{("memory", sub): ["--user", "u"] for sub in ("prefs", "set", "unset", "note", "notes")},
+    **{("memory", sub): ["--user", "u"] for sub in ("prefs", "set", "unset", "note", "notes", "activity", "activities",
+                                                    "remove-activity", "favorite", "favorites", "remove-favorite")},
 }
 """Options without which the command stops at its own argument check, before it needs the stack."""
 

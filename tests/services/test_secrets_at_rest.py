@@ -34,7 +34,9 @@ from engram.cli_support import nats_connection
 from engram.settings import EngramSettings
 from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 from schemas.memory import (
+    AddFavoriteRequest,
     ContextRequest,
+    LogActivityRequest,
     MemoryScopes,
     RemoveUserPreferenceRequest,
     SaveUserNoteRequest,
@@ -76,6 +78,12 @@ NATS_DOORS: dict[str, str] = {
     "MEMORY_PREFERENCE_GET": "a read; no text",
     "MEMORY_PREFERENCE_REMOVE": PLANTED,  # its key is a graph query parameter
     "MEMORY_SESSIONS_LIST": "a read; no text",
+    "MEMORY_ACTIVITY_LOG": PLANTED,
+    "MEMORY_ACTIVITIES_LIST": "a read; no text",
+    "MEMORY_ACTIVITY_DELETE": "a uuid; no text",
+    "MEMORY_FAVORITE_ADD": PLANTED,
+    "MEMORY_FAVORITES_LIST": "a read; no text",
+    "MEMORY_FAVORITE_REMOVE": "a uuid; no text",
     "CONTEXT": PLANTED,
     "GRAPH_EPISODES": "a read; no text",
     "GRAPH_EDGE_GET": "a uuid; no text",
@@ -109,6 +117,12 @@ REST_DOORS: dict[str, str] = {
     "DELETE /memory/preferences/{key}": PLANTED,
     "GET /memory/preferences": "a read; no text",
     "GET /memory/sessions": "a read; no text",
+    "POST /memory/activities": PLANTED,
+    "GET /memory/activities": "a read; no text",
+    "DELETE /memory/activities/{uuid}": "a uuid; no text",
+    "POST /memory/favorites": PLANTED,
+    "GET /memory/favorites": "a read; no text",
+    "DELETE /memory/favorites/{uuid}": "a uuid; no text",
     "GET /groups": "a read; no text",
     "GET /entities/{group_id}": "a read; no text",
     "GET /facts/{group_id}": "a read; no text",
@@ -130,6 +144,12 @@ MCP_DOORS: dict[str, str] = {
     "set_user_preference": PLANTED,
     "get_user_preferences": "a read; no text",
     "remove_user_preference": PLANTED,
+    "log_activity": PLANTED,
+    "list_activities": "a read; no text",
+    "remove_activity": "a uuid; no text",
+    "add_favorite": PLANTED,
+    "list_favorites": "a read; no text",
+    "remove_favorite": "a uuid; no text",
     "add_triplet": PLANTED,
     "get_episode_entities": "uuids; no text",
     "build_communities": "answered as not supported: stores nothing",
@@ -194,6 +214,7 @@ async def _plant_over_nats(settings: EngramSettings) -> list[str]:
     memory = MemoryScopes(user="secrets-user")
     t0 = datetime.now(timezone.utc) - timedelta(minutes=5)
     chat, note, pref = _marker("nats chat"), _marker("nats note"), _marker("nats pref")
+    activity, favorite = _marker("nats activity"), _marker("nats favorite")
     async with nats_connection(settings, name="secret-doors") as nc:
         js = nc.jetstream()
         messages = [
@@ -220,16 +241,20 @@ async def _plant_over_nats(settings: EngramSettings) -> list[str]:
             answer = await ask(subjects.MEMORY_PREFERENCE_SET, SetUserPreferenceRequest(scopes=memory, key=key, value=value))
             assert answer["status"] == "ok", answer
         await ask(subjects.MEMORY_PREFERENCE_REMOVE, RemoveUserPreferenceRequest(scopes=memory, key=f"x {TOLD}"[:128]))
+        answer = await ask(subjects.MEMORY_ACTIVITY_LOG, LogActivityRequest(scopes=memory, text=f"{activity}: {TOLD}"))
+        assert answer["status"] == "ok", answer
+        answer = await ask(subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(scopes=memory, item=f"{favorite}: {TOLD}"))
+        assert answer["status"] == "ok", answer
         await ask(subjects.RECALL, RecallRequest(query=f"what is the AWS secret? {TOLD}",
                                                  scopes=RecallScopes(session=session, workspace="secrets-ws")))
         await ask(subjects.CONTEXT, ContextRequest(scopes=memory, query=TOLD, identity=TOLD, skills=TOLD))
-    return [chat, note, pref]
+    return [chat, note, pref, activity, favorite]
 
 
 async def _plant_over_rest(url: str) -> list[str]:
     group = "secret-door-rest"
-    chat, entity, note, pref, promo, triplet = (_marker(f"rest {w}") for w in
-                                                ("chat", "entity", "note", "pref", "promo", "triplet"))
+    chat, entity, note, pref, promo, triplet, activity, favorite = (
+        _marker(f"rest {w}") for w in ("chat", "entity", "note", "pref", "promo", "triplet", "activity", "favorite"))
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         async def ok(response: httpx.Response) -> None:
             assert response.status_code < 300, (response.request.url, response.status_code, response.text[:300])
@@ -246,6 +271,8 @@ async def _plant_over_rest(url: str) -> list[str]:
         await ok(await http.put("/memory/preferences/s3_export", params=user, json={"value": f"{pref}: {TOLD}"}))
         await ok(await http.put("/memory/preferences/aws_secret_access_key", params=user, json={"value": SECRET}))
         await http.delete(f"/memory/preferences/gone {KEY_ID}", params=user)  # 404: nothing to remove
+        await ok(await http.post("/memory/activities", params=user, json={"text": f"{activity}: {TOLD}"}))
+        await ok(await http.post("/memory/favorites", params=user, json={"item": f"{favorite}: {TOLD}"}))
         await ok(await http.post("/promote", json={"kind": "decision", "text": f"{promo} decides: {TOLD}",
                                                    "key": "secrets-ws", "author": f"Ada {KEY_ID}"}))
         await ok(await http.post("/search", json={"query": f"AWS secret {TOLD}", "group_ids": [group]}))
@@ -255,13 +282,13 @@ async def _plant_over_rest(url: str) -> list[str]:
         await ok(await http.post("/triplets", json={"group_id": group, "source_node_name": f"{triplet} vault",
                                                     "edge_name": "USES", "target_node_name": f"key {KEY_ID}",
                                                     "fact": f"{triplet} vault stores {TOLD}"}))
-    return [chat, entity, note, pref, promo, triplet]
+    return [chat, entity, note, pref, promo, triplet, activity, favorite]
 
 
 async def _plant_over_mcp(url: str) -> list[str]:
     group = "secret-door-mcp"
-    text, message, note, pref, promo, triplet = (_marker(f"mcp {w}") for w in
-                                                 ("text", "message", "note", "pref", "promo", "triplet"))
+    text, message, note, pref, promo, triplet, activity, favorite = (
+        _marker(f"mcp {w}") for w in ("text", "message", "note", "pref", "promo", "triplet", "activity", "favorite"))
     client = httpx2.AsyncClient(timeout=60)
     async with client, streamable_http_client(url + "/mcp", http_client=client) as (read, write), \
             ClientSession(read, write) as session:
@@ -274,6 +301,8 @@ async def _plant_over_mcp(url: str) -> list[str]:
         await call(session, "set_user_preference", key="s3_export", value=f"{pref}: {TOLD}", user="secrets-user")
         await call(session, "set_user_preference", key="aws_secret_access_key", value=SECRET, user="secrets-user")
         await session.call_tool("remove_user_preference", {"key": f"gone {KEY_ID}", "user": "secrets-user"})
+        await call(session, "log_activity", text=f"{activity}: {TOLD}", user="secrets-user")
+        await call(session, "add_favorite", item=f"{favorite}: {TOLD}", user="secrets-user")
         await call(session, "promote", kind="decision", text=f"{promo} decides: {TOLD}", key="secrets-ws",
                    author=f"Ada {KEY_ID}")
         await call(session, "search_memory_facts", query=f"AWS secret {TOLD}", group_ids=[group])
@@ -281,7 +310,7 @@ async def _plant_over_mcp(url: str) -> list[str]:
         await call(session, "get_context", query=TOLD, user="secrets-user")
         await call(session, "add_triplet", source_node_name=f"{triplet} vault", edge_name="USES",
                    target_node_name=f"key {KEY_ID}", fact=f"{triplet} vault stores {TOLD}", group_id=group)
-    return [text, message, note, pref, promo, triplet]
+    return [text, message, note, pref, promo, triplet, activity, favorite]
 
 
 async def _plant_everywhere(up: Up, data: Path, *, until_no_secret: bool) -> list[str]:

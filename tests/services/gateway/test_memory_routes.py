@@ -117,3 +117,36 @@ async def test_a_degraded_context_is_served_with_a_header(settings: EngramSettin
         assert r.status_code == 200, r.text
         assert r.json()["degraded"] and [s["layer"] for s in r.json()["sections"]] == ["identity"]
         assert r.headers["X-Engram-Context-Degraded"] == "degraded: recall: NoRespondersError"
+
+
+async def test_activities_and_favorites_over_http(settings: EngramSettings) -> None:
+    user = {"user": "ada@example.org"}
+    async with sessions_side(settings, with_recall=False), serve_gateway(settings) as http:
+        assert (await http.get("/memory/activities")).status_code == 400  # whose memory: no scope
+        r = await http.post("/memory/activities", params=user, json={
+            "text": "RAG search: Python tutorials", "kind": "search", "activity_id": "req-1",
+            "occurred_at": "2026-11-20T10:00:00Z"})
+        assert r.status_code == 201, r.text
+        entry = r.json()
+        assert entry["kind"] == "search" and entry["occurred_at"].startswith("2026-11-20T10:00:00")
+        again = await http.post("/memory/activities", params=user, json={
+            "text": "RAG search: Python tutorials", "kind": "search", "activity_id": "req-1"})
+        assert again.json() == entry  # a retried request is logged once
+        await http.post("/memory/activities", params=user, json={"text": "opened the Django docs", "kind": "visit"})
+        listed = (await http.get("/memory/activities", params=user)).json()
+        assert [a["kind"] for a in listed] == ["visit", "search"]
+        assert [a["uuid"] for a in (await http.get("/memory/activities", params={**user, "kind": "search"})).json()] == [
+            entry["uuid"]]
+        r = await http.post("/memory/activities", params=user, json={"text": "Zq private words", "kind": "Bad Kind"})
+        assert r.status_code == 422 and "kind" in r.text and "Zq private" not in r.text  # content never echoed
+        assert (await http.delete(f"/memory/activities/{entry['uuid']}", params=user)).json()["success"]
+        assert (await http.delete(f"/memory/activities/{entry['uuid']}", params=user)).status_code == 404
+
+        r = await http.post("/memory/favorites", params=user, json={"item": "Fluent Python", "kind": "book"})
+        assert r.status_code == 201, r.text
+        favorite = r.json()
+        assert (await http.post("/memory/favorites", params=user, json={"item": "fluent python", "kind": "book"})).json() == favorite
+        assert [f["item"] for f in (await http.get("/memory/favorites", params=user)).json()] == ["Fluent Python"]
+        assert (await http.delete(f"/memory/favorites/{favorite['uuid']}", params=user)).json()["success"]
+        assert (await http.delete(f"/memory/favorites/{favorite['uuid']}", params=user)).status_code == 404
+        assert (await http.get("/memory/favorites", params=user)).json() == []

@@ -38,7 +38,8 @@ EDGE_ERROR = (("outcome", "error"), ("tool", "get_entity_edge"))
 TOOLS = {"add_memory", "search_memory_facts", "search_nodes", "get_episodes", "delete_episode", "delete_entity_edge",
          "get_entity_edge", "clear_graph", "get_status", "get_context", "promote", "save_user_note",
          "set_user_preference", "get_user_preferences", "remove_user_preference", "build_communities",
-         "summarize_saga", "get_episode_entities", "add_triplet"}
+         "summarize_saga", "get_episode_entities", "add_triplet", "log_activity", "list_activities",
+         "remove_activity", "add_favorite", "list_favorites", "remove_favorite"}
 
 
 @contextlib.asynccontextmanager

@@ -63,3 +63,34 @@ async def test_memory_tools_over_mcp(clean_nats, falkordb_server, tmp_path) -> N
     finally:
         await nc.close()
     assert [e.episode_id for e in stored] == [expected.episode_id], "stored once, before promote answered"
+
+
+async def test_activity_and_favorite_tools_over_mcp(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path,
+                              group_prefix=f"g{uuid.uuid4().hex[:8]}")
+    user = "ada@example.org"
+    async with sessions_side(settings), serve_mcp(settings, McpSettings()) as base:
+        client = httpx2.AsyncClient(timeout=60)
+        async with client, streamable_http_client(f"{base}/mcp", http_client=client) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            assert "user, workspace or session" in await fails(session, "log_activity", text="x")
+            entry = await call(session, "log_activity", text="RAG search: Python tutorials", kind="search",
+                               activity_id="call-1", user=user)
+            assert entry["kind"] == "search" and entry["uuid"]
+            assert (await call(session, "log_activity", text="RAG search: Python tutorials", kind="search",
+                               activity_id="call-1", user=user)) == entry  # a retried tool call logs once
+            assert [a["uuid"] for a in (await call(session, "list_activities", user=user))["activities"]] == [entry["uuid"]]
+
+            favorite = await call(session, "add_favorite", item="Fluent Python", kind="book", user=user)
+            assert [f["item"] for f in (await call(session, "list_favorites", user=user))["favorites"]] == ["Fluent Python"]
+
+            context = await call(session, "get_context", user=user, timeout_ms=5000)
+            text = {s["layer"]: s for s in context["sections"]}["user_context"]["text"]
+            assert "- Fluent Python (book)" in text and "search: RAG search: Python tutorials" in text
+
+            await call(session, "remove_activity", uuid=entry["uuid"], user=user)
+            await call(session, "remove_favorite", uuid=favorite["uuid"], user=user)
+            assert "not found" in await fails(session, "remove_favorite", uuid=favorite["uuid"], user=user)
+            assert (await call(session, "list_activities", user=user))["activities"] == []
+            assert (await call(session, "list_favorites", user=user))["favorites"] == []

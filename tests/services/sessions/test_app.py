@@ -287,3 +287,27 @@ async def test_a_close_that_outlasts_the_lease_keeps_its_claim(clean_nats, falko
         await h.closed(event)
         assert await wait_for(h.drained)
     assert llm.by_prompt == {"sessions.summary": 1, "sessions.facts": 1}
+
+
+async def test_a_segment_waits_for_its_sessions_previous_segment_to_chain_its_summary(
+        clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """Closes run concurrently; the next segment of a session being closed waits for it, so its
+    summary chains the previous one (not a race lost under load)."""
+    gate = asyncio.Event()
+    llm = CountingLLM(gate=gate)
+    waits_before = sample("engram_sessions_previous_segment_waits_total")
+    async with service(clean_nats, falkordb_server.url, tmp_path, llm, busy_retry_s=0.5) as h:
+        first = segment("chain", ENGLISH, user="bea")
+        await h.publish(first)
+        assert await wait_for(lambda: asyncio.sleep(0, llm.by_prompt.get("sessions.summary")), timeout=20)
+        second = segment("chain", ENGLISH[:2], segment=1, user="bea")
+        await h.publish(second)
+        assert await wait_for(lambda: asyncio.sleep(
+            0, sample("engram_sessions_previous_segment_waits_total") > waits_before), timeout=20)
+        # the first close is held: the second made no LLM call yet
+        assert llm.by_prompt == {"sessions.summary": 1, "sessions.facts": 1}
+        gate.set()
+        one = await h.closed(first)
+        await h.closed(second)
+        summary_prompts = [text for name, text in llm.prompts if name == "sessions.summary"]
+        assert len(summary_prompts) == 2 and json.dumps([one.summary], ensure_ascii=False) in summary_prompts[1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import nats
 import pytest
@@ -18,12 +18,20 @@ from engram.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
 from schemas import subjects
 from schemas.memory import (
+    AddFavoriteRequest,
+    ContextRequest,
+    ContextResponse,
+    DeleteActivityRequest,
     DeleteUserNoteRequest,
     GetUserPreferencesRequest,
+    ListActivitiesRequest,
+    ListFavoritesRequest,
     ListSessionsRequest,
     ListUserNotesRequest,
+    LogActivityRequest,
     MemoryResponse,
     MemoryScopes,
+    RemoveFavoriteRequest,
     RemoveUserPreferenceRequest,
     SaveUserNoteRequest,
     SessionRecord,
@@ -116,7 +124,7 @@ async def test_no_scope_and_bad_bodies_are_answered_not_raised(served) -> None: 
     nc, _, _ = served
     for subject in subjects.MEMORY_SUBJECTS:
         model = memory.OPERATIONS[subject].model
-        fields = {"text": "x", "key": "k", "value": "v", "uuid": "u"}
+        fields = {"text": "x", "key": "k", "value": "v", "uuid": "u", "item": "i"}
         request = model.model_validate({"scopes": {}, **{k: v for k, v in fields.items() if k in model.model_fields}})
         answer = await call(nc, subject, request)
         assert answer.status == "error" and answer.reason == memory.NO_SCOPE, subject
@@ -158,3 +166,59 @@ async def test_the_sessions_service_serves_memory_and_context(clean_nats, falkor
     finally:
         await nc.close()
         await app.stop()
+
+
+async def test_activities_and_favorites_round_trip_and_reach_the_user_context(served) -> None:  # noqa: ANN001
+    """Seed 004's log_activity and add_favorite (and their list/remove) over NATS, stored in the
+    memory group, scrubbed, and shown in the context's user_context layer."""
+    nc, settings, _ = served
+    ada = MemoryScopes(user="ada@example.org", session="chat-7")
+    group = subjects.user_group(settings.group_prefix, "ada@example.org")
+    t0 = datetime.now(timezone.utc) - timedelta(hours=1)
+    before = counted("activity_log", "ok")
+
+    logged = await call(nc, subjects.MEMORY_ACTIVITY_LOG, LogActivityRequest(
+        scopes=ada, text="RAG search: Python tutorials", kind="search", occurred_at=t0, activity_id="req-1"))
+    assert logged.status == "ok" and logged.group_id == group and logged.activity.kind == "search"
+    retried = await call(nc, subjects.MEMORY_ACTIVITY_LOG, LogActivityRequest(
+        scopes=ada, text="RAG search: Python tutorials", kind="search", activity_id="req-1"))
+    assert retried.activity == logged.activity  # a retried request (same activity_id) is logged once
+    secret = await call(nc, subjects.MEMORY_ACTIVITY_LOG, LogActivityRequest(
+        scopes=ada, text="rotated key AKIAIOSFODNN7EXAMPLE for the S3 export", kind="tool",
+        occurred_at=t0 + timedelta(minutes=5)))
+    assert "AKIAIOSFODNN7EXAMPLE" not in secret.activity.text and "S3 export" in secret.activity.text
+    assert counted("activity_log", "ok") - before == 3
+
+    listed = await call(nc, subjects.MEMORY_ACTIVITIES_LIST, ListActivitiesRequest(scopes=ada))
+    assert [a.kind for a in listed.activities] == ["tool", "search"]  # newest first
+    only = await call(nc, subjects.MEMORY_ACTIVITIES_LIST, ListActivitiesRequest(scopes=ada, kind="search"))
+    assert [a.uuid for a in only.activities] == [logged.activity.uuid]
+
+    fav = await call(nc, subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(scopes=ada, item="Fluent Python, 2nd ed.", kind="book"))
+    same = await call(nc, subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(scopes=ada, item="fluent python 2nd ed", kind="book"))
+    assert fav.status == "ok" and same.favorite == fav.favorite
+    await call(nc, subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(scopes=ada, item="https://docs.djangoproject.com"))
+    favorites = (await call(nc, subjects.MEMORY_FAVORITES_LIST, ListFavoritesRequest(scopes=ada))).favorites
+    assert [f.item for f in favorites] == ["https://docs.djangoproject.com", "Fluent Python, 2nd ed."]
+
+    reply = await nc.request(subjects.CONTEXT, ContextRequest(scopes=ada).model_dump_json().encode(), timeout=15)
+    section = {s.layer: s for s in ContextResponse.model_validate_json(reply.data).sections}["user_context"]
+    assert section.source == f"group {group}: 0 preferences, 0 notes, 2 favorites, 2 activities"
+    assert "Favorites:\n- https://docs.djangoproject.com\n- Fluent Python, 2nd ed. (book)" in section.text
+    assert f"Recent activity:\n- {(t0 + timedelta(minutes=5)).date().isoformat()} tool: rotated key" in section.text
+    assert f"- {t0.date().isoformat()} search: RAG search: Python tutorials" in section.text
+
+    # Remove one of each; unknown uuids and another user's memory are not_found.
+    assert (await call(nc, subjects.MEMORY_FAVORITE_REMOVE, RemoveFavoriteRequest(scopes=ada, uuid=fav.favorite.uuid))).status == "ok"
+    assert (await call(nc, subjects.MEMORY_FAVORITE_REMOVE, RemoveFavoriteRequest(scopes=ada, uuid=fav.favorite.uuid))).status == "not_found"
+    bob = MemoryScopes(user="bob@example.org")
+    gone = await call(nc, subjects.MEMORY_ACTIVITY_DELETE, DeleteActivityRequest(scopes=bob, uuid=logged.activity.uuid))
+    assert gone.status == "not_found"
+    assert (await call(nc, subjects.MEMORY_ACTIVITY_DELETE, DeleteActivityRequest(scopes=ada, uuid=logged.activity.uuid))).status == "ok"
+    assert [a.kind for a in (await call(nc, subjects.MEMORY_ACTIVITIES_LIST, ListActivitiesRequest(scopes=ada))).activities] == ["tool"]
+
+    # A request naming no scope, or a kind that is not a lowercase word, is a bad request.
+    bad = await call(nc, subjects.MEMORY_ACTIVITY_LOG, b'{"scopes": {}, "text": "x"}')
+    assert bad.status == "error" and bad.reason.startswith("bad_request")
+    bad_kind = await call(nc, subjects.MEMORY_ACTIVITY_LOG, b'{"scopes": {"user": "u"}, "text": "x", "kind": "Not A Kind"}')
+    assert bad_kind.status == "error" and "kind" in bad_kind.reason

@@ -187,3 +187,45 @@ async def test_groups_are_kept_apart(store: MemoryStore) -> None:
     await store.add_note(a, "note", source="conversation")
     await store.save_session(a, record(0, T0))
     assert await store.preferences(b) == [] and await store.notes(b) == [] and await store.last_sessions(b) == []
+
+
+async def test_activity_log_is_newest_first_deduped_by_id_and_bounded(store: MemoryStore) -> None:
+    group = new_group()
+    store.activities_kept = 3
+    first = await store.log_activity(group, "RAG search:  Python tutorials", kind="search", source="conversation",
+                                     occurred_at=T0, activity_id="req-1")
+    assert first.text == "RAG search: Python tutorials" and first.kind == "search" and first.occurred_at == T0
+    retried = await store.log_activity(group, "RAG search: Python tutorials", kind="search", source="conversation",
+                                       occurred_at=T0 + timedelta(seconds=5), activity_id="req-1")
+    assert retried == first  # the retried request is logged once, the first entry unchanged
+    # Without an id, the same entry (kind, text, session, time) is logged once; another time is another entry.
+    for minutes in (1, 1, 2, 3):
+        await store.log_activity(group, "opened the Django docs", kind="visit", source="conversation",
+                                 occurred_at=T0 + timedelta(minutes=minutes))
+    listed = await store.activities(group)
+    # 4 distinct entries were logged, 3 are kept: the oldest (the search at T0) was deleted.
+    assert [(a.kind, a.occurred_at) for a in listed] == [
+        ("visit", T0 + timedelta(minutes=3)), ("visit", T0 + timedelta(minutes=2)), ("visit", T0 + timedelta(minutes=1))]
+    assert [a.kind for a in await store.activities(group, kind="search")] == []
+    assert len(await store.activities(group, limit=2)) == 2
+    assert await store.delete_activity(group, listed[0].uuid)
+    assert not await store.delete_activity(group, listed[0].uuid)
+    assert not await store.delete_activity(new_group(), listed[1].uuid)  # another group's uuid is not found
+    assert [a.uuid for a in await store.activities(group)] == [listed[1].uuid, listed[2].uuid]
+    assert await store.activities(new_group()) == []  # reading an unknown group creates nothing
+
+
+async def test_favorites_are_stored_once_per_kind_and_item_newest_first(store: MemoryStore) -> None:
+    group = new_group()
+    doc = await store.add_favorite(group, "Django ORM  cheatsheet", kind="doc", source="conversation", at=T0)
+    again = await store.add_favorite(group, "django orm cheatsheet!", kind="doc", source="extraction",
+                                     at=T0 + timedelta(hours=1))
+    assert again == doc  # case, spacing and punctuation aside: the stored one, unchanged
+    repo = await store.add_favorite(group, "Django ORM cheatsheet", kind="repo", source="conversation",
+                                    at=T0 + timedelta(hours=2))
+    assert repo.uuid != doc.uuid  # another kind is another favorite
+    assert [f.uuid for f in await store.favorites(group)] == [repo.uuid, doc.uuid]
+    assert await store.remove_favorite(group, doc.uuid)
+    assert not await store.remove_favorite(group, doc.uuid)
+    assert [f.item for f in await store.favorites(group)] == ["Django ORM cheatsheet"]
+    assert await store.favorites(new_group()) == []
