@@ -5,7 +5,7 @@ object a line, with all their properties: episodes (turn text, source message id
 cost), entities (names, summaries, attributes), facts (validity, ``expired_at``, the episodes
 that wrote them -- what invalidated a fact is the episode that lists it in ``entity_edges``
 without being one of its ``episodes``), MENTIONS, and in a user's memory group the preferences,
-notes and session summaries the sessions service keeps there (their own node labels). Vectors
+notes, favorites, activity log and session summaries the sessions service keeps there (their own node labels). Vectors
 (``*_embedding``) are kept, so an import needs no embedder and recall answers as before.
 
 ``engram import FILE [--group G]`` writes it into a stack's graph: nodes MERGEd on their label
