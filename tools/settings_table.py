@@ -45,6 +45,7 @@ FACTORY_DEFAULTS: dict[tuple[str, str], str] = {
     ("ExtractionSettings", "project_dir"): "the working directory",
     ("ExtractionSettings", "global_dir"): "`~/.graphiti/templates`",
     ("ExtractionSettings", "builtin_dir"): "`engram/templates` of the installed package (the repository's `templates/`)",
+    ("OntologySettings", "workspaces"): "`{}` (none)",
 }
 
 
@@ -151,8 +152,10 @@ def settings_rows(classes: list[type[BaseSettings]] | None = None) -> list[Row]:
                     ))
                 continue
             bounds = _bounds(field.metadata)
+            # a field read from one variable of its own name (validation_alias) is listed under it
+            env = field.validation_alias if isinstance(field.validation_alias, str) else f"{prefix}{name}"
             rows.append(Row(
-                env=f"{prefix}{name}".upper(),
+                env=env.upper(),
                 type=_cell(type_name(annotation) + (f", {bounds}" if bounds else "")),
                 default=default_text(cls, name, field),
                 description=_cell(field.description or ""),

@@ -50,6 +50,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
 from engram import dlq, graphiti_tracing
+from engram.ontology import Ontologies, OntologySettings
 from engram.graph import GraphDrivers
 from engram.stream_retention import StreamKeeper
 from engram.pipeline_metrics import BacklogMonitor, observe_freshness
@@ -107,10 +108,12 @@ class NoRerank(CrossEncoderClient):
 
 class Extractor:
     def __init__(self, settings: EngramSettings, broker: NatsBroker, llm: LLMClient | None = None,
-                 embedder_settings: EmbedderSettings | None = None) -> None:
+                 embedder_settings: EmbedderSettings | None = None, ontologies: Ontologies | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.extraction = ExtractionSettings()
+        # ENGRAM_ONTOLOGY / _WORKSPACES: loaded here, so a spec that cannot load stops the start
+        self.ontologies = ontologies or Ontologies.from_settings(OntologySettings(), settings.group_prefix)
         self.llm = llm or build_llm(LLMSettings(), nats=lambda: broker.connection)  # the shared rate limit's KV
         # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/tracing.py)
         self.tracer = graphiti_tracing.graphiti_tracer("extractor")
@@ -218,6 +221,7 @@ class Extractor:
             clients, episode, custom_instructions=instructions.graphiti_custom, previous_window=self.previous_window,
             chunking=self.extraction.chunking if self.extraction.chunking_enabled else None,
             restatement_similarity=self.restatement_similarity,
+            ontology=self.ontologies.for_group(episode.group_id),
         )
         for name, ms in result.timings.items():
             if name != "total_ms":
@@ -251,11 +255,12 @@ class Extractor:
 
 
 def build(settings: EngramSettings | None = None, llm: LLMClient | None = None,
-          embedder_settings: EmbedderSettings | None = None) -> ServiceApp:
-    """``embedder_settings``: the embedder and its thresholds (default: ENGRAM_EMBEDDER_*)."""
+          embedder_settings: EmbedderSettings | None = None, ontologies: Ontologies | None = None) -> ServiceApp:
+    """``embedder_settings``: the embedder and its thresholds (default: ENGRAM_EMBEDDER_*);
+    ``ontologies``: the entity and edge types (default: ENGRAM_ONTOLOGY, ENGRAM_ONTOLOGY_WORKSPACES)."""
     settings = settings or EngramSettings()
     broker = make_broker(settings, service="extractor")
-    extractor = Extractor(settings, broker, llm, embedder_settings)
+    extractor = Extractor(settings, broker, llm, embedder_settings, ontologies)
     topology = Topology.from_settings(settings)
     extractor.puller = subscribe_partitions_with_capacity(
         broker, subjects.STREAM_EPISODES, [topology.extractor_consumer()], extractor.handle, title="extractor",

@@ -117,12 +117,17 @@ from graphiti_core.utils.maintenance.edge_operations import (
     resolve_extracted_edges,
 )
 from graphiti_core.utils.maintenance.graph_data_operations import retrieve_episodes
-from graphiti_core.utils.maintenance.node_operations import extract_nodes, resolve_extracted_nodes
+from graphiti_core.utils.maintenance.node_operations import (
+    extract_attributes_only_from_nodes,
+    extract_nodes,
+    resolve_extracted_nodes,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from engram.compat import driver_database, normalize_name_exact
 from engram.models.accounting import AccountingLLMClient
 from engram.models.embedding_cache import BatchingEmbedder
+from engram.ontology import Ontology
 from engram.tokens import CountTokens, token_counter
 from schemas import Episode, NodeDelta, TripletFact
 from schemas.messages import ExtractionCost
@@ -143,6 +148,8 @@ from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edg
 from services.extractor.told_later import telling
 
 log = logging.getLogger("engram.extractor")
+DEFAULT_ONTOLOGY = Ontology()
+"""graphiti's ``Entity`` only: engram's own lean prompt (services/extractor/extraction_prompt.py)."""
 
 ExtractionMode = Literal["combined", "separate", "chunked", "triplet"]
 DEFAULT_EDGE_TYPE_MAP: dict[tuple[str, str], list[str]] = {("Entity", "Entity"): []}
@@ -439,11 +446,17 @@ async def _extract_combined(
     previous: list[EpisodicNode],
     instructions: str,
     timings: dict[str, float],
+    ontology: Ontology = DEFAULT_ONTOLOGY,
 ) -> _Extracted:
     start = perf_counter()
-    # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py)
+    # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py);
+    # graphiti's own prompt, which lists the types, with a custom ontology
     nodes, edges, _ = await extract_nodes_and_edges(
-        engram_clients(clients), episode_node, previous, custom_extraction_instructions=instructions or None
+        engram_clients(clients), episode_node, previous, custom_extraction_instructions=instructions or None,
+        entity_types=ontology.graphiti_entity_types(),
+        excluded_entity_types=list(ontology.excluded_entity_types) or None,
+        edge_type_map=ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP) if ontology.edge_types else None,
+        edge_types=dict(ontology.edge_types) or None,
     )
     timings["extract_ms"] = _ms(start)
 
@@ -555,9 +568,11 @@ async def _extract_separate(
     previous: list[EpisodicNode],
     instructions: str,
     timings: dict[str, float],
+    ontology: Ontology = DEFAULT_ONTOLOGY,
 ) -> _Extracted:
     start = perf_counter()
-    extracted, _ = await extract_nodes(clients, episode_node, previous, None, None, instructions or None)
+    extracted, _ = await extract_nodes(clients, episode_node, previous, ontology.graphiti_entity_types(),
+                                       list(ontology.excluded_entity_types) or None, instructions or None)
     timings["extract_nodes_ms"] = _ms(start)
     kept = drop_unsafe_entities(extracted)
     dropped_entities = len(extracted) - len(kept)
@@ -579,9 +594,9 @@ async def _extract_separate(
         episode_node,
         edge_nodes,
         previous,
-        DEFAULT_EDGE_TYPE_MAP,
+        ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP),
         episode_node.group_id,
-        None,
+        dict(ontology.edge_types) or None,
         False,
         instructions or None,
     )
@@ -678,6 +693,7 @@ async def _extract_chunked(
     chunks: list[str],
     max_nodes_per_chunk: int,
     per_chunk_facts: bool = False,
+    ontology: Ontology = DEFAULT_ONTOLOGY,
 ) -> tuple[_Extracted, int]:
     """Entities per chunk (concurrently), merged; facts per covering group, each pair once.
 
@@ -706,7 +722,8 @@ async def _extract_chunked(
     start = perf_counter()
     per_chunk = await semaphore_gather(
         *(
-            extract_nodes(clients, _with_content(episode_node, chunk), previous, None, None, instructions or None)
+            extract_nodes(clients, _with_content(episode_node, chunk), previous, ontology.graphiti_entity_types(),
+                          list(ontology.excluded_entity_types) or None, instructions or None)
             for chunk in chunks
         )
     )
@@ -760,8 +777,8 @@ async def _extract_chunked(
         # Only this group's entities; extract_edges appends materialised endpoints to the list
         # it is given, so it gets a copy.
         edges, _ = await extract_edges(
-            clients, text, list(group.entities), previous, DEFAULT_EDGE_TYPE_MAP,
-            episode_node.group_id, None, False, instructions or None,
+            clients, text, list(group.entities), previous, ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP),
+            episode_node.group_id, dict(ontology.edge_types) or None, False, instructions or None,
         )
         owned = set(group.owned_pairs)
         kept_edges = []
@@ -810,8 +827,13 @@ async def extract_episode(
     chunking: ChunkingSettings | None = None,
     restatement_similarity: float | None = None,
     dedupe_similarity: float | None = DEDUPE_SIMILARITY,
+    ontology: Ontology = DEFAULT_ONTOLOGY,
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
+
+    ``ontology``: the entity and edge types to extract with (engram/ontology.py; the default is
+    graphiti's ``Entity`` only). An entity type with fields gets its attributes from graphiti's
+    attribute prompt, one call per typed entity of the turn.
 
     With ``chunking`` set, a large entity-dense episode (:func:`episode_chunks` gives more than
     one chunk) is extracted in ``chunked`` mode whatever ``mode`` says.
@@ -875,12 +897,18 @@ async def extract_episode(
         long_episode = len(chunks) > 1 and token_counter()(episode.content) > settings.max_unchunked_tokens
         extracted, edge_groups = await _extract_chunked(
             run, episode_node, previous, custom_instructions, timings, chunks, settings.max_nodes_per_chunk,
-            per_chunk_facts=long_episode,
+            per_chunk_facts=long_episode, ontology=ontology,
         )
     else:
         stage = _extract_combined if mode == "combined" else _extract_separate
-        extracted = await stage(run, episode_node, previous, custom_instructions, timings)
+        extracted = await stage(run, episode_node, previous, custom_instructions, timings, ontology=ontology)
     nodes = extracted.nodes
+    if ontology.typed_attributes and episode.triplet is None:
+        start = perf_counter()
+        # typed entities' fields (graphiti's attribute prompt); an existing entity's stored
+        # attributes are merged with what this turn says (graphiti's overlay)
+        await extract_attributes_only_from_nodes(run, nodes, episode_node, previous, dict(ontology.entity_types))
+        timings["attributes_ms"] = _ms(start)
 
     start = perf_counter()
     invalidated_by: dict[str, list[str]] = {}
@@ -888,7 +916,8 @@ async def extract_episode(
     # contradicts when that fact was in force by now (services/extractor/told_later.py)
     with telling(episode_node.valid_at):
         resolved_edges, invalidated_edges, new_edges = await resolve_extracted_edges(
-            run, extracted.edges, episode_node, nodes, {}, DEFAULT_EDGE_TYPE_MAP, invalidated_by=invalidated_by
+            run, extracted.edges, episode_node, nodes, dict(ontology.edge_types),
+            ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP), invalidated_by=invalidated_by
         )
     # A fact must not invalidate itself: drop invalidations by a restatement, and restore the
     # edge before the save so nothing is written for it.

@@ -196,12 +196,12 @@ class EntityNodeSummary(BaseModel):
     labels: list[str] = Field(default_factory=list)
     created_at: datetime | None = None
     summary: str = ""
+    attributes: dict[str, Any] = Field(
+        default_factory=dict, description="A typed entity's attributes (its ontology type's fields, engram/ontology.py).")
 
 
 class EntityNodeResult(EntityNodeSummary):
     """The saved node, as upstream returns it, without ``name_embedding`` (a vector nobody reads)."""
-
-    attributes: dict[str, Any] = Field(default_factory=dict)
 
 
 class HealthStatus(BaseModel):

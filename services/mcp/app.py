@@ -187,15 +187,13 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         query: Annotated[str, Field(min_length=1, max_length=8000)], group_ids: GroupIds,
         max_nodes: Annotated[int, Field(ge=1, le=100)] = 10,
         entity_types: Annotated[list[Annotated[str, Field(max_length=128)]] | None, Field(
-            max_length=50, description="Graphiti's argument: engram's entities are all of type Entity; a list "
-            "without it finds none.")] = None,
+            max_length=50, description="Only entities of these types (labels: Entity, or the types of the "
+            "deployment's ontology, ENGRAM_ONTOLOGY).")] = None,
         center_node_uuid: Annotated[str | None, Field(max_length=256, description="Accepted for Graphiti's "
                                                       "clients and ignored.")] = None,
     ) -> dict:
         """Entities (name, summary) around the facts relevant to the query, with those facts, best first."""
-        if entity_types and "Entity" not in entity_types:
-            return {"message": "No relevant nodes found (engram's entities are all of type Entity)", "nodes": []}
-        return await _run("search_nodes", tools.search_nodes(query, group_ids, max_nodes))
+        return await _run("search_nodes", tools.search_nodes(query, group_ids, max_nodes, entity_types or None))
 
     @server.tool()
     async def get_episodes(

@@ -204,10 +204,12 @@ class EngramTools:
             out["degraded"] = answer.reason or "degraded"
         return out
 
-    async def search_nodes(self, query: str, group_ids: list[str], max_nodes: int) -> dict:
+    async def search_nodes(self, query: str, group_ids: list[str], max_nodes: int,
+                           entity_types: list[str] | None = None) -> dict:
         """Entities around the facts recall finds for ``query``: each fact's two endpoints, ranked by
-        their best fact, with their names and summaries (``engram.graph.entities``) and those facts.
-        Recall searches facts, not entity names: an entity with no fact is not found here."""
+        their best fact, with their names, labels, summaries and attributes (``engram.graph.entities``)
+        and those facts; with ``entity_types``, only entities with one of those labels. Recall
+        searches facts, not entity names: an entity with no fact is not found here."""
         answer = await self._recall(query, group_ids, max(max_nodes * 2, 10))
         ranked: dict[str, dict] = {}
         for item in answer.items:
@@ -217,7 +219,8 @@ class EngramTools:
                 continue
             for node_uuid in (edge.source_node_uuid, edge.target_node_uuid):
                 ranked.setdefault(node_uuid, {"group_id": edge.group_id, "facts": []})["facts"].append(edge.fact)
-        chosen = list(ranked.items())[:max_nodes]
+        # a type filter reads every candidate's labels, then keeps the best max_nodes of that type
+        chosen = list(ranked.items())[:max_nodes] if not entity_types else list(ranked.items())
         by_group: dict[str, list[str]] = {}
         for node_uuid, found in chosen:
             by_group.setdefault(found["group_id"], []).append(node_uuid)
@@ -225,8 +228,9 @@ class EngramTools:
         for group_id, uuids in by_group.items():
             reply = await self._admin(subjects.GRAPH_ENTITIES, GraphEntitiesRequest(group_id=group_id, uuids=uuids),
                                       GraphEntitiesResponse)
-            entities.update({e.uuid: e.model_dump(mode="json", exclude={"attributes"}) for e in reply.entities})
-        nodes = [entities[u] | {"facts": found["facts"]} for u, found in chosen if u in entities]
+            entities.update({e.uuid: e.model_dump(mode="json") for e in reply.entities
+                             if not entity_types or set(e.labels) & set(entity_types)})
+        nodes = [entities[u] | {"facts": found["facts"]} for u, found in chosen if u in entities][:max_nodes]
         return {"message": "Nodes retrieved successfully" if nodes else "No relevant nodes found", "nodes": nodes}
 
     async def get_episodes(self, group_id: str, max_episodes: int) -> dict:

@@ -125,8 +125,26 @@ Q_EPISODES = (
 )
 ENTITY_FIELDS = (
     "n.uuid AS uuid, n.name AS name, n.group_id AS group_id, labels(n) AS labels, n.created_at AS created_at, "
-    "n.summary AS summary"
+    "n.summary AS summary, "
+    # a typed entity's attributes are its other properties (engram/ontology.py); an untyped one has
+    # none, so its properties (with its name vector) are not read
+    "CASE WHEN size(labels(n)) > 1 THEN properties(n) ELSE NULL END AS props"
 )
+_NODE_PROPERTIES = frozenset({"uuid", "name", "group_id", "labels", "created_at", "summary", "name_embedding"})
+
+
+def _entity(row: dict[str, Any], group_id: str) -> GraphEntity:
+    """An ENTITY_FIELDS row as a GraphEntity."""
+    return GraphEntity(uuid=row["uuid"], name=row.get("name") or "", group_id=row.get("group_id") or group_id,
+                       labels=_strings(row.get("labels")), created_at=as_utc(row.get("created_at")),
+                       summary=row.get("summary") or "", attributes=entity_attributes(row.get("props")))
+
+
+def entity_attributes(props: Any) -> dict[str, Any]:
+    """A typed entity's attributes: its properties but graphiti's own and vectors."""
+    if not isinstance(props, dict):
+        return {}
+    return {k: v for k, v in props.items() if k not in _NODE_PROPERTIES and not k.endswith("_embedding")}
 Q_ENTITIES_BY_UUID = f"MATCH (n:Entity) WHERE n.group_id = $group_id AND n.uuid IN $uuids RETURN {ENTITY_FIELDS}"
 Q_ENTITIES_NEWEST = (
     f"MATCH (n:Entity) WHERE n.group_id = $group_id RETURN {ENTITY_FIELDS} ORDER BY n.created_at DESC LIMIT $limit"
@@ -593,10 +611,7 @@ class GraphAdmin:
                 graph, row = hit
                 group = row.get("group_id") or graph
                 for r in await db.read(graph, Q_ENTITIES_OF_EPISODE, uuid=uuid, group_id=group):
-                    entities.setdefault(r["uuid"], GraphEntity(
-                        uuid=r["uuid"], name=r.get("name") or "", group_id=r.get("group_id") or group,
-                        labels=_strings(r.get("labels")), created_at=as_utc(r.get("created_at")),
-                        summary=r.get("summary") or ""))
+                    entities.setdefault(r["uuid"], _entity(r, group))
                 for r in await db.read(graph, Q_EDGES_OF_EPISODE, uuid=uuid, group_id=group):
                     facts.setdefault(r["uuid"], _fact(r))
         status = "not_found" if missing and not (entities or facts) and len(missing) == len(set(req.uuids)) else "ok"
@@ -624,12 +639,7 @@ class GraphAdmin:
                 rows.sort(key=lambda r: order.get(r["uuid"], len(order)))
             else:
                 rows = await db.read(req.group_id, Q_ENTITIES_NEWEST, group_id=req.group_id, limit=req.limit)
-        return GraphEntitiesResponse(entities=[
-            GraphEntity(uuid=r["uuid"], name=r.get("name") or "", group_id=r.get("group_id") or req.group_id,
-                        labels=_strings(r.get("labels")), created_at=as_utc(r.get("created_at")),
-                        summary=r.get("summary") or "")
-            for r in rows
-        ])
+        return GraphEntitiesResponse(entities=[_entity(r, req.group_id) for r in rows])
 
     async def save_entity(self, req: GraphEntityNodeRequest) -> GraphEntityNodeResponse:
         """graphiti server's ``save_entity_node``: EntityNode(name, uuid, group_id, summary), its

@@ -151,6 +151,11 @@ function showEntity(uuid) {
   $("entity-name").textContent = entity.name;
   $("entity-labels").textContent = `${(entity.labels || []).join(", ")} · created ${when(entity.created_at)}`;
   $("entity-summary").textContent = entity.summary || "(no summary yet)";
+  // a typed entity's attributes (its ontology type's fields), shown as text
+  const attributes = Object.entries(entity.attributes || {}).filter(([, v]) => v !== null && v !== "");
+  $("entity-attributes").hidden = !attributes.length;
+  $("entity-attributes").replaceChildren(...attributes.flatMap(([k, v]) => [
+    el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
   const facts = state.facts.filter((f) => f.source_node_uuid === uuid || f.target_node_uuid === uuid);
   $("entity-facts").replaceChildren(...(facts.length ? facts.map(factItem) : [el("li", {}, "No facts among the latest episodes.")]));
   $("entity-section").scrollIntoView({ block: "nearest" });

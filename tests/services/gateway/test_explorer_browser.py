@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from falkordb import FalkorDB
 
 from engram.models.rules_llm import RulesExtractorClient
 from schemas import SessionClosed, subjects
@@ -37,7 +38,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 KEY = "explorer-test-key"
 USER = "ada@example.org"
 QUERY = "Where does Ada live?"
-NOTE = "Ada prefers <b>short</b> answers <img src=x onerror=alert(1)>"  # stored content with markup: shown as text
+NOTE = "Ada prefers <b>short</b> answers <img src=x onerror=alert(1)>"
+ROLE = "data <b>engineer</b>"  # a typed entity's attribute with markup: shown as text  # stored content with markup: shown as text
 
 CONVERSATION = [  # three turns: the second invalidates the first's LIVES_IN fact
     ("user", "Ada", "I live in Boston. I work at Acme.", "2026-03-01T09:00:00Z"),
@@ -115,6 +117,12 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
         assert r.status_code == 200, r.text
         r = await http.post("/memory/notes", params={"user": USER}, json={"text": NOTE}, headers=auth)
         assert r.status_code == 201, r.text
+
+        # Ada typed as an extraction with an ontology stores her (engram/ontology.py): a label and
+        # an attribute, shown in her entity view (as text: markup is not rendered)
+        host, port = falkordb_server.url.split("://", 1)[1].rsplit(":", 1)
+        typed = FalkorDB(host=host, port=int(port)).select_graph(group)
+        typed.query("MATCH (n:Entity {name: 'Ada'}) SET n:Person, n.role = $role", {"role": ROLE})
 
         seen: list[dict] = []
 
@@ -207,6 +215,9 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
                 await page.click(f"#entities button:text-is('{ada['name']}')")
                 await expect(page.locator("#entity-name")).to_have_text("Ada")
                 await expect(page.locator("#entity-summary")).to_have_text(ada["summary"])
+                await expect(page.locator("#entity-labels")).to_contain_text("Person")
+                await expect(page.locator("#entity-attributes")).to_contain_text(f"role{ROLE}")
+                assert await page.locator("#entity-attributes b").count() == 0, "an attribute's markup was rendered"
                 await expect(page.locator("#entity-facts li.fact").first).to_be_visible()
                 await page.locator("#entity-section").screenshot(path=shots / "entity.png")
 

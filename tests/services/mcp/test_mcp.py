@@ -18,6 +18,7 @@ import httpx
 import httpx2
 import nats
 import pytest
+from falkordb import FalkorDB
 from prometheus_client import REGISTRY
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -174,6 +175,15 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             # named by the graph (engram.graph.entities): each is an endpoint of the facts it comes with
             assert all(n["name"] and any(n["name"].lower() in f.lower() for f in n["facts"]) for n in nodes), nodes
             assert all("summary" in n for n in nodes)
+            # entity types are labels: every entity is an Entity; one typed by an ontology (engram/ontology.py)
+            # is found by its type, with its attributes
+            assert {n["uuid"] for n in (await call(session, "search_nodes", query="FastAPI", group_ids=[group],
+                                                   entity_types=["Entity"]))["nodes"]} == {n["uuid"] for n in nodes}
+            host, port = falkordb_server.url.split("://", 1)[1].rsplit(":", 1)
+            FalkorDB(host=host, port=int(port)).select_graph(group).query(
+                "MATCH (n:Entity {uuid: $u}) SET n:Tool, n.language = 'Python'", {"u": nodes[0]["uuid"]})
+            tools = (await call(session, "search_nodes", query="FastAPI", group_ids=[group], entity_types=["Tool"]))["nodes"]
+            assert [(n["uuid"], n["attributes"]) for n in tools] == [(nodes[0]["uuid"], {"language": "Python"})]
 
             assert "deleted" in (await call(session, "delete_entity_edge", uuid=fact["uuid"]))["message"]
             assert "not found" in await fails(session, "get_entity_edge", uuid=fact["uuid"])
