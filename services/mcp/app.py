@@ -142,6 +142,9 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
             description="Extra instructions for extracting entities and facts from this memory (Graphiti's "
             "argument); they replace engram's configured preprocessing prompt for its episode (a message: for "
             "the turn it opens).")] = None,
+        saga: Annotated[str | None, Field(pattern=SESSION_ID_PATTERN, description="Graphiti's sequence of episodes: "
+                                          "engram's session. A text or json episode is stored in session saga (shown in "
+                                          "its source description); a message's saga is its session, group_id.")] = None,
         reference_time: Annotated[AwareDatetime | None, Field(
             description="When this was said or happened (ISO 8601 with a zone; Graphiti's argument): the episode's "
             "time, against which its relative dates are resolved and its facts become valid. Omitted: now.")] = None,
@@ -150,7 +153,7 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         wrote it); it joins a turn, which becomes an episode. 'text' or 'json': a whole episode. Answers only
         after the broker stored it durably, with the ids it will have."""
         return await _run("add_memory", tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
-                                           role_name, custom_extraction_instructions, reference_time))
+                                           role_name, custom_extraction_instructions, reference_time, saga))
 
     @server.tool()
     async def search_memory_facts(
@@ -227,9 +230,18 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         return await _run("delete_entity_edge", tools.delete_entity_edge(uuid))
 
     @server.tool()
-    async def clear_graph(group_id: GroupId) -> dict:
-        """Delete everything of one group's graph. Messages still in the pipeline are written after this."""
-        return await _run("clear_graph", tools.clear_graph(group_id))
+    async def clear_graph(
+        group_id: GroupId | None = None,
+        group_ids: Annotated[list[GroupId] | None, Field(max_length=50, description="Several groups (Graphiti's "
+                                                         "form); engram clears only groups it is given.")] = None,
+    ) -> dict:
+        """Delete everything of the named groups' graphs. Messages still in the pipeline are written after this."""
+        groups = list(dict.fromkeys(([group_id] if group_id else []) + list(group_ids or [])))
+        if not groups:  # Graphiti clears its default group; engram has none, so nothing is cleared unnamed
+            raise ToolError("give group_id or group_ids: the groups to clear")
+        cleared = [await _run("clear_graph", tools.clear_graph(group)) for group in groups]
+        return cleared[0] if len(cleared) == 1 else {"message": f"Graph data cleared for {len(groups)} groups",
+                                                     "group_ids": groups}
 
     @server.tool()
     async def add_triplet(

@@ -76,12 +76,13 @@ def _utc_now() -> datetime:
 
 def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
                  uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None,
-                 request_id: str = "") -> Episode:
+                 request_id: str = "", saga: str | None = None) -> Episode:
     """A whole episode (Graphiti's add_memory with source 'text' or 'json'), published straight to
     the episode stream like a promotion: it is a finished text, not a chat message waiting for
     its reply. Its turn id is the client's ``uuid``, else a hash of (name, source, body) and
     ``request_id`` (services/gateway/idempotency.py), so the same call retried within the retry
-    window stores it once (the episode id is the Nats-Msg-Id), and a later one is a new memory."""
+    window stores it once (the episode id is the Nats-Msg-Id), and a later one is a new memory.
+    ``saga`` (Graphiti's sequence of episodes) is the episode's session: engram's saga."""
     key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}\0{request_id}".encode()).hexdigest()[:24]
     turn_id = f"{EPISODE_SESSION_PREFIX}:{key}"
     content = scrub_secrets(body.strip()).text  # it skips the turn-detector, where chat messages lose secrets
@@ -91,13 +92,14 @@ def text_episode(group_id: str, name: str, body: str, source: str, source_descri
         group_id=group_id,
         scope="session",
         turn_id=turn_id,
-        session_id=group_id,
+        session_id=saga or group_id,
         reference_time=at,
         content=content,
         messages=[EpisodeMessage(message_id=turn_id, role="user", name=scrub_secrets(name).text or None, timestamp=at)],
         # "promotion": the one completion that means "published whole, not completed by the turn-detector"
         completed_by="promotion",
-        source_description=scrub_secrets(source_description or f"mcp add_memory ({source})").text[:512],
+        source_description=scrub_secrets(
+            source_description or f"mcp add_memory ({source}{f', saga {saga}' if saga else ''})").text[:512],
         extraction=extraction,
     )
 
@@ -153,12 +155,15 @@ class EngramTools:
     async def add_memory(self, name: str, episode_body: str, group_id: str, source: str, source_description: str,
                          uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None,
                          custom_extraction_instructions: str | None = None,
-                         reference_time: datetime | None = None) -> dict:
+                         reference_time: datetime | None = None, saga: str | None = None) -> dict:
         at = reference_time or _utc_now()  # when it was said (Graphiti's reference_time): the episode's valid_at
         request_id = await self._request_id(group_id, uuid, [name, episode_body, source, source_description, role,
                                                              role_name, custom_extraction_instructions,
-                                                             reference_time.isoformat() if reference_time else None])
+                                                             reference_time.isoformat() if reference_time else None,
+                                                             saga])
         if source == "message":
+            if saga and saga != group_id:
+                raise ToolFailed("a message's saga is its chat session, which is group_id: give saga=group_id or none")
             message = Message(content=episode_body, uuid=uuid, name=name, role_type=role, role=role_name,
                               source_description=source_description,
                               custom_extraction_instructions=custom_extraction_instructions)
@@ -184,7 +189,7 @@ class EngramTools:
                             "completed turn); an assistant reply joins the open turn, whose ids its first message gave",
             }
         episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at,
-                               custom_extraction_instructions, request_id)
+                               custom_extraction_instructions, request_id, saga)
         too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())
         if too_big:
             raise ToolFailed(f"not stored: {too_big}")

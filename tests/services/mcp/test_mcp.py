@@ -203,7 +203,9 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             assert [e["uuid"] for e in episodes] == [msg["episode_id"]]
             assert episodes[0]["message_ids"] == [msg["message_id"]]
 
-            assert "cleared" in (await call(session, "clear_graph", group_id=group))["message"]
+            assert "group_id or group_ids" in await fails(session, "clear_graph")
+            cleared = await call(session, "clear_graph", group_ids=[group, f"{group}-t"])  # Graphiti's form
+            assert cleared["group_ids"] == [group, f"{group}-t"], cleared
             assert (await call(session, "get_episodes", group_id=group))["episodes"] == []
 
         async with httpx.AsyncClient(base_url=base) as raw:  # tool metrics, by tool and outcome (no ids)
@@ -230,8 +232,11 @@ async def test_mcp_over_stdio(clean_nats, falkordb_server, tmp_path) -> None:  #
             assert TOOLS <= {t.name for t in (await session.list_tools()).tools}
             assert (await call(session, "get_status"))["status"] == "ok"
             await fails(session, "clear_graph", group_id="bad.group")
-            added = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group)
+            added = await call(session, "add_memory", name="stack", episode_body=f"user (Ada): {ADA}", group_id=group,
+                               saga="design-notes")
             assert added["stored"] is True
+            assert "saga is its chat session" in await fails(session, "add_memory", name="", episode_body="hi",
+                                                             group_id=group, source="message", saga="other")
             # stored before the answer: the episode is in ENGRAM_EPISODES under the announced id (the
             # extraction itself is the HTTP test's; here it would only add a wait on a loaded machine)
             nc = await nats.connect(clean_nats)
@@ -241,6 +246,8 @@ async def test_mcp_over_stdio(clean_nats, falkordb_server, tmp_path) -> None:  #
             finally:
                 await nc.close()
             assert [(e.episode_id, e.group_id) for e in stored] == [(added["episode_id"], group)]
+            # Graphiti's saga is engram's session: the episode is stored in it, and says so
+            assert stored[0].session_id == "design-notes" and "saga design-notes" in stored[0].source_description
             # request/reply from the subprocess: recall and graph admin answer
             assert "facts" in await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=[group])
             assert "episodes" in await call(session, "get_episodes", group_id=group)
