@@ -69,6 +69,10 @@ of the stream's messages."""
 PAGE_FILES = {
     "explorer.js": "text/javascript; charset=utf-8",
     "explorer.css": "text/css; charset=utf-8",
+    # Cytoscape.js 3.35.0 (MIT, cytoscape.LICENSE.txt), the npm package's dist/cytoscape.min.js as
+    # published (sha256 71fa9ebe...cd94): it draws an entity's neighbourhood, served from here (no CDN)
+    "cytoscape.min.js": "text/javascript; charset=utf-8",
+    "cytoscape.LICENSE.txt": "text/plain; charset=utf-8",
 }
 PAGE_HEADERS = {
     # Data is rendered with textContent only; the policy is the second line of defence: no inline

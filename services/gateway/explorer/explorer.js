@@ -158,7 +158,72 @@ function showEntity(uuid) {
     el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
   const facts = state.facts.filter((f) => f.source_node_uuid === uuid || f.target_node_uuid === uuid);
   $("entity-facts").replaceChildren(...(facts.length ? facts.map(factItem) : [el("li", {}, "No facts among the latest episodes.")]));
+  drawNeighbourhood(uuid, facts);
+  $("entity-timeline").replaceChildren(...timeline(facts));
   $("entity-section").scrollIntoView({ block: "nearest" });
+}
+
+const superseded = (fact) => Boolean(fact.invalid_at || fact.expired_at || fact.invalidated_by || fact.invalidated_in);
+const day = (value) => (value ? when(value).slice(0, 10) : "…");
+
+// The entity and its neighbours as a graph (Cytoscape, shipped with the page): facts as edges,
+// superseded ones dashed and labelled with their dates. Labels are drawn on a canvas as text.
+let graph = null;
+function drawNeighbourhood(uuid, facts) {
+  if (graph) graph.destroy();
+  graph = null;
+  const box = $("entity-graph");
+  if (typeof cytoscape !== "function" || !facts.length) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  const ids = new Set([uuid]);
+  for (const f of facts) { ids.add(f.source_node_uuid); ids.add(f.target_node_uuid); }
+  const nodes = [...ids].map((id) => ({ data: { id, label: entityName(id), centre: id === uuid ? 1 : 0 } }));
+  const edges = facts.map((f) => ({
+    data: {
+      id: `f-${f.uuid}`, source: f.source_node_uuid, target: f.target_node_uuid,
+      label: superseded(f) ? `${f.name || "fact"}\n${day(f.valid_at)} → ${day(f.invalid_at || f.expired_at)}` : (f.name || "fact"),
+    },
+    classes: superseded(f) ? "superseded" : "current",
+  }));
+  graph = cytoscape({
+    container: box,
+    elements: [...nodes, ...edges],
+    layout: { name: "concentric", concentric: (n) => n.data("centre"), levelWidth: () => 1, minNodeSpacing: 110,
+              padding: 20, animate: false },
+    style: [
+      { selector: "node", style: { label: "data(label)", "background-color": "#6b8cce", color: "#222", "font-size": 11,
+                                   "text-valign": "bottom", "text-margin-y": 4, width: 18, height: 18 } },
+      { selector: "node[centre = 1]", style: { "background-color": "#d9822b", width: 26, height: 26, "font-weight": "bold" } },
+      { selector: "edge", style: { label: "data(label)", "curve-style": "bezier", "target-arrow-shape": "triangle",
+                                   "font-size": 9, "text-wrap": "wrap", "text-background-color": "#fcfcff",
+                                   "text-background-opacity": 1, width: 2, "line-color": "#556", "target-arrow-color": "#556" } },
+      { selector: "edge.superseded", style: { "line-style": "dashed", "line-color": "#aaa", "target-arrow-color": "#aaa", color: "#888" } },
+    ],
+    userZoomingEnabled: true, wheelSensitivity: 0.2,
+  });
+}
+
+// How the entity's facts changed: by relation, oldest first, each with its validity span;
+// a superseded fact struck through and the fact that replaced it named.
+function timeline(facts) {
+  if (!facts.length) return [el("li", {}, "No facts among the latest episodes.")];
+  const byRelation = new Map();
+  for (const f of facts) {
+    const key = f.name || "fact";
+    if (!byRelation.has(key)) byRelation.set(key, []);
+    byRelation.get(key).push(f);
+  }
+  const start = (f) => f.valid_at || f.created_at || "";
+  return [...byRelation.entries()].map(([relation, items]) => el("li", {},
+    el("span", { class: "badge" }, relation),
+    el("ol", {}, ...items.sort((a, b) => start(a).localeCompare(start(b))).map((f) => el("li",
+      { class: superseded(f) ? "superseded" : "current", "data-uuid": f.uuid },
+      el("span", { class: "span" }, `${day(f.valid_at)} → ${superseded(f) ? day(f.invalid_at || f.expired_at) : "now"}`),
+      el("span", { class: "text" }, f.fact),
+      f.invalidated_by ? el("div", { class: "meta" }, `replaced by: ${factText(f.invalidated_by)}`) : null)))));
 }
 
 // What extracting the episode cost, as the extractor recorded it (GET /episodes: `extraction`).

@@ -168,6 +168,9 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
                 page.on("request", lambda request: urls.append(request.url))
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
+                # a CSP violation (an inline style a library adds, say) is a console error, not a page error
+                page.on("console", lambda msg: errors.append(msg.text)
+                        if msg.type == "error" and "Content Security Policy" in msg.text else None)
                 failed: list[tuple[int, str]] = []
                 page.on("response", lambda resp: failed.append((resp.status, resp.url)) if resp.status >= 400 else None)
                 await page.goto(f"{http.base_url}/explorer")
@@ -220,6 +223,24 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
                 assert await page.locator("#entity-attributes b").count() == 0, "an attribute's markup was rendered"
                 await expect(page.locator("#entity-facts li.fact").first).to_be_visible()
                 await page.locator("#entity-section").screenshot(path=shots / "entity.png")
+                # her neighbourhood drawn as a graph (Cytoscape from the gateway): Boston's fact a
+                # dashed edge with its dates, Austin's a current one
+                await expect(page.locator("#entity-graph canvas").first).to_be_visible()
+                drawn = await page.evaluate("""() => ({
+                    nodes: graph.nodes().map((n) => n.data('label')),
+                    superseded: graph.edges('.superseded').map((e) => [e.style('line-style'), e.data('label')]),
+                    current: graph.edges('.current').map((e) => e.style('line-style')),
+                })""")
+                assert "Ada" in drawn["nodes"] and "Boston" in drawn["nodes"] and "Austin" in drawn["nodes"], drawn
+                assert drawn["superseded"] and all(style == "dashed" and "→" in label
+                                                   for style, label in drawn["superseded"]), drawn
+                assert drawn["current"] and set(drawn["current"]) == {"solid"}, drawn
+                await page.locator("#entity-graph").screenshot(path=shots / "entity-graph.png")
+                # and how her facts changed: the Boston fact struck through, replaced by the Austin one
+                boston = page.locator("#entity-timeline li.superseded", has_text="Boston")
+                await expect(boston).to_contain_text("replaced by:")
+                await expect(boston).to_contain_text("Austin")
+                await page.locator("#entity-timeline").screenshot(path=shots / "entity-timeline.png")
 
                 # search through recall; the query goes in the POST body, never into a URL
                 await page.fill("#query", QUERY)
