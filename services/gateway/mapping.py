@@ -8,7 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 from schemas import subjects
 from engram.triplets import triplet_episode
-from schemas import ChatMessage, Episode, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys, TripletFact
+from schemas import ChatMessage, Episode, EpisodeMessage, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys, TripletFact
+from engram.secrets import scrub_secrets
+from schemas.ids import episode_id_for
 from schemas.messages import GraphEpisode, GraphFact
 from schemas.relations import canonical_relation
 from services.extractor.pipeline import safe_entity_name
@@ -144,3 +146,39 @@ def triplet_request_episode(request: AddTripletRequest, at: datetime | None = No
                           valid_at=request.valid_at, invalid_at=request.invalid_at)
     return triplet_episode(request.group_id, triplet, at or datetime.now(timezone.utc),
                            f"add_triplet ({triplet.relation})")
+
+
+def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
+                 uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None,
+                 request_id: str = "", saga: str | None = None, *, door: str) -> Episode:
+    """A whole episode (Graphiti's add_memory with source 'text' or 'json'; ``POST /episodes``),
+    published straight to the episode stream like a promotion: it is a finished text, not a chat
+    message waiting for its reply. Its turn id is ``<door>:`` and the client's ``uuid``, else a
+    hash of (name, source, body) and ``request_id`` (services/gateway/idempotency.py), so the same
+    call retried stores it once (the episode id is the Nats-Msg-Id, and the extractor finds a
+    stored one). ``saga`` (Graphiti's sequence of episodes) is the episode's session: engram's
+    saga. A 'json' body must parse as JSON (ValueError): it is chunked between elements
+    (services/extractor/chunking.py)."""
+    if source == "json":
+        try:
+            json.loads(body)
+        except ValueError as exc:
+            raise ValueError(f"source 'json': the episode body is not JSON ({type(exc).__name__})") from None
+    key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}\0{request_id}".encode()).hexdigest()[:24]
+    turn_id = f"{door}:{key}"
+    content = scrub_secrets(body.strip()).text  # it skips the turn-detector, where chat messages lose secrets
+    return Episode(
+        episode_id=episode_id_for(group_id, turn_id),
+        group_id=group_id,
+        scope="session",
+        turn_id=turn_id,
+        session_id=saga or group_id,
+        reference_time=at,
+        content=content,
+        messages=[EpisodeMessage(message_id=turn_id, role="user", name=scrub_secrets(name).text or None, timestamp=at)],
+        # "promotion": the one completion that means "published whole, not completed by the turn-detector"
+        completed_by="promotion",
+        source_description=scrub_secrets(
+            source_description or f"{door} add_memory ({source}{f', saga {saga}' if saga else ''})").text[:512],
+        extraction=extraction_override(scrub_secrets(custom_extraction_instructions or "").text),
+    )

@@ -174,6 +174,31 @@ class AddTripletRequest(_In):
     invalid_at: AwareDatetime | None = Field(None, description="Until when it held, if it ended.")
 
 
+class AddEpisodeRequest(_In):
+    """``POST /episodes``: a whole text or JSON episode (Graphiti's EpisodeType text/json; MCP add_memory's
+    other sources), extracted like a turn; a long one is chunked (JSON between elements)."""
+
+    group_id: WriteGroupId
+    name: str = Field("", max_length=256, description="A name for the episode (kept as its label).")
+    episode_body: str = Field(min_length=1, max_length=100_000, description="The text, or a JSON document (source json).")
+    source: Literal["text", "json"] = "text"
+    source_description: str = Field("", max_length=512)
+    uuid: str | None = Field(None, pattern=MESSAGE_ID_PATTERN, max_length=200,
+                             description="Your id for it: the same id again stores nothing new. Without it, the same "
+                             "name, source and body are one episode.")
+    reference_time: AwareDatetime | None = Field(None, description="When it was written or happened; now when unset.")
+    saga: str | None = Field(None, pattern=SESSION_ID_PATTERN, description="Graphiti's sequence of episodes: the "
+                             "episode's session in engram.")
+    custom_extraction_instructions: str | None = Field(None, max_length=MAX_EXTRACTION_INSTRUCTIONS_CHARS)
+
+
+class EpisodeAdded(BaseModel):
+    group_id: str
+    episode_uuid: str
+    turn_id: str
+    stored: bool = Field(description="False: the same episode was already stored (nothing new).")
+
+
 class TripletResult(BaseModel):
     group_id: str
     episode_uuid: str = Field(description="The episode that stores it: get_episode_entities shows what it became.")

@@ -19,8 +19,8 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import BaseModel
 
 from engram import tracing
-from engram.message_size import first_oversize
-from engram.promote import Promotion, publish_promotion
+from engram.message_size import first_oversize, oversize_reason
+from engram.promote import Promotion, publish_episode, publish_promotion
 from engram.triplets import publish_triplet
 from engram.settings import EngramSettings
 from schemas import RecallItem, RecallResponse, subjects
@@ -45,10 +45,12 @@ from services.gateway.models import (
     GROUP_ID_PATTERN,
     MAX_GROUP_ID,
     AddEntityNodeRequest,
+    AddEpisodeRequest,
     AddMessagesRequest,
     AddTripletRequest,
     EntityEdgeResult,
     EntityNodeResult,
+    EpisodeAdded,
     EpisodeResult,
     GetMemoryRequest,
     GetMemoryResponse,
@@ -187,6 +189,35 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
                                 f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
         return PromoteResult(group_id=episode.group_id, episode_uuid=episode.episode_id)
+
+    @router.post("/episodes", status_code=status.HTTP_202_ACCEPTED, response_model=EpisodeAdded, tags=["ingest"],
+                 responses={413: {"description": "Larger than a message may be."},
+                            422: {"description": "source json with a body that is not JSON."},
+                            503: {"description": "The broker did not confirm the episode: retry."}})
+    async def add_episode(request: AddEpisodeRequest) -> EpisodeAdded:
+        """Store a whole text or JSON episode (Graphiti's EpisodeType text / json): extracted like a
+        turn within seconds, a long one in chunks (a JSON array between its elements). 202 once
+        the broker stored it durably; the same episode again (same ``uuid``, else same name,
+        source and body) is stored once."""
+        try:
+            episode = mapping.text_episode(
+                request.group_id, request.name, request.episode_body, request.source, request.source_description,
+                request.uuid, request.reference_time or datetime.now(timezone.utc),
+                request.custom_extraction_instructions, saga=request.saga, door="rest")
+        except ValueError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        too_big = oversize_reason(episode, max_bytes, bus.max_payload())
+        if too_big:
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big)
+        try:
+            stored = await publish_episode(bus.jetstream(), episode)
+        except BusError as exc:
+            raise _raise(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                f"the message broker did not confirm the episode ({type(exc).__name__}); retry") from exc
+        return EpisodeAdded(group_id=episode.group_id, episode_uuid=episode.episode_id, turn_id=episode.turn_id,
+                            stored=stored)
 
     @router.post("/triplets", status_code=status.HTTP_202_ACCEPTED, response_model=TripletResult, tags=["ingest"],
                  responses={422: {"description": "An entity name of only stopwords or punctuation."},

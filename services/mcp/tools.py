@@ -11,7 +11,6 @@ gateway's NATS client: durable publishes with the PubAck awaited, request/reply 
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -20,9 +19,8 @@ from pydantic import BaseModel
 
 from engram.message_size import oversize_reason
 from engram.promote import Promotion, publish_episode, publish_promotion
-from engram.secrets import scrub_secrets
 from engram.settings import EngramSettings
-from schemas import Episode, EpisodeMessage, RecallResponse, subjects
+from schemas import RecallResponse, subjects
 from schemas.ids import episode_id_for
 from engram.triplets import publish_triplet
 from schemas.memory import (
@@ -63,6 +61,7 @@ from services.gateway.models import AddTripletRequest, FactFilters, Message
 from services.mcp.settings import McpSettings
 
 EPISODE_SESSION_PREFIX = "mcp"
+"""Turn ids of whole episodes added over MCP: ``mcp:<uuid or hash>`` (services/gateway/mapping.text_episode)."""
 """Turn ids of whole episodes added with add_memory(source='text'|'json') start with this."""
 
 
@@ -72,36 +71,6 @@ class ToolFailed(Exception):
 
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
-                 uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None,
-                 request_id: str = "", saga: str | None = None) -> Episode:
-    """A whole episode (Graphiti's add_memory with source 'text' or 'json'), published straight to
-    the episode stream like a promotion: it is a finished text, not a chat message waiting for
-    its reply. Its turn id is the client's ``uuid``, else a hash of (name, source, body) and
-    ``request_id`` (services/gateway/idempotency.py), so the same call retried within the retry
-    window stores it once (the episode id is the Nats-Msg-Id), and a later one is a new memory.
-    ``saga`` (Graphiti's sequence of episodes) is the episode's session: engram's saga."""
-    key = uuid or hashlib.sha256(f"{name}\0{source}\0{body}\0{request_id}".encode()).hexdigest()[:24]
-    turn_id = f"{EPISODE_SESSION_PREFIX}:{key}"
-    content = scrub_secrets(body.strip()).text  # it skips the turn-detector, where chat messages lose secrets
-    extraction = mapping.extraction_override(scrub_secrets(custom_extraction_instructions or "").text)
-    return Episode(
-        episode_id=episode_id_for(group_id, turn_id),
-        group_id=group_id,
-        scope="session",
-        turn_id=turn_id,
-        session_id=saga or group_id,
-        reference_time=at,
-        content=content,
-        messages=[EpisodeMessage(message_id=turn_id, role="user", name=scrub_secrets(name).text or None, timestamp=at)],
-        # "promotion": the one completion that means "published whole, not completed by the turn-detector"
-        completed_by="promotion",
-        source_description=scrub_secrets(
-            source_description or f"mcp add_memory ({source}{f', saga {saga}' if saga else ''})").text[:512],
-        extraction=extraction,
-    )
 
 
 class EngramTools:
@@ -188,8 +157,11 @@ class EngramTools:
                 "ids_note": "turn_id and episode_id hold when this message opens a turn (a user message after a "
                             "completed turn); an assistant reply joins the open turn, whose ids its first message gave",
             }
-        episode = text_episode(group_id, name, episode_body, source, source_description, uuid, at,
-                               custom_extraction_instructions, request_id, saga)
+        try:
+            episode = mapping.text_episode(group_id, name, episode_body, source, source_description, uuid, at,
+                                           custom_extraction_instructions, request_id, saga, door=EPISODE_SESSION_PREFIX)
+        except ValueError as exc:  # a json episode that is not JSON
+            raise ToolFailed(str(exc)) from exc
         too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())
         if too_big:
             raise ToolFailed(f"not stored: {too_big}")

@@ -101,6 +101,7 @@ REST_DOORS: dict[str, str] = {
     "POST /promote": PLANTED,
     "POST /entity-node": PLANTED,
     "POST /triplets": PLANTED,
+    "POST /episodes": PLANTED,
     "POST /search": PLANTED,
     "POST /get-memory": PLANTED,
     "GET /episodes/{group_id}": "a read; no text",
@@ -253,8 +254,9 @@ async def _plant_over_nats(settings: EngramSettings) -> list[str]:
 
 async def _plant_over_rest(url: str) -> list[str]:
     group = "secret-door-rest"
-    chat, entity, note, pref, promo, triplet, activity, favorite = (
-        _marker(f"rest {w}") for w in ("chat", "entity", "note", "pref", "promo", "triplet", "activity", "favorite"))
+    chat, entity, note, pref, promo, triplet, activity, favorite, episode = (
+        _marker(f"rest {w}") for w in ("chat", "entity", "note", "pref", "promo", "triplet", "activity", "favorite",
+                                       "episode"))
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         async def ok(response: httpx.Response) -> None:
             assert response.status_code < 300, (response.request.url, response.status_code, response.text[:300])
@@ -273,6 +275,9 @@ async def _plant_over_rest(url: str) -> list[str]:
         await http.delete(f"/memory/preferences/gone {KEY_ID}", params=user)  # 404: nothing to remove
         await ok(await http.post("/memory/activities", params=user, json={"text": f"{activity}: {TOLD}"}))
         await ok(await http.post("/memory/favorites", params=user, json={"item": f"{favorite}: {TOLD}"}))
+        await ok(await http.post("/episodes", json={"group_id": group, "name": f"doc {KEY_ID}",
+                                                    "episode_body": f"user (Ada): {episode} keeps {TOLD}",
+                                                    "source_description": f"secret {SECRET}"}))
         await ok(await http.post("/promote", json={"kind": "decision", "text": f"{promo} decides: {TOLD}",
                                                    "key": "secrets-ws", "author": f"Ada {KEY_ID}"}))
         await ok(await http.post("/search", json={"query": f"AWS secret {TOLD}", "group_ids": [group]}))
@@ -282,7 +287,7 @@ async def _plant_over_rest(url: str) -> list[str]:
         await ok(await http.post("/triplets", json={"group_id": group, "source_node_name": f"{triplet} vault",
                                                     "edge_name": "USES", "target_node_name": f"key {KEY_ID}",
                                                     "fact": f"{triplet} vault stores {TOLD}"}))
-    return [chat, entity, note, pref, promo, triplet, activity, favorite]
+    return [chat, entity, note, pref, promo, triplet, activity, favorite, episode]
 
 
 async def _plant_over_mcp(url: str) -> list[str]:
