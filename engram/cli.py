@@ -230,6 +230,55 @@ def import_(
 
 
 @app.command()
+def backup(
+    directory: Annotated[Path, typer.Argument(help="A new (or empty) directory for the backup.", file_okay=False)],
+    data_dir: DataDir = None,
+) -> None:
+    """Back up a running stack: every NATS stream with its consumers, then every group's graph,
+    consistent with each other (engram/backup.py); `engram restore` brings it back."""
+    from engram.backup import BackupError
+    from engram.backup import backup as run_backup
+
+    settings = _settings(data_dir)
+    running_stack_or_fail(settings)
+
+    async def run():  # noqa: ANN202
+        async with nats_connection(settings, name="engram-backup") as nc:
+            return await run_backup(settings, nc, directory)
+
+    try:
+        report = asyncio.run(run())
+    except BackupError as exc:
+        raise CliError(str(exc)) from exc
+    except (ConnectionError, OSError) as exc:
+        raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
+                       "running? (`engram status`)") from exc
+    plain(console, f"backed up {len(report.streams)} streams ({sum(report.streams.values())} messages) and "
+                   f"{len(report.groups)} groups to {directory}")
+
+
+@app.command()
+def restore(
+    directory: Annotated[Path, typer.Argument(help="An `engram backup` directory.", exists=True, file_okay=False)],
+    data_dir: DataDir = None,
+) -> None:
+    """Restore an `engram backup` into a data dir that holds no memory yet, with no `engram up`
+    running on it; then `engram up` carries on where the backup was taken."""
+    from engram.backup import BackupError, restore_into
+    from engram.datadir_lock import DataDirLocked
+
+    settings = _settings(data_dir)
+    try:
+        report = asyncio.run(restore_into(settings, directory))
+    except BackupError as exc:
+        raise CliError(str(exc)) from exc
+    except DataDirLocked as exc:
+        raise CliError(f"{exc}: stop it first (a restore writes the data dir's servers itself)") from exc
+    plain(console, f"restored {len(report.streams)} streams ({sum(report.streams.values())} messages) and "
+                   f"{len(report.groups)} groups into {settings.data_dir}")
+
+
+@app.command()
 def status(json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
            data_dir: DataDir = None) -> None:
     """Health of each part, stream and consumer backlog, counts of messages, turns, episodes."""

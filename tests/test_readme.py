@@ -82,6 +82,10 @@ NOT_RUN_COMMANDS = {
     "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.test_cli_up.Up): "
           "a second `up` on the same data dir refuses by design",
     "serve": "runs one service in the foreground until killed; `engram up` starts each of them",
+    "backup": "writes into a new directory each time; backup and restore of a real stack, compared "
+              "before and after, are tests/engram/test_backup.py",
+    "restore": "restores into a data dir no `engram up` runs on (this module's stack is running); "
+               "tests/engram/test_backup.py restores into a fresh one",
 }
 
 

@@ -21,6 +21,7 @@ from tests.engram.test_cli_up import ENGRAM, _env
 NOT_AGAINST_A_STOPPED_STACK = {
     ("up",): "starts a stack itself",
     ("demo",): "starts its own throw-away stack",
+    ("restore",): "starts the data dir's own servers itself; a running stack is refused (tests/engram/test_backup.py)",
 }
 NOT_AGAINST_A_KILLED_STACK = {
     ("serve",): "a service waits for NATS to come back (compose and Kubernetes start it before NATS)",
