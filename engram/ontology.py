@@ -44,6 +44,7 @@ ontology silently ignored would store untyped memory for days.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import re
@@ -108,6 +109,13 @@ class Ontology:
     def typed_attributes(self) -> bool:
         """Whether some entity type has fields (their values need graphiti's attribute prompt)."""
         return any(model.model_fields for model in self.entity_types.values())
+
+    def excluding(self, names: list[str] | tuple[str, ...]) -> Ontology:
+        """This ontology with ``names`` excluded as well (an episode's ``excluded_entity_types``)."""
+        if not names:
+            return self
+        return dataclasses.replace(self, excluded_entity_types=tuple(dict.fromkeys((*self.excluded_entity_types,
+                                                                                     *names))))
 
     def graphiti_entity_types(self) -> dict[str, type[BaseModel]] | None:
         return dict(self.entity_types) or None

@@ -70,6 +70,11 @@ class ExtractionOverride(_Model):
         "instructions, 'append' in graphiti's custom-instructions section after them. None: the extractor's "
         "ENGRAM_EXTRACTION_PREPROCESSING_MODE.",
     )
+    excluded_entity_types: list[Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]] = Field(
+        default_factory=list, max_length=50,
+        description="Entity types not to extract from this episode (Graphiti's excluded_entity_types): names of "
+        "the deployment's ontology (ENGRAM_ONTOLOGY), or Entity for the default type.",
+    )
 
 
 class ChatMessage(_Model):

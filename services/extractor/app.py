@@ -221,7 +221,8 @@ class Extractor:
             clients, episode, custom_instructions=instructions.graphiti_custom, previous_window=self.previous_window,
             chunking=self.extraction.chunking if self.extraction.chunking_enabled else None,
             restatement_similarity=self.restatement_similarity,
-            ontology=self.ontologies.for_group(episode.group_id),
+            ontology=self.ontologies.for_group(episode.group_id).excluding(
+                episode.extraction.excluded_entity_types if episode.extraction else ()),
         )
         for name, ms in result.timings.items():
             if name != "total_ms":

@@ -78,11 +78,14 @@ def chat_messages(group_id: str, messages: list[Message], now: datetime,
     return out
 
 
-def extraction_override(custom_extraction_instructions: str | None) -> ExtractionOverride | None:
-    """Graphiti's ``custom_extraction_instructions`` as engram's per-turn override; blank: none
-    (the configured preprocessing prompt stays)."""
+def extraction_override(custom_extraction_instructions: str | None,
+                        excluded_entity_types: list[str] | None = None) -> ExtractionOverride | None:
+    """Graphiti's ``custom_extraction_instructions`` and ``excluded_entity_types`` as engram's
+    per-turn override; neither: none (the configured preprocessing prompt stays)."""
     text = (custom_extraction_instructions or "").strip()
-    return ExtractionOverride(preprocessing_prompt=text) if text else None
+    if not text and not excluded_entity_types:
+        return None
+    return ExtractionOverride(preprocessing_prompt=text or None, excluded_entity_types=list(excluded_entity_types or []))
 
 
 def search_request(query: str, group_ids: list[str], max_facts: int, timeout_ms: int,
@@ -150,7 +153,8 @@ def triplet_request_episode(request: AddTripletRequest, at: datetime | None = No
 
 def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,
                  uuid: str | None, at: datetime, custom_extraction_instructions: str | None = None,
-                 request_id: str = "", saga: str | None = None, *, door: str) -> Episode:
+                 request_id: str = "", saga: str | None = None, *, door: str,
+                 excluded_entity_types: list[str] | None = None) -> Episode:
     """A whole episode (Graphiti's add_memory with source 'text' or 'json'; ``POST /episodes``),
     published straight to the episode stream like a promotion: it is a finished text, not a chat
     message waiting for its reply. Its turn id is ``<door>:`` and the client's ``uuid``, else a
@@ -180,5 +184,5 @@ def text_episode(group_id: str, name: str, body: str, source: str, source_descri
         completed_by="promotion",
         source_description=scrub_secrets(
             source_description or f"{door} add_memory ({source}{f', saga {saga}' if saga else ''})").text[:512],
-        extraction=extraction_override(scrub_secrets(custom_extraction_instructions or "").text),
+        extraction=extraction_override(scrub_secrets(custom_extraction_instructions or "").text, excluded_entity_types),
     )

@@ -190,6 +190,8 @@ class AddEpisodeRequest(_In):
     saga: str | None = Field(None, pattern=SESSION_ID_PATTERN, description="Graphiti's sequence of episodes: the "
                              "episode's session in engram.")
     custom_extraction_instructions: str | None = Field(None, max_length=MAX_EXTRACTION_INSTRUCTIONS_CHARS)
+    excluded_entity_types: list[Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]] = Field(
+        default_factory=list, max_length=50, description="Entity types not to extract from it (the ontology's names).")
 
 
 class EpisodeAdded(BaseModel):

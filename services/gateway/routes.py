@@ -203,7 +203,8 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             episode = mapping.text_episode(
                 request.group_id, request.name, request.episode_body, request.source, request.source_description,
                 request.uuid, request.reference_time or datetime.now(timezone.utc),
-                request.custom_extraction_instructions, saga=request.saga, door="rest")
+                request.custom_extraction_instructions, saga=request.saga, door="rest",
+                excluded_entity_types=request.excluded_entity_types)
         except ValueError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
         too_big = oversize_reason(episode, max_bytes, bus.max_payload())

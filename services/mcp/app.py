@@ -148,12 +148,23 @@ def create_mcp_server(tools: EngramTools) -> MCPServer:
         reference_time: Annotated[AwareDatetime | None, Field(
             description="When this was said or happened (ISO 8601 with a zone; Graphiti's argument): the episode's "
             "time, against which its relative dates are resolved and its facts become valid. Omitted: now.")] = None,
+        excluded_entity_types: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")]] | None,
+                                         Field(max_length=50, description="Entity types not to extract from this "
+                                               "memory (names of the deployment's ontology).")] = None,
+        previous_episode_uuids: Annotated[list[Annotated[str, Field(max_length=256)]] | None, Field(
+            max_length=50, description="Graphiti's argument, accepted and not used: engram reads the group's latest "
+            "turns as context.")] = None,
+        update_communities: Annotated[bool, Field(description="Graphiti's argument, accepted and not used: engram "
+                                                  "builds no communities (see build_communities).")] = False,
+        saga_previous_episode_uuid: Annotated[str | None, Field(max_length=256, description="Graphiti's argument, "
+                                              "accepted and not used: a saga's order is its session's.")] = None,
     ) -> dict:
         """Store a memory in group_id. source='message': one chat message of session group_id (role says who
         wrote it); it joins a turn, which becomes an episode. 'text' or 'json': a whole episode. Answers only
         after the broker stored it durably, with the ids it will have."""
         return await _run("add_memory", tools.add_memory(name, episode_body, group_id, source, source_description, uuid, role,
-                                           role_name, custom_extraction_instructions, reference_time, saga))
+                                           role_name, custom_extraction_instructions, reference_time, saga,
+                                           excluded_entity_types))
 
     @server.tool()
     async def search_memory_facts(

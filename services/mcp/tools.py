@@ -124,12 +124,13 @@ class EngramTools:
     async def add_memory(self, name: str, episode_body: str, group_id: str, source: str, source_description: str,
                          uuid: str | None, role: Literal["user", "assistant", "system"], role_name: str | None,
                          custom_extraction_instructions: str | None = None,
-                         reference_time: datetime | None = None, saga: str | None = None) -> dict:
+                         reference_time: datetime | None = None, saga: str | None = None,
+                         excluded_entity_types: list[str] | None = None) -> dict:
         at = reference_time or _utc_now()  # when it was said (Graphiti's reference_time): the episode's valid_at
         request_id = await self._request_id(group_id, uuid, [name, episode_body, source, source_description, role,
                                                              role_name, custom_extraction_instructions,
                                                              reference_time.isoformat() if reference_time else None,
-                                                             saga])
+                                                             saga, excluded_entity_types])
         if source == "message":
             if saga and saga != group_id:
                 raise ToolFailed("a message's saga is its chat session, which is group_id: give saga=group_id or none")
@@ -138,6 +139,9 @@ class EngramTools:
                               custom_extraction_instructions=custom_extraction_instructions)
             (chat,) = mapping.chat_messages(group_id, [message], at, idle_timeout_s=self.mcp.idle_timeout_s,
                                             request_id=request_id)
+            if excluded_entity_types:  # the turn this message opens is extracted without them
+                chat = chat.model_copy(update={"extraction": mapping.extraction_override(
+                    custom_extraction_instructions, excluded_entity_types)})
             too_big = oversize_reason(chat, self.settings.turn.max_message_bytes, self.bus.max_payload())
             if too_big:  # names the limit (engram/message_size.py)
                 raise ToolFailed(f"not stored: {too_big}")
@@ -159,7 +163,8 @@ class EngramTools:
             }
         try:
             episode = mapping.text_episode(group_id, name, episode_body, source, source_description, uuid, at,
-                                           custom_extraction_instructions, request_id, saga, door=EPISODE_SESSION_PREFIX)
+                                           custom_extraction_instructions, request_id, saga, door=EPISODE_SESSION_PREFIX,
+                                           excluded_entity_types=excluded_entity_types)
         except ValueError as exc:  # a json episode that is not JSON
             raise ToolFailed(str(exc)) from exc
         too_big = oversize_reason(episode, self.settings.turn.max_message_bytes, self.bus.max_payload())

@@ -147,8 +147,13 @@ class TypingLLM(ScriptedLLM):
             return answer
         ids = {name: int(i) for i, name in
                re.findall(r"'entity_type_id': (\d+), 'entity_type_name': '(\w+)'", block.group(1))}
-        for entity in answer["extracted_entities"]:
-            entity["entity_type_id"] = ids[self.types.get(entity["name"], "Entity")]
+        # a type the prompt does not list (excluded) is not one the model can answer with: the entity is left out
+        answer["extracted_entities"] = [
+            {**e, "entity_type_id": ids[self.types.get(e["name"], "Entity")]} for e in answer["extracted_entities"]
+            if self.types.get(e["name"], "Entity") in ids]
+        kept = {e["name"] for e in answer["extracted_entities"]}  # and no fact about what it left out
+        answer["edges"] = [e for e in answer["edges"]
+                           if e["source_entity_name"] in kept and e["target_entity_name"] in kept]
         return answer
 
     def _answer_Person(self, text: str) -> dict[str, Any]:
@@ -203,3 +208,29 @@ async def test_the_offline_rules_model_extracts_with_graphiti_mcp_types(env: Env
     result = await extract_episode(clients, env.episode("s1:t1", text, T1), custom_instructions="",
                                    previous_window=5, ontology=load_ontology("graphiti-mcp"))
     assert "Ada" in {n.name for n in result.nodes} and result.new_edges
+
+
+async def test_an_episode_excludes_entity_types(env: Env, tmp_path: Path) -> None:  # noqa: F811
+    """Graphiti's excluded_entity_types, per episode (ExtractionOverride, from MCP add_memory and
+    POST /episodes): the excluded type is not offered to the model, its entities are not stored."""
+    from datetime import datetime, timezone
+
+    from services.gateway.mapping import text_episode
+
+    path = tmp_path / "ontology.yaml"
+    path.write_text(YAML)
+    episode = text_episode(env.group_id, "note", TYPED_TEXT, "text", "", None, T1, None, door="rest",
+                           excluded_entity_types=["Organization"])
+    assert episode.extraction is not None and episode.extraction.excluded_entity_types == ["Organization"]
+    assert episode.extraction.preprocessing_prompt is None  # the configured prompt stays
+    ontology = load_ontology(str(path)).excluding(episode.extraction.excluded_entity_types)
+    assert ontology.excluded_entity_types == ("Organization",)
+    llm = TypingLLM(world={TYPED_TEXT: Turn(["Sam", "Acme", "Python"], [
+        ("Sam", "Acme", "WORKS_FOR", "Sam works for Acme."), ("Sam", "Python", "USES", "Sam uses Python.")])},
+        types={"Sam": "Person", "Acme": "Organization"}, attributes={"Sam": {"role": "data engineer"}})
+    clients = env.clients.model_copy(update={"llm_client": llm})
+    result = await extract_episode(clients, episode.model_copy(update={"reference_time": datetime.now(timezone.utc)}),
+                                   custom_instructions="", previous_window=5, ontology=ontology)
+    assert sorted(n.name for n in result.nodes) == ["Python", "Sam"]
+    assert "Organization" not in re.search(r"<ENTITY TYPES>(.*?)</ENTITY TYPES>", llm.prompts("CombinedExtraction")[0],
+                                           re.S).group(1)

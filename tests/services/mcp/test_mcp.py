@@ -265,3 +265,32 @@ def test_http_without_a_key_serves_loopback_only(tmp_path) -> None:  # noqa: ANN
     assert mcp_app.build(settings("0.0.0.0"), McpSettings(api_key=KEY)).api_key == KEY
     assert mcp_app.build(settings("0.0.0.0"), McpSettings(allow_no_auth=True)).api_key == ""
     assert mcp_app.build(settings("127.0.0.1"), McpSettings()).api_key == ""
+
+
+# Graphiti's MCP server (getzep/graphiti mcp_server/src/graphiti_mcp_server.py, read 2026-11-28): each
+# tool and its arguments. engram's tools/list must have all of them (extra tools and arguments allowed).
+GRAPHITI_TOOLS = {
+    "add_memory": {"name", "episode_body", "group_id", "source", "source_description", "uuid", "reference_time",
+                   "excluded_entity_types", "custom_extraction_instructions", "previous_episode_uuids",
+                   "update_communities", "saga", "saga_previous_episode_uuid"},
+    "search_nodes": {"query", "group_ids", "max_nodes", "entity_types", "center_node_uuid"},
+    "search_memory_facts": {"query", "group_ids", "max_facts", "center_node_uuid", "edge_types", "valid_at_after",
+                            "valid_at_before", "invalid_at_after", "invalid_at_before"},
+    "delete_entity_edge": {"uuid"}, "delete_episode": {"uuid"}, "get_entity_edge": {"uuid"},
+    "get_episodes": {"group_ids", "max_episodes"}, "summarize_saga": {"saga_name", "group_id"},
+    "build_communities": {"group_ids"},
+    "add_triplet": {"source_node_name", "edge_name", "fact", "target_node_name", "group_id", "source_node_uuid",
+                    "target_node_uuid"},
+    "get_episode_entities": {"episode_uuids"}, "clear_graph": {"group_ids"}, "get_status": set(),
+}
+
+
+async def test_every_graphiti_mcp_tool_with_its_arguments(tmp_path) -> None:  # noqa: ANN001
+    from engram.settings import EngramSettings
+
+    settings = EngramSettings(nats_url="nats://127.0.0.1:1", data_dir=tmp_path)  # listing tools connects to nothing
+    *_, server = mcp_app._parts(settings, McpSettings())
+    ours = {t.name: set((t.input_schema or {}).get("properties", {})) for t in await server.list_tools()}
+    missing = {tool: sorted(args - ours.get(tool, set())) for tool, args in GRAPHITI_TOOLS.items()
+               if tool not in ours or args - ours[tool]}
+    assert not missing, missing
