@@ -203,13 +203,17 @@ def _permissions(service: str, topology: Topology) -> Permissions:
         subjects.RECALL, *subjects.GRAPH_ADMIN_SUBJECTS, *subjects.MEMORY_SUBJECTS, subjects.CONTEXT,
     )
     if service == "gateway":
-        # plus the memory explorer's read of the summary-gate's decisions and audits (ENGRAM_SUMMARY)
-        return Permissions(publish=(*front_door, *_browse(subjects.STREAM_SUMMARY)), subscribe=(INBOX,))
+        # plus the memory explorer's read of the summary-gate's decisions and audits (ENGRAM_SUMMARY),
+        # and serving engram.triplet.add (answers go to the requesters' inboxes)
+        return Permissions(publish=(*front_door, *_browse(subjects.STREAM_SUMMARY)),
+                           subscribe=(INBOX, subjects.TRIPLET_ADD), allow_responses=True)
     if service == "mcp":
         return Permissions(publish=front_door, subscribe=(INBOX,))
     if service == "publisher":
         return Permissions(
-            publish=(_sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read),
+            # chat messages, and facts given whole (as powerful: both write a group's memory)
+            publish=(_sub(subjects.IN_MESSAGE), _sub(subjects.IN_CLOSE), *_stream_info(subjects.STREAM_IN), *epochs_read,
+                     subjects.TRIPLET_ADD),
             subscribe=(INBOX,),
         )
     if service == "sessions":

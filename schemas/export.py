@@ -20,6 +20,7 @@ from schemas import ALL_MODELS
 from schemas import memory
 from schemas.messages import ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
 from schemas.messages import SessionClosed, SessionIdle, SummaryAudit, SummaryEvent, SummaryTick
+from schemas.messages import TripletAddRequest
 from schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
@@ -109,6 +110,8 @@ CHANNELS: dict[str, tuple[str, Payload, str]] = {
                                "End a preference's current value."),
     "memorySessionsList": (subjects.MEMORY_SESSIONS_LIST, memory.ListSessionsRequest,
                            "Closed session segments with their hybrid summaries, newest first."),
+    "tripletAdd": (subjects.TRIPLET_ADD, TripletAddRequest,
+                   "Store a fact given whole, with no extraction pass (request/reply, served by the gateway)."),
     "memoryActivityLog": (subjects.MEMORY_ACTIVITY_LOG, memory.LogActivityRequest,
                           "Log an activity done for the user (request/reply; the oldest past the kept count go)."),
     "memoryActivitiesList": (subjects.MEMORY_ACTIVITIES_LIST, memory.ListActivitiesRequest,

@@ -376,6 +376,26 @@ class RecallResponse(_Model):
 # --- graph admin (request/reply on engram.graph.*, served by recall, used by the gateway) ----
 AdminStatus = Literal["ok", "not_found", "error"]
 """``error`` comes with a ``reason`` (``bad_request: ...`` or ``backend_error: <ExceptionType>``)."""
+
+
+class TripletAddRequest(_Model):
+    """Request on ``engram.triplet.add`` (served by the gateway): store a fact given whole in
+    ``group_id``, as POST /triplets and MCP ``add_triplet`` do -- for agents that speak NATS."""
+
+    schema_version: Literal[1] = 1
+    group_id: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")
+    triplet: TripletFact
+
+
+class TripletAddResponse(_Model):
+    schema_version: Literal[1] = 1
+    status: AdminStatus = "ok"
+    reason: str | None = Field(None, description="Why not stored: 'bad_request: <field>: <error>' or the broker's failure.")
+    group_id: str | None = None
+    episode_id: str | None = Field(None, description="The episode that stores it (engram.graph.episode.entities shows what it became).")
+    stored: bool = Field(False, description="False with status ok: the same triplet was already stored.")
+
+
 GRAPH_UUID = Field(min_length=1, max_length=256, description="A node or edge uuid (any string graphiti stored).")
 
 
@@ -596,4 +616,6 @@ ALL_MODELS: tuple[type[BaseModel], ...] = (
     GraphEntitiesResponse,
     GraphEpisodeEntitiesRequest,
     GraphEpisodeEntitiesResponse,
+    TripletAddRequest,
+    TripletAddResponse,
 )

@@ -92,6 +92,10 @@ MEMORY_SUBJECTS = (MEMORY_NOTE_SAVE, MEMORY_NOTE_DELETE, MEMORY_NOTES_LIST, MEMO
                    MEMORY_ACTIVITY_LOG, MEMORY_ACTIVITIES_LIST, MEMORY_ACTIVITY_DELETE,
                    MEMORY_FAVORITE_ADD, MEMORY_FAVORITES_LIST, MEMORY_FAVORITE_REMOVE)
 
+TRIPLET_ADD = "engram.triplet.add"
+"""TripletAddRequest -> TripletAddResponse: a fact given whole (served by the gateway; POST /triplets
+and MCP add_triplet are its other doors)."""
+
 # --- graph admin (NATS request/reply, served by the recall service; used by the gateway) ----
 GRAPH_EPISODES = "engram.graph.episodes"
 """GraphEpisodesRequest -> GraphEpisodesResponse: a group's latest episodes, newest first."""

@@ -5,7 +5,8 @@
 ``/healthz``, ``/readyz``, ``/asyncapi``), and the memory explorer page at ``/explorer``
 (explorer.py). The gateway never opens the graph: messages are published into the ENGRAM_IN stream (202 only after JetStream acknowledged each one), searches go
 to the recall service on ``engram.recall``, episode listing and deletes to its ``engram.graph.*``
-admin subjects. The broker has no subscribers; it is the NATS connection.
+admin subjects. The broker's one subscriber serves ``engram.triplet.add`` (a fact given whole, for
+agents that speak NATS: :func:`serve_triplets`); otherwise it is the NATS connection.
 
 Logs never carry message content or queries; access logs are off under ``engram serve``.
 """
@@ -23,12 +24,19 @@ from fastapi.responses import JSONResponse
 from faststream.asgi import AsgiFastStream
 from prometheus_client import Counter, Histogram
 
+from pydantic import ValidationError
+
 from engram.compat import route_unmatched_http
-from engram.service import ServiceApp, make_broker
+from engram.service import ServiceApp, make_broker, message_itself
+from engram.triplets import publish_triplet
+from schemas import subjects
+from schemas.messages import TripletAddRequest, TripletAddResponse
+from schemas.validation import error_locations
+from services.gateway import mapping
 from engram.settings import EngramSettings
 from services.gateway.bus import Bus
 from services.gateway.explorer import explorer_page_router
-from services.gateway.models import GROUP_ID_HELP
+from services.gateway.models import GROUP_ID_HELP, AddTripletRequest
 from services.gateway.routes import graphiti_router, health_router
 from services.gateway.settings import GatewaySettings, refuse_open_exposure
 
@@ -109,6 +117,45 @@ class GatewayService(ServiceApp):
         return app
 
 
+TRIPLET_REQUESTS = Counter(
+    "engram_gateway_triplet_requests_total",
+    "Triplets requested on engram.triplet.add, by outcome (stored, duplicate, bad_request, error).", ["outcome"],
+)
+for _outcome in ("stored", "duplicate", "bad_request", "error"):
+    TRIPLET_REQUESTS.labels(outcome=_outcome)
+
+
+async def add_triplet(body: bytes, bus: Bus) -> tuple[TripletAddResponse, str]:
+    """The answer to a TripletAddRequest and its outcome: stored as POST /triplets stores it
+    (engram/triplets.py), never raised; a bad request says where, never the content."""
+    try:
+        request = TripletAddRequest.model_validate_json(body)
+        rest = AddTripletRequest(group_id=request.group_id, source_node_name=request.triplet.source,
+                                 edge_name=request.triplet.relation, fact=request.triplet.fact,
+                                 target_node_name=request.triplet.target, valid_at=request.triplet.valid_at,
+                                 invalid_at=request.triplet.invalid_at)
+        episode = mapping.triplet_request_episode(rest)
+    except ValidationError as exc:
+        return TripletAddResponse(status="error", reason="bad_request: " + error_locations(exc, 5, root="body")), \
+            "bad_request"
+    except ValueError as exc:  # an entity name the graph cannot store (names the field, not the text)
+        return TripletAddResponse(status="error", reason=f"bad_request: {exc}"), "bad_request"
+    try:
+        stored = await publish_triplet(bus.jetstream(), episode)
+    except Exception as exc:  # noqa: BLE001 - answered: the requester retries
+        return TripletAddResponse(status="error", reason=f"backend_error: {type(exc).__name__}"), "error"
+    return (TripletAddResponse(group_id=episode.group_id, episode_id=episode.episode_id, stored=stored),
+            "stored" if stored else "duplicate")
+
+
+def serve_triplets(broker: Any, bus: Bus) -> None:
+    @broker.subscriber(subjects.TRIPLET_ADD, queue="gateway-triplets", title="triplet-add", decoder=message_itself)
+    async def on_triplet(msg: Any) -> TripletAddResponse:
+        response, outcome = await add_triplet(msg.body, bus)
+        TRIPLET_REQUESTS.labels(outcome=outcome).inc()
+        return response
+
+
 def build(settings: EngramSettings | None = None, gateway: GatewaySettings | None = None) -> GatewayService:
     settings = settings or EngramSettings()
     gateway = gateway or GatewaySettings()
@@ -116,6 +163,7 @@ def build(settings: EngramSettings | None = None, gateway: GatewaySettings | Non
     broker = make_broker(settings, service="gateway")
     bus = Bus(settings, broker, publish_timeout_s=gateway.publish_timeout_s)
     rest = create_rest_app(bus, settings, gateway)
+    serve_triplets(broker, bus)
     service = GatewayService(name="gateway", broker=broker, on_startup=[bus.start], rest=rest)
     service.bus = bus  # type: ignore[attr-defined]
     return service

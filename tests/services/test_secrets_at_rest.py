@@ -42,7 +42,7 @@ from schemas.memory import (
     SaveUserNoteRequest,
     SetUserPreferenceRequest,
 )
-from schemas.messages import RecallRequest, RecallScopes
+from schemas.messages import RecallRequest, RecallScopes, TripletAddRequest, TripletFact
 from tests.engram.test_cli_up import Up
 from tests.services.mcp.test_mcp import call
 
@@ -94,6 +94,7 @@ NATS_DOORS: dict[str, str] = {
     "GRAPH_ENTITY_SAVE": PLANTED,  # through POST /entity-node (the CLI's NATS user may not save entities)
     "GRAPH_ENTITIES": "a read; no text",
     "GRAPH_EPISODE_ENTITIES": "uuids; no text",
+    "TRIPLET_ADD": PLANTED,
 }
 REST_DOORS: dict[str, str] = {
     "GET /healthcheck": "no body",
@@ -215,7 +216,7 @@ async def _plant_over_nats(settings: EngramSettings) -> list[str]:
     memory = MemoryScopes(user="secrets-user")
     t0 = datetime.now(timezone.utc) - timedelta(minutes=5)
     chat, note, pref = _marker("nats chat"), _marker("nats note"), _marker("nats pref")
-    activity, favorite = _marker("nats activity"), _marker("nats favorite")
+    activity, favorite, triplet = _marker("nats activity"), _marker("nats favorite"), _marker("nats triplet")
     async with nats_connection(settings, name="secret-doors") as nc:
         js = nc.jetstream()
         messages = [
@@ -246,10 +247,13 @@ async def _plant_over_nats(settings: EngramSettings) -> list[str]:
         assert answer["status"] == "ok", answer
         answer = await ask(subjects.MEMORY_FAVORITE_ADD, AddFavoriteRequest(scopes=memory, item=f"{favorite}: {TOLD}"))
         assert answer["status"] == "ok", answer
+        answer = await ask(subjects.TRIPLET_ADD, TripletAddRequest(group_id="secret-door-nats", triplet=TripletFact(
+            source=f"{triplet} vault", relation="USES", target=f"key {KEY_ID}", fact=f"{triplet} vault stores {TOLD}")))
+        assert answer["status"] == "ok", answer
         await ask(subjects.RECALL, RecallRequest(query=f"what is the AWS secret? {TOLD}",
                                                  scopes=RecallScopes(session=session, workspace="secrets-ws")))
         await ask(subjects.CONTEXT, ContextRequest(scopes=memory, query=TOLD, identity=TOLD, skills=TOLD))
-    return [chat, note, pref, activity, favorite]
+    return [chat, note, pref, activity, favorite, triplet]
 
 
 async def _plant_over_rest(url: str) -> list[str]:

@@ -15,10 +15,10 @@ from tests.services.turn_detector.helpers import wait_for
 GROUP = "triplets-1"
 
 
-async def _facts(settings) -> list[dict]:  # noqa: ANN001
+async def _facts(settings, group: str = GROUP) -> list[dict]:  # noqa: ANN001
     graph = GraphDrivers(settings)
     try:
-        return await query_rows(await graph.driver(GROUP),
+        return await query_rows(await graph.driver(group),
                                 "MATCH (a:Entity)-[e:RELATES_TO]->(b:Entity) RETURN a.name AS source, e.name AS name, "
                                 "b.name AS target, e.fact AS fact, e.invalid_at AS invalid_at, e.expired_at AS expired_at")
     finally:
@@ -87,3 +87,36 @@ def test_a_triplet_s_secrets_never_reach_the_graph() -> None:
     # and the extractor scrubs again whatever door published it
     raw = episode.model_copy(update={"triplet": triplet})
     assert "Sup3rSecretValue" not in scrubbed_episode(raw).model_dump_json(exclude={"content"})
+
+
+async def test_a_triplet_over_nats_is_stored_like_one_over_rest(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """engram.triplet.add (served by the gateway), for agents that speak NATS: stored once, bad
+    input answered with where it is wrong, never with the content."""
+    import nats
+
+    from schemas import subjects
+    from schemas.messages import TripletAddRequest, TripletAddResponse
+
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    triplet = TripletFact(source="billing service", relation="USES", target="Postgres",
+                          fact="The billing service uses Postgres 15.")
+    async with pipeline(settings), serve_gateway(settings):
+        nc = await nats.connect(clean_nats)
+        try:
+            async def ask(body: bytes) -> TripletAddResponse:
+                return TripletAddResponse.model_validate_json((await nc.request(subjects.TRIPLET_ADD, body, timeout=15)).data)
+
+            request = TripletAddRequest(group_id=f"{GROUP}-nats", triplet=triplet).model_dump_json().encode()
+            first = await ask(request)
+            assert first.status == "ok" and first.stored and first.group_id == f"{GROUP}-nats", first
+            assert (await ask(request)).model_copy(update={"stored": True}) == first  # again: stored once
+            rows = await wait_for(lambda: _facts(settings, f"{GROUP}-nats"), 30, interval=0.2)
+            assert [(r["source"], r["name"], r["target"]) for r in rows] == [("billing service", "USES", "Postgres")]
+
+            bad = await ask(b'{"group_id": "g", "triplet": {"source": "it", "relation": "USES", "target": "x", '
+                            b'"fact": "Zq private words"}}')
+            assert bad.status == "error" and bad.reason.startswith("bad_request: source_node_name"), bad
+            worse = await ask(b'{"group_id": "no spaces allowed", "triplet": {}}')
+            assert worse.status == "error" and "group_id" in worse.reason and "Zq" not in worse.reason
+        finally:
+            await nc.close()
