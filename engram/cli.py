@@ -118,6 +118,9 @@ def up(data_dir: DataDir = None) -> None:
             table.add_row(svc.name, f"{svc.url}/metrics  {svc.url}/healthz")
             if svc.name == "gateway":
                 table.add_row("graphiti REST api", f"{svc.url}  (docs: {svc.url}/docs)")
+                # the gateway of `engram up` listens on loopback, with no API key unless one is set
+                key = "API key: ENGRAM_GATEWAY_API_KEY" if os.environ.get("ENGRAM_GATEWAY_API_KEY") else "no API key needed"
+                table.add_row("memory explorer", f"{svc.url}/explorer  ({key})")
             if svc.name == "mcp":
                 table.add_row("mcp (streamable http)", f"{svc.url}/mcp")
         print_table(console, table)

@@ -42,6 +42,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` can be bound on ``host`` now (a port remembered from an earlier run). With
+    SO_REUSEADDR, as the servers bind: the last run's connections in TIME_WAIT do not count, a
+    socket listening there does."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class ManagedProcess:
     name: str

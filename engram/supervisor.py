@@ -19,12 +19,13 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import nats
 
 from engram import auth
 from engram.datadir_lock import DataDirLock
-from engram.embedded import ManagedProcess, free_port, http_ok, spawn, start_falkordb, start_nats
+from engram.embedded import ManagedProcess, free_port, http_ok, port_is_free, spawn, start_falkordb, start_nats
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 
@@ -86,13 +87,13 @@ class Supervisor:
             if embedded_auth:  # one user per service, each allowed only its own subjects
                 self.nats_passwords = auth.embedded_passwords(self.data_dir)
                 config = auth.write_embedded_conf(self.data_dir, self.settings)
-            self.nats = start_nats(self.data_dir, port=self.settings.nats_port or None, config=config,
+            self.nats = start_nats(self.data_dir, port=self._port("nats", self.settings.nats_port), config=config,
                                    sync_interval=self.settings.nats_sync_interval)
             self.nats_url = self.nats.url
         if not self.graph_url and self.settings.graph_backend == "falkordb":
             if embedded_auth:
                 self.graph_password = auth.embedded_passwords(self.data_dir)["falkordb"]
-            self.falkordb = start_falkordb(self.data_dir, port=self.settings.graph_port or None,
+            self.falkordb = start_falkordb(self.data_dir, port=self._port("falkordb", self.settings.graph_port),
                                            password=self.graph_password,
                                            appendfsync=self.settings.graph_appendfsync)
             self.graph_url = self.falkordb.url
@@ -108,11 +109,39 @@ class Supervisor:
             await nc.close()
         for i, name in enumerate(self.service_names):
             # ENGRAM_HTTP_PORT is the first service's port; the next ones follow it.
-            svc = ServiceProcess(name, self.settings.http_port + i if self.settings.http_port else free_port())
+            svc = ServiceProcess(name, self._port(name, self.settings.http_port + i if self.settings.http_port else None)
+                                 or free_port())
             self.services.append(svc)
             self._spawn(svc)
         await asyncio.gather(*(self._wait_healthy(s) for s in self.services))
         self._write_runtime()
+        self._remember_ports()
+
+    # --- ports: the same across restarts of one data dir, unless taken ------------------------
+    @property
+    def _ports_file(self) -> Path:
+        return self.data_dir / "ports.json"
+
+    def _port(self, name: str, configured: int | None) -> int | None:
+        """The configured port, else the one this data dir used last time if it is free (so an
+        MCP host's config and an explorer bookmark keep working), else None: a new one."""
+        if configured:
+            return configured
+        try:
+            last = int(json.loads(self._ports_file.read_text()).get(name) or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+        return last if last and port_is_free(last) else None
+
+    def _remember_ports(self) -> None:
+        ports = {svc.name: svc.port for svc in self.services}
+        for name, url in (("nats", self.nats_url if self.nats else None),
+                          ("falkordb", self.graph_url if self.falkordb else None)):
+            if url:
+                ports[name] = int(url.rsplit(":", 1)[1].split("/")[0])
+        tmp = self._ports_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ports, indent=1))
+        tmp.replace(self._ports_file)
 
     def _env(self, svc: ServiceProcess) -> dict[str, str]:
         env = dict(os.environ)

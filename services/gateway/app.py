@@ -80,7 +80,8 @@ def create_rest_app(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
     )
     app.include_router(health_router())
     app.include_router(graphiti_router(bus, settings, gateway))
-    app.include_router(explorer_page_router())  # the memory explorer's static page (no data, no key)
+    # the memory explorer's static page (no data, no key), told whether the API wants one
+    app.include_router(explorer_page_router(api_key_required=gateway.api_key is not None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:

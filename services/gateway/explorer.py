@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -253,10 +254,13 @@ def _page_file(name: str) -> bytes:
     return resources.files("services.gateway").joinpath("explorer", name).read_bytes()
 
 
-def explorer_page_router() -> APIRouter:
-    """The page's static files (no API key: they hold no data). Read once, at start-up."""
+def explorer_page_router(api_key_required: bool = True) -> APIRouter:
+    """The page's static files (no API key: they hold no data). Read once, at start-up.
+    ``auth.json`` tells the page whether the gateway wants a key (no secret, no data): without one
+    (`engram up` on loopback) the page connects at once and says so."""
     html = _page_file("explorer.html")
     assets = {name: (_page_file(name), media) for name, media in PAGE_FILES.items()}
+    assets["auth.json"] = (json.dumps({"api_key_required": api_key_required}).encode(), "application/json")
     router = APIRouter(include_in_schema=False)
 
     @router.get("/explorer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -268,3 +269,35 @@ def test_restart_backoff_resets_after_a_stable_run() -> None:
     assert delays == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert restart_delay(STABLE_RUN_S + 1, quick) == (0.0, 0)
     assert [restart_delay(STABLE_RUN_S + 1, 0)[0] for _ in range(5)] == [0.0] * 5
+
+
+def test_a_data_dir_keeps_its_ports_across_restarts(tmp_path: Path) -> None:
+    """An MCP host's config and an explorer bookmark survive `engram up` being restarted: the data
+    dir's ports are reused when free (engram/supervisor.py, ports.json), a taken one is replaced."""
+    data = tmp_path / "engram"
+
+    def urls(runtime: dict) -> dict[str, str]:
+        return {"nats": runtime["nats_url"], "graph": runtime["graph_url"],
+                **{name: svc["url"] for name, svc in runtime["services"].items()}}
+
+    up = Up(data)
+    first = urls(up.runtime)
+    assert up.stop() == 0
+    up = Up(data)
+    try:
+        assert urls(up.runtime) == first
+    finally:
+        assert up.stop() == 0
+    # a port taken meanwhile by someone else: that part gets a new one, the others keep theirs
+    taken = int(first["gateway"].rsplit(":", 1)[1])
+    with socket.socket() as blocker:
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the last run's TIME_WAIT
+        blocker.bind(("127.0.0.1", taken))
+        blocker.listen()
+        up = Up(data)
+        try:
+            again = urls(up.runtime)
+        finally:
+            assert up.stop() == 0
+    assert again["gateway"] != first["gateway"]
+    assert {k: v for k, v in again.items() if k != "gateway"} == {k: v for k, v in first.items() if k != "gateway"}

@@ -389,4 +389,22 @@ document.addEventListener("DOMContentLoaded", () => {
     await loadUserMemory();
   }));
   status("Enter the API key (if the gateway has one) and connect.");
+  connectWithoutKeyIfAllowed();
 });
+
+// The gateway says whether it wants a key (explorer/auth.json: no data, no secret). Without one
+// (`engram up` on loopback) the page connects at once instead of asking for a key nobody has.
+async function connectWithoutKeyIfAllowed() {
+  try {
+    const response = await fetch("explorer/auth.json", { cache: "no-store", referrerPolicy: "no-referrer" });
+    if (!response.ok || (await response.json()).api_key_required) return;
+  } catch (_) {
+    return; // an older gateway: ask as before
+  }
+  $("api-key").placeholder = "not needed: this gateway has no API key";
+  $("api-key").disabled = true;
+  await guarded(async () => {
+    await loadGroups();
+    status("Connected: this gateway needs no API key. Pick a group.");
+  })(new Event("submit"));
+}

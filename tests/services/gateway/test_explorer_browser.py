@@ -290,3 +290,33 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
 
     for name in ("group.png", "entity.png", "search.png"):
         assert (shots / name).stat().st_size > 10_000, name
+
+
+async def test_a_gateway_without_a_key_is_opened_without_asking_for_one(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """`engram up`'s gateway has no API key (loopback): the page says so and connects at once."""
+    from playwright.async_api import async_playwright, expect
+
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    group = f"keyless-{uuid.uuid4().hex[:8]}"
+    async with pipeline(settings), serve_gateway(settings, GatewaySettings(idle_timeout_s=1)) as http:
+        assert (await http.get("/explorer/auth.json")).json() == {"api_key_required": False}
+        r = await http.post("/messages", json={"group_id": group, "messages": [
+            {"role_type": "user", "role": "Ada", "content": "I use FastAPI."},
+            {"role_type": "assistant", "role": "", "content": "Noted."}]})
+        assert r.status_code == 202, r.text
+        assert await wait_for(lambda: _has_group(http, group), 60, interval=0.5), "the group was not written in time"
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                await page.goto(f"{http.base_url}/explorer")
+                await expect(page.locator("#status")).to_contain_text("needs no API key")
+                await expect(page.locator(f"#group option[value='{group}']")).to_have_count(1)
+                assert await page.locator("#api-key").is_disabled()
+            finally:
+                await browser.close()
+
+
+async def _has_group(http, group: str) -> bool:  # noqa: ANN001
+    return group in (await http.get("/groups")).json()["group_ids"]
