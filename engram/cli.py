@@ -69,10 +69,22 @@ def _bad_parameter(exc: Exception, options: dict[str, str]) -> typer.BadParamete
     return typer.BadParameter(f"{shown}{first['msg']}", param_hint=f"'{option}'")
 
 
-def _settings(data_dir: Path | None = None) -> EngramSettings:
+def _settings(data_dir: Path | None = None, *, find_running: bool = True) -> EngramSettings:
+    """The settings of the stack a command talks to: ``--data-dir``, else the environment, else the
+    running stack engram/last_stack.py finds (said on stderr). ``find_running`` False for the
+    commands that start servers themselves (up, restore, demo)."""
     if data_dir is not None:
         return EngramSettings(data_dir=data_dir.expanduser().resolve())
-    return EngramSettings()
+    settings = EngramSettings()
+    if (find_running and "ENGRAM_DATA_DIR" not in os.environ and not settings.nats_url
+            and not settings.runtime_file.exists()):
+        from engram import last_stack
+
+        found = last_stack.running_data_dir()
+        if found is not None:
+            plain(err, f"using the stack running in {found} (the last `engram up`; --data-dir to choose)", style="dim")
+            return EngramSettings(data_dir=found)
+    return settings
 
 
 class Service(str, Enum):
@@ -102,7 +114,7 @@ def up(data_dir: DataDir = None) -> None:
     from engram.service import configure_logging
     from engram.supervisor import run_up
 
-    settings = _settings(data_dir)
+    settings = _settings(data_dir, find_running=False)
     configure_logging(settings.log_level)
 
     def ready(sup) -> None:  # noqa: ANN001
@@ -270,7 +282,7 @@ def restore(
     from engram.backup import BackupError, restore_into
     from engram.datadir_lock import DataDirLocked
 
-    settings = _settings(data_dir)
+    settings = _settings(data_dir, find_running=False)
     try:
         report = asyncio.run(restore_into(settings, directory))
     except BackupError as exc:
@@ -983,7 +995,7 @@ def demo(
     """Start engram, ingest a sample conversation, show the turns it built, stop."""
     from engram.demo import DEFAULT_DEMO_DIR, run_demo
 
-    raise typer.Exit(run_demo(_settings(data_dir or DEFAULT_DEMO_DIR), locomo, console))
+    raise typer.Exit(run_demo(_settings(data_dir or DEFAULT_DEMO_DIR, find_running=False), locomo, console))
 
 
 def main() -> None:  # pragma: no cover

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nats
 
-from engram import auth
+from engram import auth, last_stack
 from engram.datadir_lock import DataDirLock
 from engram.embedded import ManagedProcess, free_port, http_ok, port_is_free, spawn, start_falkordb, start_nats
 from engram.settings import EngramSettings
@@ -267,10 +267,12 @@ async def run_up(settings: EngramSettings, on_ready=None) -> int:  # noqa: ANN00
             loop.add_signal_handler(sig, sup.request_stop)
         try:
             await sup.start()
+            last_stack.remember(settings.data_dir)  # other commands find it without --data-dir
             if on_ready:
                 on_ready(sup)
             await sup.supervise()
         finally:
+            last_stack.forget(settings.data_dir)
             await asyncio.to_thread(sup.stop)
     finally:
         lock.release()

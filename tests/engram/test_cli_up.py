@@ -301,3 +301,25 @@ def test_a_data_dir_keeps_its_ports_across_restarts(tmp_path: Path) -> None:
             assert up.stop() == 0
     assert again["gateway"] != first["gateway"]
     assert {k: v for k, v in again.items() if k != "gateway"} == {k: v for k, v in first.items() if k != "gateway"}
+
+
+def test_commands_find_the_running_stack_without_its_data_dir(tmp_path: Path) -> None:
+    """`engram up --data-dir D` once; `engram status` and `engram recall` then find D on their own
+    (engram/last_stack.py), say so, and stop finding it once it stops."""
+    data = tmp_path / "somewhere-else"
+    env = {**_env(), "XDG_DATA_HOME": str(tmp_path / "xdg-data"), "XDG_STATE_HOME": str(tmp_path / "xdg-state")}
+
+    def bare(*args: str) -> subprocess.CompletedProcess:  # no --data-dir
+        return subprocess.run([*ENGRAM, *args], capture_output=True, text=True, env=env, timeout=60)
+
+    up = Up(data, env={"XDG_STATE_HOME": env["XDG_STATE_HOME"]})
+    try:
+        status = bare("status", "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["ok"] and f"using the stack running in {data}" in status.stderr
+        recalled = bare("recall", "anything", "--session", "s1")
+        assert recalled.returncode == 0 and "using the stack running in" in recalled.stderr, recalled.stderr
+    finally:
+        assert up.stop() == 0
+    gone = bare("status")
+    assert gone.returncode == 1 and "engram up" in gone.stderr and str(data) not in gone.stderr, gone.stderr
