@@ -343,11 +343,14 @@ def _print_status(result: dict) -> None:
         for cname, c in info["consumers"].items():
             streams.add_row("", cname, "", str(c["pending"]), str(c["ack_pending"]), str(c["redelivered"]))
     print_table(console, streams)
+    from engram.status import COUNT_MEANINGS
+
     counts = Table(title="counts")
     counts.add_column("what")
     counts.add_column("n", justify="right")
+    counts.add_column("counts")
     for k, v in result.get("counts", {}).items():
-        counts.add_row(k, str(v))
+        counts.add_row(k, str(v), Text(COUNT_MEANINGS.get(k, ""), style="dim"))
     print_table(console, counts)
     if result.get("summary_gate"):
         from engram.status import summary_caption, summary_gate_table
@@ -396,7 +399,8 @@ def recall(
 ) -> None:
     """Ask engram's recall service for memory about QUERY across session, workspace and user scopes.
 
-    Exits 1 when recall answered degraded (timeout or backend error; the answer may be empty)."""
+    Exits 1 when recall answered degraded (timeout or backend error; the answer may be empty), and
+    when none of the scopes holds any memory (a mistyped key, say)."""
     import re
 
     from pydantic import ValidationError
@@ -422,12 +426,28 @@ def recall(
                                    "min_similarity": "--min-similarity"}) from exc
     settings = _settings(data_dir)
 
-    async def ask() -> RecallResponse:
+    # the groups the request names: an answer with nothing is "no memory there at all" when none exists
+    named = {g for g in (subjects.session_group(settings.group_prefix, session) if session else None,
+                         subjects.workspace_group(settings.group_prefix, workspace) if workspace else None,
+                         subjects.user_group(settings.group_prefix, user) if user else None, *(group or [])) if g}
+
+    async def ask() -> tuple[RecallResponse, bool]:
+        from schemas.messages import GraphGroupsRequest, GraphGroupsResponse
+
         async with nats_connection(settings) as nc:
             reply = await nc.request(subjects.RECALL, request.model_dump_json().encode(), timeout=timeout_ms / 1000 + 2)
-        return RecallResponse.model_validate_json(reply.data)
+            answer = RecallResponse.model_validate_json(reply.data)
+            if answer.items or answer.degraded:
+                return answer, True
+            groups = await nc.request(subjects.GRAPH_GROUPS, GraphGroupsRequest().model_dump_json().encode(), timeout=10)
+            return answer, bool(named & set(GraphGroupsResponse.model_validate_json(groups.data).group_ids))
 
-    response = asyncio.run(ask())
+    response, any_memory = asyncio.run(ask())
+    if not any_memory:
+        where = ", ".join(f"{k} {v!r}" for k, v in (("session", session), ("workspace", workspace), ("user", user))
+                          if v) or "those groups"
+        raise CliError(f"no memory in {where}: nothing was ever stored there (check the key; `engram status`, "
+                       "or the explorer's group list, shows what exists)")
     if json_output:
         print_json(console, response.model_dump(mode="json"))
     else:

@@ -105,6 +105,23 @@ async def count_filtered(js, stream: str, filter_subject: str) -> int:  # noqa: 
         await js.delete_consumer(stream, info.name)
 
 
+COUNT_MEANINGS: dict[str, str] = {
+    "messages": "chat messages still in ENGRAM_IN: raw input is erased ENGRAM_PROCESSED_RETENTION_S after its turn "
+                "is stored (0 after a while is normal)",
+    "session_closes": "session close events still in ENGRAM_IN (erased like messages)",
+    "episodes": "episodes in ENGRAM_EPISODES: one per turn and scope (session, workspace, user), promotions, "
+                "text episodes and triplets",
+    "node_deltas": "entity changes sent to the summary-gate (ENGRAM_DELTAS): one per entity an episode touched",
+    "summary_decisions": "the summary-gate's refresh/skip decisions kept in ENGRAM_SUMMARY",
+    "summary_audits": "sampled skip audits kept in ENGRAM_SUMMARY",
+    "dead_letters": "messages set aside with a reason (engram dlq list)",
+    "sessions": "publisher sessions the turn-detector has seen",
+    "turns": "turns completed (user message + replies), over all sessions",
+    "open_turns": "turns still waiting for their reply or idle timeout",
+}
+"""What each of `engram status`'s counts counts (its table prints them next to the numbers)."""
+
+
 async def _turn_totals(js) -> dict[str, int]:  # noqa: ANN001
     """Sum per-session counters from the turn-detector's KV checkpoints.
 

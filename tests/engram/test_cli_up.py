@@ -317,8 +317,12 @@ def test_commands_find_the_running_stack_without_its_data_dir(tmp_path: Path) ->
         status = bare("status", "--json")
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["ok"] and f"using the stack running in {data}" in status.stderr
-        recalled = bare("recall", "anything", "--session", "s1")
-        assert recalled.returncode == 0 and "using the stack running in" in recalled.stderr, recalled.stderr
+        human = bare("status")  # each count says what it counts
+        assert human.returncode == 0 and "raw input is erased" in " ".join(human.stdout.split()), human.stdout
+        recalled = bare("recall", "anything", "--session", "no-such-session")
+        assert "using the stack running in" in recalled.stderr, recalled.stderr
+        # a scope with no memory at all (a mistyped key) is said, not answered "(no memory found)" with exit 0
+        assert recalled.returncode == 1 and "no memory in session 'no-such-session'" in recalled.stderr
     finally:
         assert up.stop() == 0
     gone = bare("status")
