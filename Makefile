@@ -17,11 +17,13 @@ STAMP := $(VENV)/.installed
 $(CORE_STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || test -n "$(PY)" || { echo "engram needs Python 3.11, 3.12 or 3.13 (none found; set PY=/path/to/python)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing engram (the default install: ~500 MB, no torch; the README's table) into $(VENV) ..."
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e .
 	touch $(CORE_STAMP)
 
 $(STAMP): $(CORE_STAMP)
+	@echo "installing the test extras into $(VENV): pytest, playwright, and torch (CPU) with sentence-transformers for the MiniLM tests: ~1.3 GB more, a few minutes ..."
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,local-models]"
 	touch $(STAMP)
 

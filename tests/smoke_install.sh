@@ -61,7 +61,13 @@ print(" ".join(sorted(names & {"torch", "sentence-transformers", "transformers",
 PY
 )
 [[ -z "$heavy" ]] || fail "the default install pulled model-extra packages: $heavy"
-echo "smoke: default install from $(basename "$WHEEL") ok in ${took}s, venv $(du -sh "$VENV" | cut -f1), no torch, no warnings"
+venv_mb=$(du -sm "$VENV" | cut -f1)
+echo "smoke: default install from $(basename "$WHEEL") ok in ${took}s, venv ${venv_mb} MB, no torch, no warnings"
+# The README's one install-size figure (its "default" row) is this measurement: kept within 15%.
+readme_mb=$(grep -oE '\| [0-9]+ MB, no torch \|' README.md | grep -oE '[0-9]+' | head -1)
+[[ -n "$readme_mb" ]] || fail "README.md's install table has no 'NNN MB, no torch' figure for the default install"
+(( venv_mb * 100 >= readme_mb * 85 && venv_mb * 100 <= readme_mb * 115 )) \
+    || fail "README.md says the default install is ${readme_mb} MB; measured ${venv_mb} MB: update the README's table"
 
 export GRAPHITI_TELEMETRY_ENABLED=false
 while read -r name; do unset "$name"; done < <(env | sed -n 's/^\(ENGRAM_[A-Z0-9_]*\)=.*/\1/p')
