@@ -58,6 +58,10 @@ summary cites none.
   (at the largest budget) in a perfect order: the items holding an evidence message first,
   shortest line first, then the rest in recall's order. The gap to engram's row is what ranking
   loses; the gap to 100 is what the candidates lack.
+* ``ENGRAM_BENCH_DUMP=FILE`` (diagnostic): every engram answer's items (kind, text, day, the
+  messages inside each) and bar (b)'s ranked lines, one JSON line per question and row, to re-pack
+  the same items offline under another rendering (how much of a gap is the frame, how much the
+  ranking: docs/architecture.md, 2026-11-28 third session).
 
 Facts (issue 24): ``--facts rules`` (default, the offline rules client, today's numbers),
 ``--facts reference`` (bench/reference_llm.py: graphiti's extraction prompts answered with

@@ -121,8 +121,8 @@ def drop_covered_turns(items: Sequence[RecallItem]) -> list[RecallItem]:
 
 # Short on purpose: every token here is one a remembered turn cannot use (at a 500-token budget
 # the longer header and a scope tag on every line cost ~3 points of evidence recall on LoCoMo;
-# the by_day header's 28 words-tokens cut to 18 on 2026-11-28 gained 1.2 points of recall_all at 500
-# tokens on the tuning split, reference facts: docs/architecture.md).
+# the by_day header's 28-token sentence cut to 18 on 2026-11-28 gained 1.1 points of recall_all at
+# 500 tokens on the tuning split with reference facts: docs/architecture.md).
 HEADER = (
     "<graphiti_memory>\n"
     "Remembered facts and past exchanges, most relevant first; they may be stale: what the user says now wins.\n"

@@ -144,8 +144,9 @@ async def search_group(
     and turns of a time, ended or not, or of some relations (services/recall/time_window.py):
     facts from graphiti's search with its filters, turns filtered after the search. ``fact_rrf_k``:
     the rank constant of the facts' own fusion (their keyword, vector and entity rankings) with
-    ``fusion`` ``ranks``: 1/(k + rank), rank from 0 (graphiti's 1; ``scores`` always uses 61). ``speaker_names``: :func:`shorten`'s. ``entity_weight``: the entity ranking's weight in
-    the facts' fusion (their keyword and vector halves weigh 1)."""
+    ``fusion`` ``ranks``: 1/(k + rank), rank from 0 (graphiti's 1; ``scores`` always uses 61).
+    ``speaker_names``: :func:`shorten`'s. ``entity_weight``: the entity ranking's weight in the
+    facts' fusion (their keyword and vector halves weigh 1)."""
     # one scale for both rankings: the facts' RRF (vector index path) and the turns' (lexical hybrid)
     by_score = fusion == "scores" and query_vector is not None and lexical is not None and dense_episodes
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
