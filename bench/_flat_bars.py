@@ -185,7 +185,7 @@ class BarStats:
 async def graph_bars(recall: Any, embedder: Any, prefix: str, corpora: Sequence[Any], budgets: Sequence[int],  # noqa: ANN401
                      count_tokens: Callable[[str], int], concurrency: int,
                      turn_vector_cache: dict[tuple[str, str], np.ndarray], embedder_name: str,
-                     limit: int = MAX_ITEMS) -> tuple[dict[str, dict[int, dict[Key, Outcome]]], BarStats]:
+                     limit: int = MAX_ITEMS, dump: list | None = None) -> tuple[dict[str, dict[int, dict[Key, Outcome]]], BarStats]:
     """Bars (b) and (c) for every question of ``corpora`` over the run's graph (``recall``: the
     run's recall service, for its graph drivers and its question vectors): bar -> budget ->
     question -> outcome, and what they saw."""
@@ -209,6 +209,7 @@ async def graph_bars(recall: Any, embedder: Any, prefix: str, corpora: Sequence[
             turn_vector_cache[key] = await unit_vectors(embedder, turn_texts)
         fact_lines, turn_lines = store_lines(graph.facts, graph.message_ids, turn_texts, corpus.turns, said)
         store = FlatStore(fact_lines, turn_lines, vectors, turn_vector_cache[key])
+        fact_set = set(fact_lines)
         stats.facts += len(fact_lines)
         stats.expired += graph.expired
         stats.turns += len(turn_lines)
@@ -216,7 +217,12 @@ async def graph_bars(recall: Any, embedder: Any, prefix: str, corpora: Sequence[
         for q in corpus.questions:
             v = query_vectors[q.text]
             v = v / (np.linalg.norm(v) or 1)
-            for b, outcome in score_lines(store.ranking(q.text, v), q.evidence, budgets, count_tokens).items():
+            ranked = store.ranking(q.text, v)
+            if dump is not None:  # diagnostic (ENGRAM_BENCH_DUMP): the lines that can reach the largest budget
+                dump.append({"row": BAR_STORE, "sample": q.sample, "question": q.text, "evidence": sorted(q.evidence),
+                             "lines": [{"text": line.text, "inside": sorted(line.inside),
+                                        "kind": "fact" if line in fact_set else "turn"} for line in ranked[:150]]})
+            for b, outcome in score_lines(ranked, q.evidence, budgets, count_tokens).items():
                 out[BAR_STORE][b][(q.sample, q.text)] = outcome
         stats.store_s += time.perf_counter() - started
 

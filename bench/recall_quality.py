@@ -58,6 +58,10 @@ summary cites none.
   (at the largest budget) in a perfect order: the items holding an evidence message first,
   shortest line first, then the rest in recall's order. The gap to engram's row is what ranking
   loses; the gap to 100 is what the candidates lack.
+* ``ENGRAM_BENCH_DUMP=FILE`` (diagnostic): every engram answer's items (kind, text, day, the
+  messages inside each) and bar (b)'s ranked lines, one JSON line per question and row, to re-pack
+  the same items offline under another rendering (how much of a gap is the frame, how much the
+  ranking: docs/architecture.md, 2026-11-28 third session).
 
 Facts (issue 24): ``--facts rules`` (default, the offline rules client, today's numbers),
 ``--facts reference`` (bench/reference_llm.py: graphiti's extraction prompts answered with
@@ -187,6 +191,9 @@ from services.recall.merge import Layout, fit_budget, line_costs, render_line, r
 from services.turn_detector import app as td_app  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
+# Diagnostic: ENGRAM_BENCH_DUMP=FILE writes every engram answer's items and bar (b)'s ranked lines
+# (JSON lines) for offline analysis of ranking against packing.
+DUMP: list[dict] | None = [] if os.environ.get("ENGRAM_BENCH_DUMP") else None
 
 Key = tuple[str, str]  # (sample, question text)
 
@@ -485,7 +492,8 @@ async def run_engram(name: str, embedder_settings: EmbedderSettings, graph_url: 
             bars_started = time.perf_counter()
             run.bars, run.bar_stats = await graph_bars(
                 recall.recall, bar_embedder or extractor.extractor.embedder, prefix, corpora, budgets, count_tokens, concurrency,
-                turn_vector_cache if turn_vector_cache is not None else {}, embedder_name or embedder_settings.provider)
+                turn_vector_cache if turn_vector_cache is not None else {}, embedder_name or embedder_settings.provider,
+                dump=DUMP)
             run.bars_s = time.perf_counter() - bars_started
         for knobs, this in zip(grid, runs):
             recall.recall.configure(rc_app.RecallSettings(**knobs))
@@ -519,6 +527,13 @@ async def ask_all(run: EngramRun, nc, corpora: list[Corpus], concurrency: int, b
         run.fact_items += sum(i.kind == "fact" for i in response.items)
         run.turn_items += sum(i.kind == "episode" for i in response.items)
         need = engram_need(response.items, q.evidence, said, count_tokens, max(budgets), layout)
+        if DUMP is not None:
+            DUMP.append({"row": run.name, "sample": q.sample, "question": q.text, "category": q.category,
+                         "evidence": sorted(q.evidence), "items": [
+                             {"kind": i.kind, "text": i.fact, "day": i.valid_at.date().isoformat() if i.valid_at else None,
+                              "invalid_at": i.invalid_at.isoformat() if i.invalid_at else None, "score": i.score,
+                              "episodes": [p.episode_id for p in i.provenance],
+                              "inside": sorted(item_inside(i, said))} for i in response.items]})
         perfect = oracle_order(response.items, q.evidence, said, count_tokens)
         perfect_need = engram_need(perfect, q.evidence, said, count_tokens, max(budgets), layout)
         for budget in budgets:
@@ -818,6 +833,11 @@ async def main(args: argparse.Namespace) -> int:
         finally:
             falkordb.stop()
 
+    if DUMP is not None:
+        import json
+        with open(os.environ["ENGRAM_BENCH_DUMP"], "w") as out:
+            for record in DUMP:
+                out.write(json.dumps(record) + "\n")
     labels = {"tuning": "TUNING split (knobs are chosen on it)", "report": "REPORT split (held out for tuning)",
               "other": "other conversations (not in the shared file: held out)"}
     for split in ("tuning", "report", "other"):

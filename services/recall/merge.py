@@ -104,16 +104,32 @@ def drop_covered_facts(items: Sequence[RecallItem]) -> list[RecallItem]:
     return out
 
 
+def drop_covered_turns(items: Sequence[RecallItem]) -> list[RecallItem]:
+    """``items`` without the past turns a fact extracted from them already stands for, ranked
+    above them: the fact (~10 tokens) says what the question found in the turn, and the turn's
+    line would take budget a further item needs (the converse of :func:`drop_covered_facts`)."""
+    covered: set[str] = set()
+    out: list[RecallItem] = []
+    for item in items:
+        if item.kind == "fact":
+            covered.update(p.episode_id for p in item.provenance)
+        elif item.uuid in covered:
+            continue
+        out.append(item)
+    return out
+
+
 # Short on purpose: every token here is one a remembered turn cannot use (at a 500-token budget
-# the longer header and a scope tag on every line cost ~3 points of evidence recall on LoCoMo).
+# the longer header and a scope tag on every line cost ~3 points of evidence recall on LoCoMo;
+# the by_day header's 28-token sentence cut to 18 on 2026-11-28 gained 1.1 points of recall_all at
+# 500 tokens on the tuning split with reference facts: docs/architecture.md).
 HEADER = (
     "<graphiti_memory>\n"
     "Remembered facts and past exchanges, most relevant first; they may be stale: what the user says now wins.\n"
 )
 HEADER_BY_DAY = (
     "<graphiti_memory>\n"
-    "Remembered facts and past exchanges under the day they were said, newest first; they may be stale: what the "
-    "user says now wins.\n"
+    "Memory by day, newest first; may be stale: what the user says now wins.\n"
 )
 FOOTER = "</graphiti_memory>"
 UNDATED = "undated"

@@ -12,6 +12,7 @@ message ids (stored on the Episodic node by the extractor)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,16 @@ class _Turn:
     created_at: Any
 
 
-def shorten(text: str, limit: int = EPISODE_CHARS) -> str:
+# a turn's speaker label as the turn-detector writes it (pairing.render_turn): "user (Caroline): "
+_NAMED_SPEAKER = re.compile(r"(?m)^(?:user|assistant|system|tool) \(([^()\n]{1,100})\): ")
+
+
+def shorten(text: str, limit: int = EPISODE_CHARS, speaker_names: bool = False) -> str:
+    """A past turn as recall shows it: whitespace collapsed, cut to ``limit`` characters.
+    ``speaker_names``: a speaker the turn names is labelled by the name alone ("Caroline: ",
+    not "user (Caroline): "); an unnamed one keeps its role ("user: ")."""
+    if speaker_names:
+        text = _NAMED_SPEAKER.sub(r"\1: ", text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -111,6 +121,9 @@ async def search_group(
     fact_lexical: LexicalEpisodes | None = None,
     fusion: str = "ranks",
     window: TimeWindow | None = None,
+    fact_rrf_k: int = 1,
+    speaker_names: bool = False,
+    entity_weight: float = 1.0,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
     ``query_vector`` may still be being computed (an awaitable, shared by the request's groups):
@@ -129,7 +142,11 @@ async def search_group(
     vector index path and of ``lexical``'s hybrid ranking, and falls back to ``ranks`` when the
     facts came from graphiti's own search (its scores are on another scale). ``window``: facts
     and turns of a time, ended or not, or of some relations (services/recall/time_window.py):
-    facts from graphiti's search with its filters, turns filtered after the search."""
+    facts from graphiti's search with its filters, turns filtered after the search. ``fact_rrf_k``:
+    the rank constant of the facts' own fusion (their keyword, vector and entity rankings) with
+    ``fusion`` ``ranks``: 1/(k + rank), rank from 0 (graphiti's 1; ``scores`` always uses 61).
+    ``speaker_names``: :func:`shorten`'s. ``entity_weight``: the entity ranking's weight in the
+    facts' fusion (their keyword and vector halves weigh 1)."""
     # one scale for both rankings: the facts' RRF (vector index path) and the turns' (lexical hybrid)
     by_score = fusion == "scores" and query_vector is not None and lexical is not None and dense_episodes
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
@@ -168,7 +185,8 @@ async def search_group(
             scored = await hybrid_fact_search_scored(clients, group_id, query, await resolved(query_vector), limit,
                                                      extra=[[u for u, _ in named]] if named else (),
                                                      min_cosine=min_cosine, keyword=keyword,
-                                                     rank_const=RRF_K + 1 if by_score else 1)
+                                                     rank_const=RRF_K + 1 if by_score else fact_rrf_k,
+                                                     extra_weight=entity_weight)
             if scored is not None:
                 return [e for e, _ in scored], [s for _, s in scored], [], True
         # graphiti's search: its scores (RRF with rank constant 1) are not the turns' scale
@@ -220,7 +238,7 @@ async def search_group(
     turns = [
         RecallItem(
             uuid=ep.uuid,
-            fact=shorten(ep.content, episode_chars),
+            fact=shorten(ep.content, episode_chars, speaker_names),
             kind="episode",
             scope=scope,  # type: ignore[arg-type]
             group_id=group_id,

@@ -175,9 +175,10 @@ def reorder(items: Sequence[RecallItem], found: dict[str, Supersession]) -> list
     return out
 
 
-def _turn_item(row: dict[str, Any], scope: str | None, group_id: str, chars: int) -> RecallItem:
+def _turn_item(row: dict[str, Any], scope: str | None, group_id: str, chars: int,
+               speaker_names: bool = False) -> RecallItem:
     return RecallItem(
-        uuid=row["uuid"], fact=shorten(row.get("content") or "", chars), kind="episode",
+        uuid=row["uuid"], fact=shorten(row.get("content") or "", chars, speaker_names), kind="episode",
         scope=scope,  # type: ignore[arg-type]
         group_id=group_id, valid_at=as_utc(row.get("valid_at")), created_at=as_utc(row.get("created_at")),
         provenance=[Provenance(episode_id=row["uuid"], message_ids=list(row.get("message_ids") or []))],
@@ -185,7 +186,8 @@ def _turn_item(row: dict[str, Any], scope: str | None, group_id: str, chars: int
 
 
 async def find_supersessions(driver: Any, group_id: str, scope: str | None, items: Sequence[RecallItem],
-                             episode_chars: int, now: datetime | None = None) -> dict[str, Supersession]:
+                             episode_chars: int, now: datetime | None = None,
+                             speaker_names: bool = False) -> dict[str, Supersession]:
     """turn uuid -> its :class:`Supersession`, for the turns among ``items`` (and, following the
     chain, the turns that superseded them) whose every fact was superseded."""
     now = now or datetime.now(timezone.utc)
@@ -212,7 +214,7 @@ async def find_supersessions(driver: Any, group_id: str, scope: str | None, item
                   if row["uuid"] != turn and own & set(row.get("entity_edges") or ())
                   and not any(row["uuid"] in ended_facts[u].episodes for u in own)]
             by.sort(key=lambda r: as_utc(r.get("valid_at")) or as_utc(r.get("created_at")) or now, reverse=True)
-            found[turn] = Supersession(at, [_turn_item(r, scope, group_id, episode_chars) for r in by])
+            found[turn] = Supersession(at, [_turn_item(r, scope, group_id, episode_chars, speaker_names) for r in by])
             newer += [r["uuid"] for r in by]
         pending = newer
     return found

@@ -155,10 +155,22 @@ async def fetch_facts(driver: Any, group_id: str, uuids: list[str]) -> list[Enti
     return [by_uuid[u] for u in uuids if u in by_uuid]
 
 
+def weighted_rrf(rankings: Sequence[Sequence[str]], weights: Sequence[float],
+                 rank_const: int = 1) -> tuple[list[str], list[float]]:
+    """graphiti's ``rrf`` (sum of 1/(rank + rank_const), rank from 0; ties in first-seen order)
+    with each ranking's terms times its weight."""
+    scores: dict[str, float] = {}
+    for ranking, weight in zip(rankings, weights):
+        for rank, uuid in enumerate(ranking):
+            scores[uuid] = scores.get(uuid, 0.0) + weight / (rank + rank_const)
+    ordered = sorted(scores.items(), key=lambda term: term[1], reverse=True)
+    return [u for u, _ in ordered], [s for _, s in ordered]
+
+
 async def hybrid_fact_search_scored(
     clients: Any, group_id: str, query: str, vector: list[float], limit: int,
     *, extra: Sequence[list[str]] = (), min_cosine: float | None = None, keyword: list[str] | None = None,
-    rank_const: int = 1,
+    rank_const: int = 1, extra_weight: float = 1.0,
 ) -> list[tuple[EntityEdge, float]] | None:
     """:func:`hybrid_fact_search` with each fact's RRF score (graphiti's ``edge_reranker_scores``).
     ``extra``: further rankings of edge uuids fused with the two (recall's entity-centric one);
@@ -166,7 +178,8 @@ async def hybrid_fact_search_scored(
     ``keyword``: the BM25 half already ranked (recall's own index over the facts' text), instead
     of the graph's fulltext query. ``rank_const``: RRF's constant, 1/(rank + rank_const) from rank
     0 (graphiti's 1; recall's score fusion passes 61, the usual k = 60, to put facts and turns on
-    one scale)."""
+    one scale). ``extra_weight``: each ``extra`` ranking's weight in the fusion (the two halves
+    weigh 1)."""
     if not query.strip() or limit <= 0:
         return []  # graphiti's search() answers an empty query with nothing
     driver = clients.driver
@@ -182,7 +195,9 @@ async def hybrid_fact_search_scored(
         nearest = await vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor)
     if nearest is None:
         return None
-    uuids, scores = rrf([keyword, [u for u, _ in nearest], *extra], rank_const=rank_const)
+    rankings = [keyword, [u for u, _ in nearest], *extra]
+    uuids, scores = weighted_rrf(rankings, [1.0, 1.0] + [extra_weight] * len(extra), rank_const) \
+        if extra_weight != 1.0 else rrf(rankings, rank_const=rank_const)
     score_of = dict(zip(uuids[:limit], scores[:limit]))
     edges = await fetch_facts(driver, group_id, uuids[:limit])
     return [(edge, score_of[edge.uuid]) for edge in edges]

@@ -1,5 +1,6 @@
 """Recall's structure over plain ranking: the turn that follows a matched one, and facts left out
-when the turn they came from is already in the answer (services/recall/lexical.py, merge.py)."""
+when the turn they came from is already in the answer, and turns left out when a fact of theirs
+is (services/recall/lexical.py, merge.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 from schemas import Provenance, RecallItem
 from services.recall.lexical import Doc, EpisodeIndex
-from services.recall.merge import drop_covered_facts
+from services.recall.merge import drop_covered_facts, drop_covered_turns
+from services.recall.search import shorten
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
@@ -43,3 +45,21 @@ def test_a_fact_is_dropped_only_when_every_source_turn_is_shown_above_it() -> No
     kept = [i.uuid for i in drop_covered_facts(items)]
     # f0 is above its turn; f2 needs e2 too, not yet shown; f4 has no provenance; f5's turn is not shown
     assert kept == ["f0", "e1", "f2", "e2", "f4", "f5"]
+
+
+def test_a_turn_is_dropped_only_when_a_fact_from_it_is_shown_above_it() -> None:
+    items = [episode("e0"), fact("f0", "e0"), fact("f1", "e1", "e2"), episode("e1"), fact("f2"), episode("e2"),
+             episode("e3"), fact("f3", "e3")]
+    kept = [i.uuid for i in drop_covered_turns(items)]
+    # e0 is above its fact; e1 and e2 came from f1, shown above them; e3's fact is below it
+    assert kept == ["e0", "f0", "f1", "f2", "e3", "f3"]
+    assert [i.uuid for i in drop_covered_turns(drop_covered_facts(items))] == ["e0", "f1", "f2", "e3"]
+
+
+def test_a_named_speaker_is_labelled_by_the_name_alone() -> None:
+    turn_text = "user (Caroline): I went to the support group\nyesterday.\n\nassistant (Melanie): How was it?"
+    assert shorten(turn_text) == "user (Caroline): I went to the support group yesterday. assistant (Melanie): How was it?"
+    assert shorten(turn_text, speaker_names=True) == "Caroline: I went to the support group yesterday. Melanie: How was it?"
+    # an unnamed speaker keeps its role; a label inside a line is text, not a speaker
+    assert shorten("user: see user (x): here\n\nassistant: ok", speaker_names=True) == "user: see user (x): here assistant: ok"
+    assert shorten("user (Caroline): " + "a" * 50, 30, speaker_names=True) == "Caroline: " + "a" * 19 + "…"

@@ -301,3 +301,15 @@ async def test_hybrid_fuses_a_keyword_only_and_a_vector_only_match_like_graphiti
         assert mine.fact_embedding is None  # never shipped
     assert [e.uuid for e in await hybrid_fact_search(clients, group, query, q, 1)] == [both.uuid]
     assert await hybrid_fact_search(clients, group, "   ", q, 10) == []
+
+
+def test_weighted_rrf_is_graphitis_rrf_at_equal_weights_and_weights_a_ranking() -> None:
+    from graphiti_core.search.search_utils import rrf
+
+    from services.recall.vector import weighted_rrf
+
+    rankings = [["a", "b", "c"], ["c", "d"], ["d", "a"]]
+    assert weighted_rrf(rankings, [1.0, 1.0, 1.0], 1) == rrf(rankings, rank_const=1)
+    assert weighted_rrf(rankings, [1.0, 1.0, 1.0], 61) == rrf(rankings, rank_const=61)
+    uuids, scores = weighted_rrf(rankings, [1.0, 1.0, 2.0], 1)
+    assert uuids == ["d", "a", "c", "b"] and scores[:2] == [2.5, 2.0]  # d: 1/2 + 2/1; a: 1/1 + 2/2
