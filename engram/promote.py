@@ -98,6 +98,7 @@ def promotion_episode(promotion: Promotion, prefix: str) -> Episode:
         completed_by="promotion",
         source_description=f"engram promotion ({label})",
         extraction=ExtractionOverride(preprocessing_prompt=instructions_for(promotion.kind), preprocessing_mode="append"),
+        scope_key=promotion.key,
     )
 
 

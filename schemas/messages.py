@@ -181,6 +181,9 @@ class Episode(_Model):
     triplet: TripletFact | None = Field(
         None, description="A fact given whole (MCP add_triplet, POST /triplets): stored as it is, with no "
         "extraction call; ``content`` is its sentence.")
+    scope_key: str | None = Field(
+        None, max_length=512, description="The session id, workspace key or user key the group belongs to (a "
+        "workspace's or user's is hashed in group_id): stored in the group's own graph so the explorer can name it.")
 
 
 class FactRef(_Model):
@@ -515,6 +518,7 @@ class GraphGroupsRequest(_Model):
     """Request on ``engram.graph.groups``: every group that holds a node (graphiti's "all groups")."""
 
     schema_version: Literal[1] = 1
+    with_names: bool = Field(False, description="Also name each group by its scope and key (one read per group).")
 
 
 class GraphGroupsResponse(_Model):
@@ -522,6 +526,8 @@ class GraphGroupsResponse(_Model):
     status: AdminStatus = "ok"
     reason: str | None = None
     group_ids: list[str] = Field(default_factory=list, description="Sorted.")
+    names: dict[str, str] = Field(default_factory=dict, description="With with_names: group id -> 'workspace acme', "
+                                  "'user ada@example.org', 'session s1' (groups whose key was recorded).")
 
 
 class GraphEntityNodeRequest(_Model):

@@ -71,7 +71,12 @@ from engram.topology import Topology, ensure_topology
 from schemas import Episode, NodeDelta, subjects
 from schemas.validation import error_locations
 from services.extractor.deltas import build_node_deltas, delta_message_id
-from services.extractor.pipeline import TripletRejected, deltas_for_existing_episode, extract_episode
+from services.extractor.pipeline import (
+    TripletRejected,
+    deltas_for_existing_episode,
+    extract_episode,
+    record_group_name,
+)
 from services.extractor.preprocessing import (
     ExtractionSettings,
     PrependingLLMClient,
@@ -114,6 +119,7 @@ class Extractor:
         self.extraction = ExtractionSettings()
         # ENGRAM_ONTOLOGY / _WORKSPACES: loaded here, so a spec that cannot load stops the start
         self.ontologies = ontologies or Ontologies.from_settings(OntologySettings(), settings.group_prefix)
+        self.named_groups: set[str] = set()  # groups whose name (scope and key) this process recorded
         self.llm = llm or build_llm(LLMSettings(), nats=lambda: broker.connection)  # the shared rate limit's KV
         # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/tracing.py)
         self.tracer = graphiti_tracing.graphiti_tracer("extractor")
@@ -224,6 +230,9 @@ class Extractor:
             ontology=self.ontologies.for_group(episode.group_id).excluding(
                 episode.extraction.excluded_entity_types if episode.extraction else ()),
         )
+        if episode.scope_key and episode.group_id not in self.named_groups:  # once per group and process
+            await record_group_name(clients.driver, episode)
+            self.named_groups.add(episode.group_id)
         for name, ms in result.timings.items():
             if name != "total_ms":
                 STAGE_SECONDS.labels(stage=name.removesuffix("_ms")).observe(ms / 1000)

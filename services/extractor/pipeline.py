@@ -380,6 +380,22 @@ async def record_episode_properties(driver: Any, episode: Episode, vector: list[
     )
 
 
+GROUP_LABEL = "EngramGroup"
+"""One node per group graph naming the group: its scope and the key its id hashes (the explorer's
+group list; recall's ``engram.graph.groups`` with names)."""
+
+
+async def record_group_name(driver: Any, episode: Episode) -> None:
+    """Name ``episode``'s group in its own graph (idempotent MERGE; the key stays inside the group's
+    data, never in a graph name, subject or metric, which carry the hash)."""
+    if not episode.scope_key:
+        return
+    await driver.execute_query(
+        f"MERGE (g:{GROUP_LABEL} {{group_id: $group_id}}) SET g.scope = $scope, g.key = $key, g.uuid = $group_id",
+        group_id=episode.group_id, scope=episode.scope, key=episode.scope_key,
+    )
+
+
 def build_episodic_node(episode: Episode, now: datetime) -> EpisodicNode:
     """The EpisodicNode of ``episode``: uuid = episode_id, valid_at = reference_time in UTC.
 

@@ -91,6 +91,8 @@ PathGroupId = Annotated[str, Path(pattern=GROUP_ID_PATTERN, min_length=1, max_le
 
 class GroupsResult(BaseModel):
     group_ids: list[str]
+    names: dict[str, str] = Field(default_factory=dict, description="Group id -> its scope and key, e.g. "
+                                  "'workspace acme' (groups extracted since engram recorded names).")
 
 
 class ExplorerFact(EntityEdgeResult):
@@ -203,7 +205,8 @@ def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -
     @router.get("/groups", response_model=GroupsResult, tags=["explorer"])
     async def groups() -> GroupsResult:
         """Every group that holds a node."""
-        return GroupsResult(group_ids=(await ask(subjects.GRAPH_GROUPS, GraphGroupsRequest(), GraphGroupsResponse)).group_ids)
+        answer = await ask(subjects.GRAPH_GROUPS, GraphGroupsRequest(with_names=True), GraphGroupsResponse)
+        return GroupsResult(group_ids=answer.group_ids, names=answer.names)
 
     @router.get("/entities/{group_id}", response_model=list[EntityNodeSummary], tags=["explorer"])
     async def entities(group_id: PathGroupId, limit: Annotated[int, Query(ge=1, le=1000)] = 100,

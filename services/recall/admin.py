@@ -145,6 +145,7 @@ def entity_attributes(props: Any) -> dict[str, Any]:
     if not isinstance(props, dict):
         return {}
     return {k: v for k, v in props.items() if k not in _NODE_PROPERTIES and not k.endswith("_embedding")}
+Q_GROUP_NAME = "MATCH (g:EngramGroup {group_id: $group_id}) RETURN g.scope AS scope, g.key AS key LIMIT 1"
 Q_ENTITIES_BY_UUID = f"MATCH (n:Entity) WHERE n.group_id = $group_id AND n.uuid IN $uuids RETURN {ENTITY_FIELDS}"
 Q_ENTITIES_NEWEST = (
     f"MATCH (n:Entity) WHERE n.group_id = $group_id RETURN {ENTITY_FIELDS} ORDER BY n.created_at DESC LIMIT $limit"
@@ -620,7 +621,14 @@ class GraphAdmin:
 
     async def groups(self, req: GraphGroupsRequest) -> GraphGroupsResponse:
         async with self._backend() as db:
-            return GraphGroupsResponse(group_ids=sorted(await db.non_empty_groups()))
+            group_ids = sorted(await db.non_empty_groups())
+            names: dict[str, str] = {}
+            if req.with_names:  # the extractor records each group's scope and key in its graph
+                for group_id in group_ids:
+                    rows = await db.read(group_id, Q_GROUP_NAME, group_id=group_id)
+                    if rows and rows[0].get("scope") and rows[0].get("key"):
+                        names[group_id] = f"{rows[0]['scope']} {rows[0]['key']}"
+            return GraphGroupsResponse(group_ids=group_ids, names=names)
 
     async def entities(self, req: GraphEntitiesRequest) -> GraphEntitiesResponse:
         """Entity nodes with their summaries (no name embedding): the named ones in the request's

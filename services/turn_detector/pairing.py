@@ -549,6 +549,9 @@ def episodes_for(turn: CompletedTurn, *, prefix: str, max_chars: int) -> list[Ep
             extraction=turn.extraction,
             stats=stats,
             first_published_at=turn.first_published_at,
+            # the key the group is named after (the explorer shows it; an explicit group has none)
+            scope_key=None if turn.scopes.group else {"session": turn.session_id, "workspace": turn.scopes.workspace,
+                                                      "user": turn.scopes.user}.get(scope),
         )
         for scope, group_id in scope_groups(prefix, turn.session_id, turn.scopes)
     ]

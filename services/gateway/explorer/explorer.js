@@ -293,9 +293,11 @@ function applyFilter() {
 }
 
 async function loadGroups() {
-  const { group_ids: groups } = await api("GET", "groups");
+  const { group_ids: groups, names = {} } = await api("GET", "groups");
   const select = $("group");
-  select.replaceChildren(...(groups.length ? groups.map((g) => el("option", { value: g }, g)) : [el("option", { value: "" }, "(no groups)")]));
+  // a group by its scope and key ("workspace acme") when known, its id after it
+  const label = (g) => (names[g] ? `${names[g]} (${g})` : g);
+  select.replaceChildren(...(groups.length ? groups.map((g) => el("option", { value: g }, label(g))) : [el("option", { value: "" }, "(no groups)")]));
   if (state.group && groups.includes(state.group)) select.value = state.group;
   status(`${groups.length} group(s).`);
 }

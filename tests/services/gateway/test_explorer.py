@@ -167,3 +167,36 @@ async def test_the_gateway_user_may_read_the_summary_log_and_nothing_more(secure
     finally:
         await gateway.nc.close()
         await admin.nc.close()
+
+
+async def test_groups_are_named_by_their_scope_and_key(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """A workspace's and a user's group ids are hashes; the explorer names them by the key the
+    extractor recorded in the group's own graph (EngramGroup), the session by its id."""
+    from schemas import ScopeKeys
+    from tests.services.gateway.test_gateway import pipeline
+    from tests.services.turn_detector.helpers import close, msg, publish, wait_for
+
+    settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
+    scopes = ScopeKeys(workspace="acme-repo", user="ada@example.org")
+    async with pipeline(settings), serve_gateway(settings) as http:
+        nc = await nats.connect(clean_nats)
+        try:
+            js = nc.jetstream()
+            await publish(js, msg("named-s1", "m1", "user", "Ada uses FastAPI for billing.", 0, scopes=scopes))
+            await publish(js, msg("named-s1", "m2", "assistant", "Noted.", 1, scopes=scopes))
+            await close(js, "named-s1")
+        finally:
+            await nc.close()
+
+        async def named() -> dict | None:
+            answer = (await http.get("/groups")).json()
+            return answer if len(answer["names"]) >= 3 else None
+
+        answer = await wait_for(named, 60, interval=0.5)
+        assert answer, "the groups were not named in time"
+        assert answer["names"] == {
+            subjects.session_group(settings.group_prefix, "named-s1"): "session named-s1",
+            subjects.workspace_group(settings.group_prefix, "acme-repo"): "workspace acme-repo",
+            subjects.user_group(settings.group_prefix, "ada@example.org"): "user ada@example.org",
+        }
+        assert "acme-repo" not in "".join(answer["group_ids"])  # the ids stay hashes
