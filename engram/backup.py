@@ -42,6 +42,7 @@ from typing import Any
 
 from engram.export import ExportError, export_lines, import_lines
 from engram.settings import EngramSettings
+from schemas import subjects
 
 FORMAT = "engram.backup/1"
 SNAPSHOT_API = "$JS.API.STREAM.SNAPSHOT.{}"
@@ -53,6 +54,23 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 
 class BackupError(RuntimeError):
     """A backup or restore that cannot go on (the message says which part and why)."""
+
+
+# Upstream first: a stage publishes downstream before it acks upstream, so a message acked in an
+# earlier snapshot has its output in a later one (or, consumed there too, in the graph read last).
+# The turn-detector: ENGRAM_IN -> its KV state and schedules -> ENGRAM_EPISODES and ENGRAM_SESSIONS;
+# the extractor: -> ENGRAM_DELTAS; the summary-gate: -> ENGRAM_SUMMARY; dead letters from all.
+PIPELINE_ORDER: tuple[str, ...] = (
+    subjects.STREAM_IN, f"KV_{subjects.KV_TURN_SESSIONS}", f"KV_{subjects.KV_SESSION_EPOCHS}", subjects.STREAM_SCHED,
+    f"KV_{subjects.KV_GATEWAY_REQUESTS}", subjects.STREAM_SESSIONS, subjects.STREAM_EPISODES,
+    f"KV_{subjects.KV_GROUP_ORDER}", subjects.STREAM_DELTAS, subjects.STREAM_SUMMARY, subjects.STREAM_DLQ,
+)
+
+
+def snapshot_order(names: list[str]) -> list[str]:
+    """``names`` upstream first (:data:`PIPELINE_ORDER`), any other stream after them by name."""
+    rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
+    return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
 
 
 @dataclass
@@ -114,7 +132,9 @@ async def restore_stream(nc: Any, meta: dict[str, Any], path: Path) -> dict[str,
     deliver = reply["deliver_subject"]
     with path.open("rb") as data:
         while chunk := data.read(CHUNK_BYTES):
-            await nc.request(deliver, chunk, timeout=30)  # each chunk is acknowledged
+            ack = await nc.request(deliver, chunk, timeout=30)  # each chunk is acknowledged: empty, or an error
+            if ack.data and (why := _api_error(json.loads(ack.data))) is not None:
+                raise BackupError(f"stream {stream}: the server stopped the restore ({why})")
     result = json.loads((await nc.request(deliver, b"", timeout=120)).data)
     if (why := _api_error(result)) is not None:
         raise BackupError(f"stream {stream}: the restore failed ({why})")
@@ -143,9 +163,8 @@ async def backup(settings: EngramSettings, nc: Any, directory: Path) -> BackupRe
     (directory / "graph").mkdir(exist_ok=True)
     report = BackupReport(directory)
     js = nc.jetstream()
-    # 1. every stream, with its consumers: what was acknowledged is what the graph must hold
-    for info in await js.streams_info():
-        name = info.config.name
+    # 1. every stream, with its consumers, upstream first: what was acknowledged is what the rest holds
+    for name in snapshot_order([info.config.name for info in await js.streams_info()]):
         if not _SAFE_NAME.match(name):
             raise BackupError(f"a stream name engram cannot write as a file: {name!r}")
         meta = await snapshot_stream(nc, name, directory / "jetstream" / f"{name}.snapshot")
@@ -180,6 +199,12 @@ async def restore(settings: EngramSettings, nc: Any, directory: Path) -> BackupR
     """Restore ``directory`` into the stack ``nc`` and ``settings`` reach, which must hold no memory:
     its streams may exist (``engram up`` creates them) but must be empty, and it has no graph."""
     manifest = read_manifest(directory)
+    for name in manifest["streams"]:  # every file there before anything is changed
+        if not _SAFE_NAME.match(str(name)):
+            raise BackupError(f"{directory}: the manifest names a stream engram cannot read as a file: {name!r}")
+        for suffix in (".json", ".snapshot"):
+            if not (directory / "jetstream" / f"{name}{suffix}").is_file():
+                raise BackupError(f"{directory}: jetstream/{name}{suffix} is missing: an incomplete backup")
     js = nc.jetstream()
     existing = {info.config.name: info for info in await js.streams_info()}
     full = sorted(name for name, info in existing.items() if info.state.messages)
@@ -188,16 +213,35 @@ async def restore(settings: EngramSettings, nc: Any, directory: Path) -> BackupR
     if await _falkordb_groups(settings):
         raise BackupError("the target's graph already holds groups: restore into a fresh data dir")
     report = BackupReport(directory)
-    for name in manifest["streams"]:
-        meta = json.loads((directory / "jetstream" / f"{name}.json").read_text())
-        if name in existing:  # the empty stream `engram up` made: the snapshot's replaces it
-            await js.delete_stream(name)
-        info = await restore_stream(nc, meta, directory / "jetstream" / f"{name}.snapshot")
-        report.streams[name] = int(info.get("state", {}).get("messages", 0))
-    for path in sorted((directory / "graph").glob("*.jsonl")):
-        written = await import_lines(settings, path.read_text().splitlines())
-        report.groups[written["group_id"]] = int(written.get("nodes", 0)) + int(written.get("edges", 0))
+    try:
+        for name in snapshot_order(list(manifest["streams"])):
+            meta = json.loads((directory / "jetstream" / f"{name}.json").read_text())
+            if name in existing:  # the empty stream `engram up` made: the snapshot's replaces it
+                await js.delete_stream(name)
+            info = await _restore_retrying(nc, meta, directory / "jetstream" / f"{name}.snapshot")
+            report.streams[name] = int(info.get("state", {}).get("messages", 0))
+        for path in sorted((directory / "graph").glob("*.jsonl")):
+            written = await import_lines(settings, path.read_text().splitlines())
+            report.groups[written["group_id"]] = int(written.get("nodes", 0)) + int(written.get("edges", 0))
+    except (BackupError, ExportError, OSError, ValueError) as exc:
+        raise BackupError(f"the restore stopped half way ({exc}): the target now holds part of the backup; "
+                          "remove its data dir and restore again") from exc
     return report
+
+
+async def _restore_retrying(nc: Any, meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    """restore_stream, retried while the server's store is not ready ("error creating store for
+    stream", right after the stream of that name was deleted: engram/topology.py's retry)."""
+    from engram.topology import STORE_BUSY_RETRIES
+
+    for delay in (*STORE_BUSY_RETRIES, None):
+        try:
+            return await restore_stream(nc, meta, path)
+        except BackupError as exc:
+            if delay is None or "10049" not in str(exc):
+                raise
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 async def restore_into(settings: EngramSettings, directory: Path) -> BackupReport:

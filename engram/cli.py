@@ -261,10 +261,15 @@ def backup(
         async with nats_connection(settings, name="engram-backup") as nc:
             return await run_backup(settings, nc, directory)
 
+    import nats.errors
+
     try:
         report = asyncio.run(run())
     except BackupError as exc:
         raise CliError(str(exc)) from exc
+    except nats.errors.TimeoutError as exc:  # an OSError too: said first, it is NATS that did not answer
+        raise CliError("NATS did not answer in time during the backup: is the stack overloaded? (`engram status`); "
+                       f"remove {directory} and run it again") from exc
     except (ConnectionError, OSError) as exc:
         raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
                        "running? (`engram status`)") from exc
@@ -289,6 +294,9 @@ def restore(
         raise CliError(str(exc)) from exc
     except DataDirLocked as exc:
         raise CliError(f"{exc}: stop it first (a restore writes the data dir's servers itself)") from exc
+    except (ConnectionError, OSError, RuntimeError) as exc:  # a server that would not start or answer
+        raise CliError(f"the restore could not run ({type(exc).__name__}: {exc}); nothing is kept half way only "
+                       "if it failed before the first stream: otherwise remove the data dir and restore again") from exc
     plain(console, f"restored {len(report.streams)} streams ({sum(report.streams.values())} messages) and "
                    f"{len(report.groups)} groups into {settings.data_dir}")
 

@@ -93,3 +93,36 @@ def test_backup_then_restore_into_a_fresh_dir_gives_the_same_memory(tmp_path: Pa
         assert [n["text"] for n in notes] == ["Prefers short answers"]
     finally:
         assert up.stop() == 0
+
+
+def test_streams_are_snapshotted_upstream_first() -> None:
+    """A stage publishes downstream before it acks upstream: ENGRAM_IN before the turn state before
+    the episodes before the deltas (JetStream lists streams by name, which is not that order)."""
+    from engram.backup import snapshot_order
+
+    listed = sorted(["ENGRAM_DELTAS", "ENGRAM_DLQ", "ENGRAM_EPISODES", "ENGRAM_IN", "ENGRAM_SCHED", "ENGRAM_SESSIONS",
+                     "ENGRAM_SUMMARY", "KV_engram_turn_sessions", "KV_engram_session_epochs", "OTHER"])
+    order = snapshot_order(listed)
+    assert order.index("ENGRAM_IN") < order.index("KV_engram_turn_sessions") < order.index("ENGRAM_EPISODES") \
+        < order.index("ENGRAM_DELTAS") < order.index("ENGRAM_SUMMARY")
+    assert order.index("ENGRAM_IN") < order.index("ENGRAM_SESSIONS") and order[-1] == "OTHER"
+
+
+async def test_a_backup_with_a_missing_or_strange_file_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    import pytest
+
+    from engram.backup import FORMAT, BackupError, restore
+    from engram.settings import EngramSettings
+
+    (tmp_path / "jetstream").mkdir()
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": FORMAT, "streams": {"ENGRAM_IN": 1}}))
+
+    class Untouched:  # no NATS call may be made before the files are checked
+        def jetstream(self):  # noqa: ANN202
+            raise AssertionError("the target was touched")
+
+    with pytest.raises(BackupError, match="jetstream/ENGRAM_IN.json is missing"):
+        await restore(EngramSettings(data_dir=tmp_path), Untouched(), tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": FORMAT, "streams": {"../../etc": 1}}))
+    with pytest.raises(BackupError, match="cannot read as a file"):
+        await restore(EngramSettings(data_dir=tmp_path), Untouched(), tmp_path)
