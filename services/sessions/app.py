@@ -184,7 +184,7 @@ class SessionCloser:
             return
         heartbeat = keep_alive(msg, self.settings.ack_wait_s)
         try:
-            outcome = await self.close(event)
+            outcome = await self.close(event, first_delivery=(raw.metadata.num_delivered or 1) <= 1)
         except Exception as exc:  # noqa: BLE001 - retried, then dead-lettered
             if await retry_or_dead_letter(
                 msg, exc, max_deliveries=self.max_deliveries, logger=log,
@@ -217,18 +217,20 @@ class SessionCloser:
         assert group is not None  # the session is always given
         return group
 
-    async def close(self, event: SessionSegmentClosed) -> str | Busy:
+    async def close(self, event: SessionSegmentClosed, *, first_delivery: bool = False) -> str | Busy:
         """Close one segment: ``closed``, ``duplicate`` (closed before) or :class:`Busy`."""
         group = self.group_of(event)
         now = self.clock()
         if event.segment > 0 and self.settings.session.previous_summaries > 0:
             # Segments close concurrently (replicas x slots), but a segment's summary chains the
-            # earlier ones: while a live worker is closing the previous segment of the same
-            # session, this one waits for it. Bounded by that close (its lease); a previous
-            # segment that failed, was released, or belongs to another group is not waited for.
-            held = await self.store.segment_claimed_at(group, session_id=event.session_id, segment=event.segment - 1,
-                                                       lease_s=self.lease_s, now=now)
-            if held is not None:
+            # earlier ones. The previous segment of the same session is published first: while a
+            # live worker closes it, this one waits (bounded by that close's lease); with no
+            # record of it yet, a first delivery waits once (two slots may have pulled both at
+            # once and it is about to be claimed). A previous segment that failed, was released,
+            # or belongs to another group is not waited for.
+            previous = await self.store.segment_state(group, session_id=event.session_id, segment=event.segment - 1,
+                                                      lease_s=self.lease_s, now=now)
+            if previous == "closing" or (previous is None and first_delivery):
                 PREVIOUS_WAITS.inc()
                 return Busy(max(0.5, min(self.busy_retry_s, 2.0)))
         claim = await self.store.claim_session(group, session_id=event.session_id, segment=event.segment,

@@ -247,11 +247,11 @@ class MemoryStore:
         return Claim(row["outcome"], token,
                      datetime.fromtimestamp(float(claimed_at), timezone.utc) if claimed_at is not None else None)
 
-    async def segment_claimed_at(self, group_id: str, *, session_id: str, segment: int, lease_s: float,
-                                 now: datetime | None = None) -> datetime | None:
-        """When a live worker claimed ``session_id``'s ``segment`` in the group: None unless that
-        segment is being closed right now (claimed less than ``lease_s`` ago). Closed, released,
-        unknown or in another group: None."""
+    async def segment_state(self, group_id: str, *, session_id: str, segment: int, lease_s: float,
+                            now: datetime | None = None) -> Literal["closing", "closed", "idle"] | None:
+        """Where ``session_id``'s ``segment`` stands in the group: ``closing`` (a live worker claimed
+        it less than ``lease_s`` ago), ``closed``, ``idle`` (released, or its worker's claim ran
+        out), or None (no record in this group: not picked up yet, or in another group)."""
         now = now or utc_now()
         driver = await self._reader(group_id)
         if driver is None:
@@ -259,11 +259,17 @@ class MemoryStore:
         rows = await query_rows(
             driver,
             f"MATCH (s:{SESSION}) WHERE s.group_id = $group_id AND s.session_id = $session_id "
-            "AND s.segment = $segment AND s.state = 'claimed' AND s.claimed_at_s > $stale_before "
-            "RETURN s.claimed_at_s AS claimed_at LIMIT 1",
-            group_id=group_id, session_id=session_id, segment=segment, stale_before=now.timestamp() - lease_s,
+            "AND s.segment = $segment RETURN s.state AS state, s.claimed_at_s AS claimed_at LIMIT 1",
+            group_id=group_id, session_id=session_id, segment=segment,
         )
-        return datetime.fromtimestamp(float(rows[0]["claimed_at"]), timezone.utc) if rows else None
+        if not rows:
+            return None
+        state, claimed_at = rows[0]["state"], rows[0]["claimed_at"]
+        if state == "closed":
+            return "closed"
+        if state == "claimed" and claimed_at is not None and float(claimed_at) > now.timestamp() - lease_s:
+            return "closing"
+        return "idle"
 
     async def save_session(self, group_id: str, record: SessionRecord, *, token: str | None = None) -> bool:
         """Write the closed segment's record and mark it closed. A record already closed is

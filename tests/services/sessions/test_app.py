@@ -311,3 +311,15 @@ async def test_a_segment_waits_for_its_sessions_previous_segment_to_chain_its_su
         await h.closed(second)
         summary_prompts = [text for name, text in llm.prompts if name == "sessions.summary"]
         assert len(summary_prompts) == 2 and json.dumps([one.summary], ensure_ascii=False) in summary_prompts[1]
+
+
+async def test_a_segment_whose_previous_one_is_not_picked_up_yet_waits_once(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
+    """Two slots may pull segments 0 and 1 at once: 1 finds no record of 0 yet. Its first delivery
+    waits (0 is about to be claimed); a later one goes on (0 may live in another group, or be lost)."""
+    llm = CountingLLM()
+    async with service(clean_nats, falkordb_server.url, tmp_path, llm) as h:
+        second = segment("early", ENGLISH[:2], segment=1, user="cem")
+        sessions = h.apps[0].sessions
+        outcome = await sessions.close(second, first_delivery=True)
+        assert isinstance(outcome, sessions_app.Busy) and llm.by_prompt == {}
+        assert await sessions.close(second, first_delivery=False) == "closed"
