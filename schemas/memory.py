@@ -210,7 +210,8 @@ class LogActivityRequest(_Model):
     scopes: MemoryScopes
     text: str = Field(min_length=1, max_length=2000)
     kind: str = Field("activity", pattern=ACTIVITY_KIND_PATTERN)
-    occurred_at: AwareDatetime | None = Field(None, description="When it happened; the time the request is served when unset.")
+    occurred_at: AwareDatetime | None = Field(None, description="When it happened (not in the future); the time the "
+                                              "request is served when unset.")
     activity_id: str | None = Field(
         None, pattern=TOKEN_PATTERN,
         description="The caller's id for this entry: a retried request with the same id is logged once. Without it, "

@@ -140,7 +140,9 @@ async def add_triplet(body: bytes, bus: Bus) -> tuple[TripletAddResponse, str]:
         return TripletAddResponse(status="error", reason="bad_request: " + error_locations(exc, 5, root="body")), \
             "bad_request"
     except ValueError as exc:  # an entity name the graph cannot store (names the field, not the text)
-        return TripletAddResponse(status="error", reason=f"bad_request: {exc}"), "bad_request"
+        # the REST model's field names, said in this contract's (TripletAddRequest.triplet.*)
+        reason = str(exc).replace("source_node_name", "triplet.source").replace("target_node_name", "triplet.target")
+        return TripletAddResponse(status="error", reason=f"bad_request: {reason}"), "bad_request"
     try:
         stored = await publish_triplet(bus.jetstream(), episode)
     except Exception as exc:  # noqa: BLE001 - answered: the requester retries

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -146,8 +146,15 @@ async def list_sessions(store: Store, prefix: str, request: ListSessionsRequest)
     return MemoryResponse(group_id=group, sessions=await store.last_sessions(group, request.limit))
 
 
+FUTURE_SKEW = timedelta(minutes=5)
+"""How far ahead of this service's clock an activity's ``occurred_at`` may be (clocks differ a little)."""
+
+
 async def log_activity(store: Store, prefix: str, request: LogActivityRequest) -> MemoryResponse:
     group = group_of(request.scopes, prefix)
+    if request.occurred_at is not None and request.occurred_at > datetime.now(timezone.utc) + FUTURE_SKEW:
+        # a future entry would stay first in the user context and never be pruned as it should
+        raise BadRequest("bad_request: occurred_at is in the future")
     activity = await store.log_activity(group, scrub_secrets(request.text).text, kind=request.kind,
                                         source=request.source, session_id=request.session_id,
                                         occurred_at=request.occurred_at, activity_id=request.activity_id)

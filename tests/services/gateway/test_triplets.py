@@ -115,7 +115,7 @@ async def test_a_triplet_over_nats_is_stored_like_one_over_rest(clean_nats, falk
 
             bad = await ask(b'{"group_id": "g", "triplet": {"source": "it", "relation": "USES", "target": "x", '
                             b'"fact": "Zq private words"}}')
-            assert bad.status == "error" and bad.reason.startswith("bad_request: source_node_name"), bad
+            assert bad.status == "error" and bad.reason.startswith("bad_request: triplet.source"), bad
             worse = await ask(b'{"group_id": "no spaces allowed", "triplet": {}}')
             assert worse.status == "error" and "group_id" in worse.reason and "Zq" not in worse.reason
         finally:

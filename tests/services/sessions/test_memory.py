@@ -222,3 +222,6 @@ async def test_activities_and_favorites_round_trip_and_reach_the_user_context(se
     assert bad.status == "error" and bad.reason.startswith("bad_request")
     bad_kind = await call(nc, subjects.MEMORY_ACTIVITY_LOG, b'{"scopes": {"user": "u"}, "text": "x", "kind": "Not A Kind"}')
     assert bad_kind.status == "error" and "kind" in bad_kind.reason
+    future = await call(nc, subjects.MEMORY_ACTIVITY_LOG, LogActivityRequest(
+        scopes=ada, text="x", occurred_at=datetime.now(timezone.utc) + timedelta(days=2)))
+    assert future.status == "error" and future.reason == "bad_request: occurred_at is in the future"
