@@ -183,10 +183,16 @@ def _model(kind: str, name: Any, description: Any, attributes: Any) -> type[Base
 
 def _named_list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
     items = data.get(key) or []
-    if isinstance(items, dict):  # {Name: {description, attributes}} is accepted too
-        items = [{"name": k, **(v or {})} for k, v in items.items()]
+    if isinstance(items, dict):  # {Name: {description, attributes}} is accepted too (the key is the name)
+        if not all(isinstance(v, dict) or v is None for v in items.values()):
+            raise OntologyError(f"{key}: each type maps to {{description, attributes}}")
+        items = [{**(v or {}), "name": k} for k, v in items.items()]
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise OntologyError(f"{key}: a list of {{name, description, attributes}}")
+    names = [i.get("name") for i in items]
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    if twice:
+        raise OntologyError(f"{key}: {', '.join(twice)} defined more than once")
     return items
 
 
@@ -205,9 +211,13 @@ def ontology_from_mapping(data: Any, name: str = "custom") -> Ontology:
     edge_types = {i.get("name"): _model("edge type", i.get("name"), i.get("description"), i.get("attributes"))
                   for i in _named_list(data, "edge_types")}
     edge_type_map: dict[tuple[str, str], list[str]] = {}
-    for row in data.get("edge_type_map") or []:
-        if not isinstance(row, dict) or not {"source", "target", "edge_types"} <= set(row):
-            raise OntologyError("edge_type_map: rows of {source, target, edge_types}")
+    rows = data.get("edge_type_map") or []
+    if not isinstance(rows, list):
+        raise OntologyError("edge_type_map: a list of {source, target, edge_types}")
+    for row in rows:
+        if not isinstance(row, dict) or not {"source", "target", "edge_types"} <= set(row) \
+                or not isinstance(row["edge_types"], list):
+            raise OntologyError("edge_type_map: rows of {source, target, edge_types: [names]}")
         for end in (row["source"], row["target"]):
             if end != "Entity" and end not in entity_types:
                 raise OntologyError(f"edge_type_map: {end!r} is not an entity type (nor Entity, any type)")
@@ -241,6 +251,11 @@ def _from_module(path: str) -> Ontology:
     if not entity_types and not edge_types:
         raise OntologyError(f"module {path!r} defines neither ENTITY_TYPES nor EDGE_TYPES")
     edge_type_map = {tuple(k): list(v) for k, v in dict(getattr(module, "EDGE_TYPE_MAP", {}) or {}).items()}
+    for (source, target), names in edge_type_map.items():
+        unknown = [n for n in (source, target) if n != "Entity" and n not in entity_types]
+        unknown += [n for n in names if n not in edge_types]
+        if unknown:
+            raise OntologyError(f"{path}.EDGE_TYPE_MAP names types it does not define: {', '.join(map(str, unknown))}")
     return Ontology(name=path, entity_types=entity_types, edge_types=edge_types,
                     edge_type_map=edge_type_map,  # type: ignore[arg-type]
                     excluded_entity_types=tuple(getattr(module, "EXCLUDED_ENTITY_TYPES", ()) or ()))

@@ -76,6 +76,8 @@ def test_a_yaml_file_in_graphiti_mcp_shape_with_attributes(tmp_path: Path) -> No
     ("edge_type_map: [{source: Person, target: Org, edge_types: [X]}]", "'Person' is not an entity type"),
     ("entity_types: []\nentities: []", "unknown keys"),
     ("- just a list", "holds a mapping"),
+    ("entity_types: [{name: Person}, {name: Person}]", "Person defined more than once"),
+    ("edge_types: [{name: USES}]\nedge_type_map: [{source: Entity, target: Entity, edge_types: USES}]", "[names]"),
 ])
 def test_a_spec_that_cannot_load_says_why(tmp_path: Path, text: str, why: str) -> None:
     path = tmp_path / "bad.yml"
