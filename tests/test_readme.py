@@ -59,6 +59,8 @@ def readme_blocks() -> list[Block]:
 RUN = {
     ("Using it", ". .venv/bin/activate"): "test_using_it_command",
     ("Publishing from your agent", "import asyncio"): "test_publish_example_against_a_running_stack",
+    ("Using it", "GW=$(engram status --json | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"services\"][\"gateway\"][\"url\"])')"):
+        "test_rest_walkthrough_against_a_running_stack",
 }
 NOT_RUN = {
     ("Two commands", "make demo"):
@@ -214,3 +216,15 @@ def test_publish_example_against_a_running_stack(stack: Path, tmp_path: Path) ->
     assert first.stdout.split() == ["s1", "stored", "s2", "stored"]
     again = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert again.stdout.split() == ["s1", "already", "stored", "s2", "already", "stored"]
+
+
+def test_rest_walkthrough_against_a_running_stack(stack: Path) -> None:
+    """The REST walkthrough, run as written by bash (curl -f: any non-2xx fails it), with `engram`
+    finding the stack on its own (the last `engram up`, engram/last_stack.py)."""
+    block = next(b for b in readme_blocks() if b.first_line.startswith("GW=$(engram status --json"))
+    env = {**_env(), "PATH": f"{ENGRAM.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    assert "Postgres 15" in out.stdout, out.stdout  # the search found the told fact
+    assert '"stored":true' in out.stdout.replace(" ", "") and "deleted" in out.stdout.lower(), out.stdout
