@@ -8,7 +8,8 @@ The lookup, in order (engram/cli.py ``_settings``):
 3. a stack running on the default data dir (``$XDG_DATA_HOME/engram``): that one;
 4. the data dir of the last ``engram up`` started on this machine by this user, while it runs:
    ``engram up`` writes it to ``$XDG_STATE_HOME/engram/last-up`` (``~/.local/state/engram``) once
-   ready and removes it when it stops; a stale one (its supervisor gone) is ignored;
+   ready and removes it when it stops; a stale one (its supervisor gone, the data dir's lock free)
+   is ignored;
 5. else the default data dir (and the command says no stack runs there).
 """
 
@@ -63,5 +64,11 @@ def running_data_dir() -> Path | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not _alive(pid) or not (data_dir / "engram-runtime.json").exists():
+        return None
+    # the data dir's lock is held while its `engram up` lives (and freed by the kernel when it is
+    # killed): a pid reused by another process after a SIGKILL does not pass
+    from engram.datadir_lock import lock_holder
+
+    if lock_holder(data_dir) is None:
         return None
     return data_dir

@@ -327,3 +327,26 @@ def test_commands_find_the_running_stack_without_its_data_dir(tmp_path: Path) ->
         assert up.stop() == 0
     gone = bare("status")
     assert gone.returncode == 1 and "engram up" in gone.stderr and str(data) not in gone.stderr, gone.stderr
+
+
+def test_a_killed_stack_is_not_found_by_the_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a SIGKILL the pointer and the runtime file stay behind; the data dir's lock does not,
+    so the lookup gives nothing even if the pid lives on (here: this test's own pid)."""
+    from engram import last_stack
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    data = tmp_path / "dead"
+    data.mkdir()
+    (data / "engram-runtime.json").write_text("{}")
+    last_stack.remember(data)  # records this (live) process's pid
+    assert last_stack.running_data_dir() is None  # nobody holds the data dir's lock
+    from engram.datadir_lock import DataDirLock
+
+    lock = DataDirLock(data)
+    lock.acquire()
+    try:
+        assert last_stack.running_data_dir() == data
+    finally:
+        lock.release()
+    last_stack.forget(data)
+    assert not last_stack.pointer_file().exists()
