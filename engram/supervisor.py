@@ -25,7 +25,7 @@ import nats
 
 from engram import auth, last_stack
 from engram.datadir_lock import DataDirLock
-from engram.embedded import ManagedProcess, free_port, http_ok, port_is_free, spawn, start_falkordb, start_nats
+from engram.embedded import EmbeddedServerError, ManagedProcess, free_port, http_ok, port_is_free, spawn, start_falkordb, start_nats
 from engram.settings import EngramSettings
 from engram.topology import Topology, ensure_topology
 
@@ -87,15 +87,29 @@ class Supervisor:
             if embedded_auth:  # one user per service, each allowed only its own subjects
                 self.nats_passwords = auth.embedded_passwords(self.data_dir)
                 config = auth.write_embedded_conf(self.data_dir, self.settings)
-            self.nats = start_nats(self.data_dir, port=self._port("nats", self.settings.nats_port), config=config,
-                                   sync_interval=self.settings.nats_sync_interval)
+            remembered = self._port("nats", self.settings.nats_port)
+            try:
+                self.nats = start_nats(self.data_dir, port=remembered, config=config,
+                                       sync_interval=self.settings.nats_sync_interval)
+            except EmbeddedServerError:
+                if not remembered or self.settings.nats_port:
+                    raise
+                # the remembered port was taken between the check and the bind: a new one
+                self.nats = start_nats(self.data_dir, port=None, config=config,
+                                       sync_interval=self.settings.nats_sync_interval)
             self.nats_url = self.nats.url
         if not self.graph_url and self.settings.graph_backend == "falkordb":
             if embedded_auth:
                 self.graph_password = auth.embedded_passwords(self.data_dir)["falkordb"]
-            self.falkordb = start_falkordb(self.data_dir, port=self._port("falkordb", self.settings.graph_port),
-                                           password=self.graph_password,
-                                           appendfsync=self.settings.graph_appendfsync)
+            remembered = self._port("falkordb", self.settings.graph_port)
+            try:
+                self.falkordb = start_falkordb(self.data_dir, port=remembered, password=self.graph_password,
+                                               appendfsync=self.settings.graph_appendfsync)
+            except EmbeddedServerError:
+                if not remembered or self.settings.graph_port:
+                    raise
+                self.falkordb = start_falkordb(self.data_dir, port=None, password=self.graph_password,
+                                               appendfsync=self.settings.graph_appendfsync)
             self.graph_url = self.falkordb.url
         options = self.settings.nats_options()
         if self.nats_passwords:
@@ -113,9 +127,23 @@ class Supervisor:
                                  or free_port())
             self.services.append(svc)
             self._spawn(svc)
-        await asyncio.gather(*(self._wait_healthy(s) for s in self.services))
+        await asyncio.gather(*(self._healthy_or_new_port(s, remembered=not self.settings.http_port)
+                               for s in self.services))
         self._write_runtime()
         self._remember_ports()
+
+    async def _healthy_or_new_port(self, svc: ServiceProcess, *, remembered: bool) -> None:
+        """Wait for ``svc``; one that died at start on a remembered port (taken between the check and
+        its bind) is started once more on a new one. A configured port is never changed."""
+        try:
+            await self._wait_healthy(svc)
+        except RuntimeError:
+            if not remembered or (svc.proc is not None and svc.proc.alive()):
+                raise
+            log.warning("%s did not start on its remembered port %d; trying a new one", svc.name, svc.port)
+            svc.port = free_port()
+            self._spawn(svc)
+            await self._wait_healthy(svc)
 
     # --- ports: the same across restarts of one data dir, unless taken ------------------------
     @property
