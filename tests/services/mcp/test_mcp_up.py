@@ -5,11 +5,15 @@ may do), finds its fact and clears the group, and the NATS server logs no permis
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import httpx2
 import pytest
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.engram.test_cli_up import Up
@@ -41,6 +45,15 @@ async def test_mcp_under_engram_up_with_least_privilege(tmp_path: Path) -> None:
             found = await call(session, "search_memory_facts", query="FastAPI pydantic", group_ids=["mcp-up"])
             assert any("FastAPI" in f["fact"] for f in found["facts"])
             await call(session, "clear_graph", group_id="mcp-up")
+        # an MCP host's stdio server with no engram setting at all finds the running stack (the README's
+        # host config under `engram up`: engram/last_stack.py)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+        env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")  # nothing on the default data dir
+        engram = shutil.which("engram", path=str(Path(sys.executable).parent))
+        params = StdioServerParameters(command=engram, args=["serve", "mcp", "--transport", "stdio"], env=env)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            assert (await call(session, "get_status"))["status"] == "ok"
         violations = [line for line in (tmp_path / "engram" / "logs" / "nats.log").read_text().splitlines()
                       if "Violation" in line]
         assert not violations, violations
