@@ -194,6 +194,12 @@ def topology(data_dir: DataDir = None) -> None:
     plain(console, f"topology ok: {streams} streams, their consumers and KV buckets")
 
 
+def _graph_unreachable(settings: EngramSettings, exc: BaseException) -> CliError:
+    """What export, import and backup say when the graph does not answer."""
+    return CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
+                    "running? (`engram status`)")
+
+
 @app.command()
 def export(
     group: Annotated[str, typer.Option(help="The group id to export (engram status lists groups; recall's answers "
@@ -212,8 +218,7 @@ def export(
     except ExportError as exc:
         raise CliError(str(exc)) from exc
     except (ConnectionError, OSError) as exc:
-        raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
-                       "running? (`engram status`)") from exc
+        raise _graph_unreachable(settings, exc) from exc
     text = "\n".join(lines) + "\n"
     if out is None:
         sys.stdout.write(text)
@@ -239,8 +244,7 @@ def import_(
     except ExportError as exc:
         raise CliError(f"{file}: {exc}") from exc
     except (ConnectionError, OSError) as exc:
-        raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
-                       "running? (`engram status`)") from exc
+        raise _graph_unreachable(settings, exc) from exc
     plain(console, f"imported {result['nodes']} nodes and {result['edges']} edges into {result['group_id']}")
 
 
@@ -271,8 +275,7 @@ def backup(
         raise CliError("NATS did not answer in time during the backup: is the stack overloaded? (`engram status`); "
                        f"remove {directory} and run it again") from exc
     except (ConnectionError, OSError) as exc:
-        raise CliError(f"cannot reach the graph of engram in {settings.data_dir} ({type(exc).__name__}): is it "
-                       "running? (`engram status`)") from exc
+        raise _graph_unreachable(settings, exc) from exc
     plain(console, f"backed up {len(report.streams)} streams ({sum(report.streams.values())} messages) and "
                    f"{len(report.groups)} groups to {directory}")
 

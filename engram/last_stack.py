@@ -19,6 +19,8 @@ import json
 import os
 from pathlib import Path
 
+from engram.embedded import pid_alive
+
 
 def pointer_file() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "engram" / "last-up"
@@ -46,16 +48,6 @@ def forget(data_dir: Path) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def running_data_dir() -> Path | None:
     """The data dir of the last `engram up` while its supervisor runs, else None."""
     try:
@@ -63,7 +55,7 @@ def running_data_dir() -> Path | None:
         data_dir, pid = Path(known["data_dir"]), int(known["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not _alive(pid) or not (data_dir / "engram-runtime.json").exists():
+    if not pid_alive(pid) or not (data_dir / "engram-runtime.json").exists():
         return None
     # the data dir's lock is held while its `engram up` lives (and freed by the kernel when it is
     # killed): a pid reused by another process after a SIGKILL does not pass

@@ -120,6 +120,12 @@ class Ontology:
     def graphiti_entity_types(self) -> dict[str, type[BaseModel]] | None:
         return dict(self.entity_types) or None
 
+    def graphiti_edge_types(self) -> dict[str, type[BaseModel]] | None:
+        return dict(self.edge_types) or None
+
+    def graphiti_excluded(self) -> list[str] | None:
+        return list(self.excluded_entity_types) or None
+
     def graphiti_edge_type_map(self, default: dict[tuple[str, str], list[str]]) -> dict[tuple[str, str], list[str]]:
         """The map graphiti's edge stages read: the ontology's, or every edge type between any two
         entities when it names none, or ``default`` (graphiti's) without edge types."""

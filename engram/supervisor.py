@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,29 +88,14 @@ class Supervisor:
             if embedded_auth:  # one user per service, each allowed only its own subjects
                 self.nats_passwords = auth.embedded_passwords(self.data_dir)
                 config = auth.write_embedded_conf(self.data_dir, self.settings)
-            remembered = self._port("nats", self.settings.nats_port)
-            try:
-                self.nats = start_nats(self.data_dir, port=remembered, config=config,
-                                       sync_interval=self.settings.nats_sync_interval)
-            except EmbeddedServerError:
-                if not remembered or self.settings.nats_port:
-                    raise
-                # the remembered port was taken between the check and the bind: a new one
-                self.nats = start_nats(self.data_dir, port=None, config=config,
-                                       sync_interval=self.settings.nats_sync_interval)
+            self.nats = self._start_server("nats", self.settings.nats_port, lambda port: start_nats(
+                self.data_dir, port=port, config=config, sync_interval=self.settings.nats_sync_interval))
             self.nats_url = self.nats.url
         if not self.graph_url and self.settings.graph_backend == "falkordb":
             if embedded_auth:
                 self.graph_password = auth.embedded_passwords(self.data_dir)["falkordb"]
-            remembered = self._port("falkordb", self.settings.graph_port)
-            try:
-                self.falkordb = start_falkordb(self.data_dir, port=remembered, password=self.graph_password,
-                                               appendfsync=self.settings.graph_appendfsync)
-            except EmbeddedServerError:
-                if not remembered or self.settings.graph_port:
-                    raise
-                self.falkordb = start_falkordb(self.data_dir, port=None, password=self.graph_password,
-                                               appendfsync=self.settings.graph_appendfsync)
+            self.falkordb = self._start_server("falkordb", self.settings.graph_port, lambda port: start_falkordb(
+                self.data_dir, port=port, password=self.graph_password, appendfsync=self.settings.graph_appendfsync))
             self.graph_url = self.falkordb.url
         options = self.settings.nats_options()
         if self.nats_passwords:
@@ -149,6 +135,18 @@ class Supervisor:
     @property
     def _ports_file(self) -> Path:
         return self.data_dir / "ports.json"
+
+    def _start_server(self, name: str, configured: int | None,
+                      start: Callable[[int | None], ManagedProcess]) -> ManagedProcess:
+        """``start(port)`` on the configured port, else the remembered one; a remembered port taken
+        between the check and the bind gets a new one (``start(None)``: random)."""
+        port = self._port(name, configured)
+        try:
+            return start(port)
+        except EmbeddedServerError:
+            if not port or configured:
+                raise
+            return start(None)
 
     def _port(self, name: str, configured: int | None) -> int | None:
         """The configured port, else the one this data dir used last time if it is free (so an

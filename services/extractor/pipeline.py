@@ -470,9 +470,9 @@ async def _extract_combined(
     nodes, edges, _ = await extract_nodes_and_edges(
         engram_clients(clients), episode_node, previous, custom_extraction_instructions=instructions or None,
         entity_types=ontology.graphiti_entity_types(),
-        excluded_entity_types=list(ontology.excluded_entity_types) or None,
+        excluded_entity_types=ontology.graphiti_excluded(),
         edge_type_map=ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP) if ontology.edge_types else None,
-        edge_types=dict(ontology.edge_types) or None,
+        edge_types=ontology.graphiti_edge_types(),
     )
     timings["extract_ms"] = _ms(start)
 
@@ -588,7 +588,7 @@ async def _extract_separate(
 ) -> _Extracted:
     start = perf_counter()
     extracted, _ = await extract_nodes(clients, episode_node, previous, ontology.graphiti_entity_types(),
-                                       list(ontology.excluded_entity_types) or None, instructions or None)
+                                       ontology.graphiti_excluded(), instructions or None)
     timings["extract_nodes_ms"] = _ms(start)
     kept = drop_unsafe_entities(extracted)
     dropped_entities = len(extracted) - len(kept)
@@ -612,7 +612,7 @@ async def _extract_separate(
         previous,
         ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP),
         episode_node.group_id,
-        dict(ontology.edge_types) or None,
+        ontology.graphiti_edge_types(),
         False,
         instructions or None,
     )
@@ -739,7 +739,7 @@ async def _extract_chunked(
     per_chunk = await semaphore_gather(
         *(
             extract_nodes(clients, _with_content(episode_node, chunk), previous, ontology.graphiti_entity_types(),
-                          list(ontology.excluded_entity_types) or None, instructions or None)
+                          ontology.graphiti_excluded(), instructions or None)
             for chunk in chunks
         )
     )
@@ -794,7 +794,7 @@ async def _extract_chunked(
         # it is given, so it gets a copy.
         edges, _ = await extract_edges(
             clients, text, list(group.entities), previous, ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP),
-            episode_node.group_id, dict(ontology.edge_types) or None, False, instructions or None,
+            episode_node.group_id, ontology.graphiti_edge_types(), False, instructions or None,
         )
         owned = set(group.owned_pairs)
         kept_edges = []

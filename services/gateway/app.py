@@ -36,7 +36,7 @@ from services.gateway import mapping
 from engram.settings import EngramSettings
 from services.gateway.bus import Bus
 from services.gateway.explorer import explorer_page_router
-from services.gateway.models import GROUP_ID_HELP, AddTripletRequest
+from services.gateway.models import GROUP_ID_HELP
 from services.gateway.routes import graphiti_router, health_router
 from services.gateway.settings import GatewaySettings, refuse_open_exposure
 
@@ -131,18 +131,13 @@ async def add_triplet(body: bytes, bus: Bus) -> tuple[TripletAddResponse, str]:
     (engram/triplets.py), never raised; a bad request says where, never the content."""
     try:
         request = TripletAddRequest.model_validate_json(body)
-        rest = AddTripletRequest(group_id=request.group_id, source_node_name=request.triplet.source,
-                                 edge_name=request.triplet.relation, fact=request.triplet.fact,
-                                 target_node_name=request.triplet.target, valid_at=request.triplet.valid_at,
-                                 invalid_at=request.triplet.invalid_at)
-        episode = mapping.triplet_request_episode(rest)
+        episode = mapping.triplet_fact_episode(request.group_id, request.triplet,
+                                               fields=("triplet.source", "triplet.target"))
     except ValidationError as exc:
         return TripletAddResponse(status="error", reason="bad_request: " + error_locations(exc, 5, root="body")), \
             "bad_request"
     except ValueError as exc:  # an entity name the graph cannot store (names the field, not the text)
-        # the REST model's field names, said in this contract's (TripletAddRequest.triplet.*)
-        reason = str(exc).replace("source_node_name", "triplet.source").replace("target_node_name", "triplet.target")
-        return TripletAddResponse(status="error", reason=f"bad_request: {reason}"), "bad_request"
+        return TripletAddResponse(status="error", reason=f"bad_request: {exc}"), "bad_request"
     try:
         stored = await publish_triplet(bus.jetstream(), episode)
     except Exception as exc:  # noqa: BLE001 - answered: the requester retries

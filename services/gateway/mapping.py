@@ -137,18 +137,24 @@ def edge_result(edge: GraphFact) -> EntityEdgeResult:
     return EntityEdgeResult(**edge.model_dump(exclude={"name"}), name=canonical_relation(edge.name) or edge.name)
 
 
-def triplet_request_episode(request: AddTripletRequest, at: datetime | None = None) -> Episode:
-    """The episode of a REST or MCP add_triplet (engram/triplets.py). ValueError for an entity
-    name the graph cannot store (only stopwords, pronouns or punctuation:
-    services/extractor/pipeline.py), naming the field."""
-    for field, name in (("source_node_name", request.source_node_name), ("target_node_name", request.target_node_name)):
+def triplet_fact_episode(group_id: str, triplet: TripletFact, *, fields: tuple[str, str] = ("source", "target"),
+                         at: datetime | None = None) -> Episode:
+    """The episode of a fact given whole (engram/triplets.py), from any door. ValueError for an
+    entity name the graph cannot store (only stopwords, pronouns or punctuation:
+    services/extractor/pipeline.py), naming the door's own field (``fields``: source, target)."""
+    for field, name in zip(fields, (triplet.source, triplet.target)):
         if not safe_entity_name(name):
             raise ValueError(f"{field}: the name is empty, punctuation or only stopwords/pronouns")
-    triplet = TripletFact(source=request.source_node_name.strip(), relation=request.edge_name.strip(),
-                          target=request.target_node_name.strip(), fact=request.fact.strip(),
-                          valid_at=request.valid_at, invalid_at=request.invalid_at)
-    return triplet_episode(request.group_id, triplet, at or datetime.now(timezone.utc),
-                           f"add_triplet ({triplet.relation})")
+    triplet = triplet.model_copy(update={"source": triplet.source.strip(), "relation": triplet.relation.strip(),
+                                         "target": triplet.target.strip(), "fact": triplet.fact.strip()})
+    return triplet_episode(group_id, triplet, at or datetime.now(timezone.utc), f"add_triplet ({triplet.relation})")
+
+
+def triplet_request_episode(request: AddTripletRequest, at: datetime | None = None) -> Episode:
+    """The episode of a REST or MCP add_triplet (:func:`triplet_fact_episode`)."""
+    triplet = TripletFact(source=request.source_node_name, relation=request.edge_name, target=request.target_node_name,
+                          fact=request.fact, valid_at=request.valid_at, invalid_at=request.invalid_at)
+    return triplet_fact_episode(request.group_id, triplet, fields=("source_node_name", "target_node_name"), at=at)
 
 
 def text_episode(group_id: str, name: str, body: str, source: str, source_description: str,

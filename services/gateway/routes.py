@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response, Security, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -61,6 +62,8 @@ from services.gateway.models import (
     TripletResult,
 )
 from services.gateway.settings import GatewaySettings
+
+T = TypeVar("T")
 
 DEGRADED_HEADER = "X-Engram-Recall-Degraded"
 SEARCH_ALL_CONCURRENCY = 8
@@ -175,19 +178,24 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             raise _raise(exc) from exc
         return Result(message="Messages added to processing queue", success=True)
 
+    async def _confirmed(what: str, publish: Callable[[], Awaitable[T]]) -> T:
+        """``publish()``'s result once the broker confirmed it; a 503 (retry) when it did not or is
+        not known to have (promotions, whole episodes, triplets: one translation for all)."""
+        try:
+            return await publish()
+        except BusError as exc:
+            raise _raise(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - not known to be stored
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                f"the message broker did not confirm the {what} ({type(exc).__name__}); retry") from exc
+
     @router.post("/promote", status_code=status.HTTP_202_ACCEPTED, response_model=PromoteResult, tags=["ingest"],
                  responses={503: {"description": "The broker did not confirm the promotion: retry."}})
     async def promote(promotion: Promotion) -> PromoteResult:
         """Store a decision, lesson_learned, preference or procedure in the workspace or user scope,
         or a task_update or repo_state in the workspace scope (seed 003). It is extracted like a turn, with the canonical relation vocabulary; promoting
         the same text twice stores it once."""
-        try:
-            episode = await publish_promotion(bus.jetstream(), promotion, settings.group_prefix)
-        except BusError as exc:
-            raise _raise(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - not known to be stored
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                f"the message broker did not confirm the promotion ({type(exc).__name__}); retry") from exc
+        episode = await _confirmed("promotion", lambda: publish_promotion(bus.jetstream(), promotion, settings.group_prefix))
         return PromoteResult(group_id=episode.group_id, episode_uuid=episode.episode_id)
 
     @router.post("/episodes", status_code=status.HTTP_202_ACCEPTED, response_model=EpisodeAdded, tags=["ingest"],
@@ -210,13 +218,7 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         too_big = oversize_reason(episode, max_bytes, bus.max_payload())
         if too_big:
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big)
-        try:
-            stored = await publish_episode(bus.jetstream(), episode)
-        except BusError as exc:
-            raise _raise(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - not known to be stored
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                f"the message broker did not confirm the episode ({type(exc).__name__}); retry") from exc
+        stored = await _confirmed("episode", lambda: publish_episode(bus.jetstream(), episode))
         return EpisodeAdded(group_id=episode.group_id, episode_uuid=episode.episode_id, turn_id=episode.turn_id,
                             stored=stored)
 
@@ -232,13 +234,7 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
             episode = mapping.triplet_request_episode(request)
         except ValueError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
-        try:
-            stored = await publish_triplet(bus.jetstream(), episode)
-        except BusError as exc:
-            raise _raise(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - not known to be stored
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                f"the message broker did not confirm the triplet ({type(exc).__name__}); retry") from exc
+        stored = await _confirmed("triplet", lambda: publish_triplet(bus.jetstream(), episode))
         return TripletResult(group_id=episode.group_id, episode_uuid=episode.episode_id, stored=stored)
 
     @router.post("/entity-node", status_code=status.HTTP_201_CREATED, response_model=EntityNodeResult,
