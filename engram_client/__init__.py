@@ -3,13 +3,14 @@
 Why: an agent that only publishes turns had to install all of engram (~490 MB: graphiti, the
 graph drivers, the local models' runtime) to get ``ChatMessage`` and the dedupe id. The
 ``engram-client`` distribution (clients/python/, built by tools/build_client.py) holds this
-module and ``schemas`` (engram's only contract) and needs pydantic and nats-py alone; engram's
+module and, inside it, ``engram_client.schemas`` (engram's only contract: the same files as
+``engram.schemas``, never a top-level ``schemas``) and needs pydantic and nats-py alone; engram's
 own wheel carries the same module, so code written against it runs in either.
 
-What it does, as engram's own publishers do (engram/ingest.py):
+What it does, as engram's own publishers do (engram/publishing/ingest.py):
 
 * the subject of the session (``engram.in.message.<session>``, ``engram.in.close.<session>``);
-* the ``Nats-Msg-Id`` of :func:`schemas.subjects.message_dedupe_id`, with the session's epoch
+* the ``Nats-Msg-Id`` of :func:`engram.schemas.subjects.message_dedupe_id`, with the session's epoch
   read from the ``engram_session_epochs`` bucket (after a delete, a re-sent message is stored
   again instead of being dropped as a duplicate of the deleted copy);
 * waits for each PubAck, so a message is stored durably (or known to be a duplicate) when the
@@ -20,6 +21,7 @@ What it does, as engram's own publishers do (engram/ingest.py):
   (optional: engram's services then continue the agent's trace), nothing otherwise.
 
     from engram_client import Publisher
+    from engram_client.schemas import ChatMessage
     publisher = await Publisher.connect("nats://engram-publisher:PASSWORD@127.0.0.1:4222")
     stored = await publisher.message(ChatMessage(...))   # False: already stored (a retry)
     await publisher.close_session("s1")
@@ -37,7 +39,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from schemas import ChatMessage, SessionClosed, subjects
+from .schemas import ChatMessage, SessionClosed, subjects
 
 __all__ = ["Publisher", "TRANSIENT_ERRORS", "read_epoch"]
 
@@ -50,11 +52,11 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.js.errors.ServiceUnavailableError,
 )
 """Publish failures worth a retry: the server or the stream's leader is (re)starting (engram
-ingest retries the same ones: engram/ingest.py)."""
+ingest retries the same ones: engram/publishing/ingest.py)."""
 
 
 async def read_epoch(kv: Any, session_id: str) -> int:
-    """A session's epoch in the ``engram_session_epochs`` bucket ``kv`` (engram/epochs.py writes
+    """A session's epoch in the ``engram_session_epochs`` bucket ``kv`` (engram/runtime/epochs.py writes
     them): 0 when none, deleted, or not a number."""
     try:
         entry = await kv.get(session_id)

@@ -205,7 +205,7 @@ def test_publish_example_against_a_running_stack(stack: Path, tmp_path: Path) ->
     block = next(b for b in readme_blocks() if b.heading == "Publishing from your agent" and b.language == "python")
     status = run_engram(["status", "--json", "--data-dir", str(stack)])
     url = json.loads(status.stdout)["parts"]["nats"]["url"]  # where the README says the URL is
-    # ... and the publisher user's password (engram up's NATS has one user per service, engram/auth.py)
+    # ... and the publisher user's password (engram up's NATS has one user per service, engram/runtime/auth.py)
     publisher = json.loads((stack / "auth" / "passwords.json").read_text())["publisher"]
     url = url.replace("nats://", f"nats://engram-publisher:{publisher}@", 1)
     script = tmp_path / "publish.py"
@@ -220,7 +220,7 @@ def test_publish_example_against_a_running_stack(stack: Path, tmp_path: Path) ->
 
 def test_rest_walkthrough_against_a_running_stack(stack: Path) -> None:
     """The REST walkthrough, run as written by bash (curl -f: any non-2xx fails it), with `engram`
-    finding the stack on its own (the last `engram up`, engram/last_stack.py)."""
+    finding the stack on its own (the last `engram up`, engram/stack/last_stack.py)."""
     block = next(b for b in readme_blocks() if b.first_line.startswith("GW=$(engram status --json"))
     env = {**_env(), "PATH": f"{ENGRAM.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     out = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=ROOT, env=env, capture_output=True,

@@ -1,8 +1,8 @@
-"""Build the engram-client wheel (clients/python/: engram's `schemas` and `engram_client`, no more).
+"""Build the engram-client wheel (clients/python/: `engram_client` with engram's contract inside, no more).
 
     python tools/build_client.py [--out dist/]
 
-pip builds clients/python in place, following its two symlinks into the repository root, so the
+pip builds clients/python in place, following its symlink into the repository root, so the
 thin client always ships the very schemas engram runs on. Prints the wheel's path.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "clients" / "python"
-ALLOWED = ("schemas/", "engram_client/", "engram_client-")  # engram_client-<version>.dist-info/
+ALLOWED = ("engram_client/", "engram_client-")  # engram_client-<version>.dist-info/
 
 
 def build(out: Path) -> Path:
@@ -33,8 +33,8 @@ def build(out: Path) -> Path:
     wheel = built[-1]
     names = zipfile.ZipFile(wheel).namelist()
     stray = [n for n in names if not n.startswith(ALLOWED)]
-    if stray or not any(n.startswith("schemas/") for n in names):
-        raise SystemExit(f"{wheel.name} holds more or less than schemas and engram_client: {stray[:5]}")
+    if stray or not any(n.startswith("engram_client/schemas/") for n in names):
+        raise SystemExit(f"{wheel.name} holds more or less than engram_client and its schemas: {stray[:5]}")
     return wheel
 
 

@@ -87,8 +87,8 @@ def test_building_engram_prints_no_warning(tmp_path: Path) -> None:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for package in ("engram", "schemas", "services"):
-        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("engram", "engram_client", "schemas", "services", "templates", "examples"):
+        shutil.copytree(ROOT / package, src / package, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     for hook in ("build_editable", "build_wheel"):
         out = tmp_path / hook
         build = f"import sys; from setuptools import build_meta as b; print(b.{hook}(sys.argv[1]))"
@@ -99,5 +99,6 @@ def test_building_engram_prints_no_warning(tmp_path: Path) -> None:
     wheel = out / result.stdout.split()[-1]
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True,
                            check=True).stdout
-    assert "schemas/asyncapi.yaml" in names and "engram/cli.py" in names and "services/" in names
+    assert "engram/schemas/asyncapi.yaml" in names and "engram/cli/commands.py" in names
+    assert "engram/services/" in names and "\nschemas/" not in names and "\nservices/" not in names
     assert "tests/" not in names

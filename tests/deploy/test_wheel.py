@@ -48,8 +48,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
                             "--wheel-dir", str(out), str(src)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
-    [whl] = out.glob("engram-*.whl")
+    [whl] = out.glob("engram_nats-*.whl")
     return whl
+
+
+def test_wheel_installs_one_import_name_besides_the_thin_client(wheel: Path) -> None:
+    """schemas/ and services/ install as engram.schemas and engram.services (issue 27, item 2): a
+    top-level `schemas` or `services` in site-packages would collide with any other project's."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"engram", "engram_client"}
+    assert "engram/schemas/messages.py" in names and "engram/services/recall/app.py" in names
+    assert "engram/schemas/json/ChatMessage.schema.json" in names and "engram/schemas/asyncapi.yaml" in names
+    assert any(n.startswith("engram/services/gateway/explorer/") for n in names)
+    assert any(n.startswith("engram_nats-") and n.endswith("/entry_points.txt") for n in names)
 
 
 def test_wheel_carries_templates_and_examples(wheel: Path) -> None:
@@ -77,10 +90,10 @@ site = Path(sys.argv[1])
 checkout = lambda p: any((Path(p) / pkg).exists() for pkg in ("engram", "schemas", "services"))
 sys.path[:] = [str(site)] + [p for p in sys.path if p and not checkout(p)]
 
-from engram import demo
-from engram.ingest import read_jsonl
-from schemas import ScopeKeys
-from services.extractor.preprocessing import DEFAULT_TEMPLATE, ExtractionSettings, resolve_template, validate_at_startup
+from engram.cli import demo
+from engram.publishing.ingest import read_jsonl
+from engram.schemas import ScopeKeys
+from engram.services.extractor.preprocessing import DEFAULT_TEMPLATE, ExtractionSettings, resolve_template, validate_at_startup
 
 settings = ExtractionSettings()
 text = validate_at_startup(settings)

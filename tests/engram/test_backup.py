@@ -1,4 +1,4 @@
-"""engram backup / engram restore (engram/backup.py; issue 26, item 5) through the command line
+"""engram backup / engram restore (engram/cli/backup.py; issue 26, item 5) through the command line
 against real `engram up` stacks: a running stack's streams and graph are backed up, restored
 into a fresh data dir, and the restored stack gives the same recall answers, the same counts
 and the same graph; a restore into a dir that holds memory, or from a directory that is no
@@ -98,7 +98,7 @@ def test_backup_then_restore_into_a_fresh_dir_gives_the_same_memory(tmp_path: Pa
 def test_streams_are_snapshotted_upstream_first() -> None:
     """A stage publishes downstream before it acks upstream: ENGRAM_IN before the turn state before
     the episodes before the deltas (JetStream lists streams by name, which is not that order)."""
-    from engram.backup import snapshot_order
+    from engram.cli.backup import snapshot_order
 
     listed = sorted(["ENGRAM_DELTAS", "ENGRAM_DLQ", "ENGRAM_EPISODES", "ENGRAM_IN", "ENGRAM_SCHED", "ENGRAM_SESSIONS",
                      "ENGRAM_SUMMARY", "KV_engram_turn_sessions", "KV_engram_session_epochs", "OTHER"])
@@ -111,7 +111,7 @@ def test_streams_are_snapshotted_upstream_first() -> None:
 async def test_a_backup_with_a_missing_or_strange_file_is_refused_before_anything_changes(tmp_path: Path) -> None:
     import pytest
 
-    from engram.backup import FORMAT, BackupError, restore
+    from engram.cli.backup import FORMAT, BackupError, restore
     from engram.settings import EngramSettings
 
     (tmp_path / "jetstream").mkdir()

@@ -1,4 +1,4 @@
-"""engram/cli.py helpers tested alone (the commands run end to end in the other test_cli_* files)."""
+"""engram/cli/commands.py helpers tested alone (the commands run end to end in the other test_cli_* files)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def test_recall_as_of_reads_a_date_or_a_time() -> None:
 
     import typer
 
-    from engram.cli import _as_of
+    from engram.cli.commands import _as_of
 
     assert _as_of(None) is None
     assert _as_of("2026-09-15") == datetime(2026, 9, 15, 23, 59, 59, 999999, tzinfo=timezone.utc)  # the whole day

@@ -1,4 +1,4 @@
-"""`engram context` and `engram memory` (engram/cli.py) against the sessions service's request side
+"""`engram context` and `engram memory` (engram/cli/commands.py) against the sessions service's request side
 on real NATS + FalkorDB: each layer printed with its tokens and budget, --json, degraded exits 1,
 no scope is a usage error; notes and preferences saved and listed."""
 
@@ -12,13 +12,13 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from engram.graph import GraphDrivers
-from engram.service import ServiceApp, make_broker
+from engram.graph.drivers import GraphDrivers
+from engram.runtime.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
-from engram.tokens import token_counter
-from schemas import subjects
-from services.sessions import requests
-from services.sessions.store import MemoryStore
+from engram.text.tokens import token_counter
+from engram.schemas import subjects
+from engram.services.sessions import requests
+from engram.services.sessions.store import MemoryStore
 from tests.engram.test_cli_up import ENGRAM, _env
 
 
@@ -126,7 +126,7 @@ async def settings_preference(nats_url: str, user: str) -> None:
     """Set a preference over NATS as an agent's set_user_preference tool does."""
     import nats
 
-    from schemas.memory import MemoryResponse, MemoryScopes, SetUserPreferenceRequest
+    from engram.schemas.memory import MemoryResponse, MemoryScopes, SetUserPreferenceRequest
 
     nc = await nats.connect(nats_url)
     try:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engram.datadir_lock import DataDirLock, DataDirLocked, lock_holder
-from engram.demo import DEMO_MARKER, DemoDirRefused, prepare_demo_dir
-from engram.embedded import pid_alive
+from engram.stack.datadir_lock import DataDirLock, DataDirLocked, lock_holder
+from engram.cli.demo import DEMO_MARKER, DemoDirRefused, prepare_demo_dir
+from engram.stack.embedded import pid_alive
 from tests.engram.test_cli_up import ENGRAM, Up, _env, run
 
 
@@ -89,7 +89,7 @@ def test_lock_is_exclusive_and_names_the_holder(tmp_path: Path) -> None:
 def test_lock_dies_with_its_holder(tmp_path: Path) -> None:
     """A SIGKILLed `engram up` leaves no stale lock: the kernel drops a flock with its process."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from engram.datadir_lock import DataDirLock;"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from engram.stack.datadir_lock import DataDirLock;"
          f"DataDirLock(Path({str(tmp_path)!r})).acquire(); print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import typer.main
 
-from engram.cli import app
-from engram.embedded import free_port
+from engram.cli.commands import app
+from engram.stack.embedded import free_port
 from tests.engram.test_cli_up import ENGRAM, _env
 
 NOT_AGAINST_A_STOPPED_STACK = {

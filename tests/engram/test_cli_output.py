@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engram.cli_support import print_table
-from engram.demo import demo_locomo, readable_facts
-from engram.dlq import dead_letter
+from engram.cli.support import print_table
+from engram.cli.demo import demo_locomo, readable_facts
+from engram.runtime.dlq import dead_letter
 from engram.settings import EngramSettings
-from engram.status import summary_caption, summary_gate_table
-from engram.topology import Topology, ensure_topology
-from schemas import RecallItem, RecallResponse, subjects
+from engram.cli.status import summary_caption, summary_gate_table
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import RecallItem, RecallResponse, subjects
 from tests.engram.test_cli_up import ENGRAM, _env
 
 LONG_DETAIL = ("ValidationError: session_id must match ^[a-zA-Z0-9_-]{1,128}$ " + "and more detail " * 6).strip()

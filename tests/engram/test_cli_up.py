@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engram.embedded import pid_alive
-from engram.ingest import locomo_sessions
-from schemas import Episode
+from engram.stack.embedded import pid_alive
+from engram.publishing.ingest import locomo_sessions
+from engram.schemas import Episode
 from tests.services.turn_detector.test_pairing import predicted_turns
 
 pytestmark = pytest.mark.slow
@@ -225,8 +225,8 @@ def test_dlq_list_and_replay(tmp_path: Path) -> None:
 def test_up_honours_configured_ports(tmp_path: Path) -> None:
     import socket
 
-    from engram.embedded import free_port
-    from engram.supervisor import SERVICES
+    from engram.stack.embedded import free_port
+    from engram.stack.supervisor import SERVICES
 
     def free_block(n: int, taken: set[int]) -> int:
         """A port p with p .. p+n-1 all free: the services take ENGRAM_HTTP_PORT and the next ones."""
@@ -260,7 +260,7 @@ def test_up_honours_configured_ports(tmp_path: Path) -> None:
 def test_restart_backoff_resets_after_a_stable_run() -> None:
     """A crash loop backs off (2, 4, ... 30 s); a service killed after running a while comes back at
     once, however often that happened before (a chaos run kills each service ~5 times)."""
-    from engram.supervisor import STABLE_RUN_S, restart_delay
+    from engram.stack.supervisor import STABLE_RUN_S, restart_delay
 
     delays, quick = [], 0
     for _ in range(6):
@@ -273,7 +273,7 @@ def test_restart_backoff_resets_after_a_stable_run() -> None:
 
 def test_a_data_dir_keeps_its_ports_across_restarts(tmp_path: Path) -> None:
     """An MCP host's config and an explorer bookmark survive `engram up` being restarted: the data
-    dir's ports are reused when free (engram/supervisor.py, ports.json), a taken one is replaced."""
+    dir's ports are reused when free (engram/stack/supervisor.py, ports.json), a taken one is replaced."""
     data = tmp_path / "engram"
 
     def urls(runtime: dict) -> dict[str, str]:
@@ -305,7 +305,7 @@ def test_a_data_dir_keeps_its_ports_across_restarts(tmp_path: Path) -> None:
 
 def test_commands_find_the_running_stack_without_its_data_dir(tmp_path: Path) -> None:
     """`engram up --data-dir D` once; `engram status` and `engram recall` then find D on their own
-    (engram/last_stack.py), say so, and stop finding it once it stops."""
+    (engram/stack/last_stack.py), say so, and stop finding it once it stops."""
     data = tmp_path / "somewhere-else"
     env = {**_env(), "XDG_DATA_HOME": str(tmp_path / "xdg-data"), "XDG_STATE_HOME": str(tmp_path / "xdg-state")}
 
@@ -332,7 +332,7 @@ def test_commands_find_the_running_stack_without_its_data_dir(tmp_path: Path) ->
 def test_a_killed_stack_is_not_found_by_the_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a SIGKILL the pointer and the runtime file stay behind; the data dir's lock does not,
     so the lookup gives nothing even if the pid lives on (here: this test's own pid)."""
-    from engram import last_stack
+    from engram.stack import last_stack
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     data = tmp_path / "dead"
@@ -340,7 +340,7 @@ def test_a_killed_stack_is_not_found_by_the_lookup(tmp_path: Path, monkeypatch: 
     (data / "engram-runtime.json").write_text("{}")
     last_stack.remember(data)  # records this (live) process's pid
     assert last_stack.running_data_dir() is None  # nobody holds the data dir's lock
-    from engram.datadir_lock import DataDirLock
+    from engram.stack.datadir_lock import DataDirLock
 
     lock = DataDirLock(data)
     lock.acquire()

@@ -12,10 +12,10 @@ from pathlib import Path
 import nats
 import pytest
 
-from engram import dlq
-from engram.cli import DLQ_STAGE_HELP
+from engram.runtime import dlq
+from engram.cli.commands import DLQ_STAGE_HELP
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
+from engram.runtime.topology import Topology, ensure_topology
 from tests.engram.test_cli_errors import assert_one_clear_line, run
 from tests.engram.test_cli_up import ENGRAM, _env
 
@@ -31,7 +31,7 @@ def test_unknown_stage_is_refused_with_the_valid_ones(command: str, tmp_path: Pa
 
 
 def test_stages_are_the_services_that_dead_letter() -> None:
-    stages = {importlib.import_module(f"services.{name}.app").STAGE for name in SERVICES_THAT_DEAD_LETTER}
+    stages = {importlib.import_module(f"engram.services.{name}.app").STAGE for name in SERVICES_THAT_DEAD_LETTER}
     assert stages == set(dlq.STAGES)
     assert all(stage in DLQ_STAGE_HELP for stage in dlq.STAGES)  # --help names every one
 

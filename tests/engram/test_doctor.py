@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import nats
 
-from engram.doctor import run_checks
+from engram.cli.doctor import run_checks
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings
-from schemas import subjects
-from schemas.messages import GraphEpisodesRequest, GraphEpisodesResponse
-from services.extractor import app as ex_app
-from services.recall import app as rc_app
-from services.turn_detector import app as td_app
+from engram.schemas import subjects
+from engram.schemas.messages import GraphEpisodesRequest, GraphEpisodesResponse
+from engram.services.extractor import app as ex_app
+from engram.services.recall import app as rc_app
+from engram.services.turn_detector import app as td_app
 
 
 async def test_doctor_with_smoke_passes_and_cleans_up(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001

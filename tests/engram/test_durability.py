@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engram.embedded import nats_config, nats_server_binary, start_falkordb, start_nats
+from engram.stack.embedded import nats_config, nats_server_binary, start_falkordb, start_nats
 from engram.settings import EngramSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Take your memory with you (issue 26, item 5; engram/export.py): a group's graph exported to
+"""Take your memory with you (issue 26, item 5; engram/graph/export.py): a group's graph exported to
 JSONL and imported into another group gives the same recall answers and the same counts, and an
 import run twice changes nothing. Real NATS and FalkorDB, the pipeline in-process (rules model)."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from engram.export import ExportError, export_lines, import_lines, read_export
-from engram.graph import GraphDrivers, query_rows
-from schemas import RecallRequest, RecallScopes, subjects
+from engram.graph.export import ExportError, export_lines, import_lines, read_export
+from engram.graph.drivers import GraphDrivers, query_rows
+from engram.schemas import RecallRequest, RecallScopes, subjects
 from tests.services.recall.test_fact_changes import MONDAY, THURSDAY, USER, _say
 from tests.services.recall.test_service import ask, stack
 

@@ -1,4 +1,4 @@
-"""The FalkorDB client's connection pool (engram/graph.py): queries beyond
+"""The FalkorDB client's connection pool (engram/graph/drivers.py): queries beyond
 ENGRAM_GRAPH_MAX_CONNECTIONS wait for a free connection instead of failing with redis-py's
 "Too many connections" (30 groups ingested at once logged it 201 times: issue 16 item 5)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis.exceptions
 
-from engram.embedded import ManagedProcess
-from engram.graph import GraphDrivers
+from engram.stack.embedded import ManagedProcess
+from engram.graph.drivers import GraphDrivers
 from engram.settings import EngramSettings
 
 SLOW_QUERY = "UNWIND range(1, 20000) AS i WITH i WHERE i % 7 = 0 RETURN count(i)"

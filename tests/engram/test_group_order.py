@@ -1,4 +1,4 @@
-"""Per-group order over one shared durable (engram/group_order.py), against real NATS JetStream:
+"""Per-group order over one shared durable (engram/runtime/group_order.py), against real NATS JetStream:
 in flight = the replicas' slots whatever the partitions, a group's messages strictly in order and
 never two at once, a hung group holds only its own slot, failures retry in order and end in the
 dead-letter queue, a dead replica's group is resumed after its lease, and the partition durables
@@ -16,11 +16,11 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from engram.group_order import GroupOrder, StoredMessage, floor_key
-from engram.service import CapacityPuller, failure_decision
+from engram.runtime.group_order import GroupOrder, StoredMessage, floor_key
+from engram.runtime.service import CapacityPuller, failure_decision
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
 from tests.services.turn_detector.helpers import wait_for
 
 log = logging.getLogger(__name__)
@@ -313,7 +313,7 @@ def test_stored_headers_are_decoded_as_a_delivery_decodes_them() -> None:
     object and the dead-letter path (which scrubs header values as text) failed on it."""
     import base64
 
-    from engram.group_order import stored_headers
+    from engram.runtime.group_order import stored_headers
 
     block = "NATS/1.0\r\nNats-Msg-Id: x1\r\nX-Note: héllo wörld\r\nBad:\xff\r\n\r\n".encode("latin-1")
     block = block.replace("héllo wörld".encode("latin-1"), "héllo wörld".encode())

@@ -1,4 +1,4 @@
-"""The health probe used while `engram up` waits for its services (engram.embedded.http_ok)."""
+"""The health probe used while `engram up` waits for its services (engram.stack.embedded.http_ok)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engram.embedded import http_ok
+from engram.stack.embedded import http_ok
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import nats
 
-from engram.ingest import publish_events
+from engram.publishing.ingest import publish_events
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
-from services.turn_detector import app as td_app
+from engram.schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import T0, episodes, read_all, wait_for
 
 MESSAGES = 100

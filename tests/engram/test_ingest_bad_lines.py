@@ -13,11 +13,11 @@ from pathlib import Path
 import nats
 import pytest
 
-from engram.cli import INGEST_SKIPPED_EXIT
-from engram.ingest import SkippedLine, TranscriptError, read_jsonl
+from engram.cli.commands import INGEST_SKIPPED_EXIT
+from engram.publishing.ingest import SkippedLine, TranscriptError, read_jsonl
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, ScopeKeys, subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ChatMessage, ScopeKeys, subjects
 from tests.engram.test_cli_up import ENGRAM, _env
 from tests.services.turn_detector.helpers import read_all
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import nats
 
-from engram.embedded import free_port, start_nats
-from engram.ingest import publish_events
+from engram.stack.embedded import free_port, start_nats
+from engram.publishing.ingest import publish_events
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ChatMessage, subjects
 
 
 def conversation(n: int) -> list[ChatMessage]:

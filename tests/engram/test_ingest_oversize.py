@@ -13,10 +13,10 @@ from pathlib import Path
 import nats
 import pytest
 
-from engram.cli import INGEST_SKIPPED_EXIT
-from engram.embedded import start_nats
+from engram.cli.commands import INGEST_SKIPPED_EXIT
+from engram.stack.embedded import start_nats
 from engram.settings import TurnDetectorSettings
-from schemas import subjects
+from engram.schemas import subjects
 from tests.engram.test_ingest_bad_lines import _ingest, _topology
 from tests.services.turn_detector.helpers import read_all
 

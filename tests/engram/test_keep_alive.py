@@ -1,4 +1,4 @@
-"""engram.service.keep_alive: a message worked on longer than the ack wait is not redelivered
+"""engram.runtime.service.keep_alive: a message worked on longer than the ack wait is not redelivered
 while its worker lives, and is redelivered one ack wait after the worker died (so a killed
 extractor's episode comes back in seconds, not minutes: bench/chaos.py)."""
 
@@ -11,7 +11,7 @@ import nats
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from engram.service import keep_alive
+from engram.runtime.service import keep_alive
 
 
 async def _setup(url: str, name: str):  # noqa: ANN202

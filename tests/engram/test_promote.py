@@ -1,4 +1,4 @@
-"""Promotion (engram/promote.py): a decision stored in the workspace scope is extracted with the
+"""Promotion (engram/publishing/promote.py): a decision stored in the workspace scope is extracted with the
 canonical relation vocabulary and comes back from recall; promoting it twice stores it once."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import nats
 import pytest
 
 from engram.models.rules_llm import RulesExtractorClient
-from engram.promote import Promotion, promotion_episode, publish_promotion
+from engram.publishing.promote import Promotion, promotion_episode, publish_promotion
 from engram.settings import EngramSettings
-from schemas import RecallRequest, RecallResponse, RecallScopes, subjects
-from schemas.relations import CANONICAL_RELATIONS
-from services.extractor import app as ex_app
-from services.recall import app as rc_app
+from engram.schemas import RecallRequest, RecallResponse, RecallScopes, subjects
+from engram.schemas.relations import CANONICAL_RELATIONS
+from engram.services.extractor import app as ex_app
+from engram.services.recall import app as rc_app
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 

@@ -27,11 +27,11 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from engram.embedded import free_port, nats_server_binary, spawn
+from engram.stack.embedded import free_port, nats_server_binary, spawn
 from engram.settings import EngramSettings, TurnDetectorSettings
-from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, SessionClosed, subjects
-from services.turn_detector import app as td_app
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ChatMessage, SessionClosed, subjects
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import T0, episodes, read_all, wait_for
 
 NODES = 3
@@ -284,7 +284,7 @@ async def test_through_the_extractor_every_turn_is_in_the_graph_once(
     from falkordb import FalkorDB
 
     from engram.models.rules_llm import RulesExtractorClient
-    from services.extractor import app as ex_app
+    from engram.services.extractor import app as ex_app
 
     sessions, pairs = 6, 4
     settings = _cluster_settings(cluster, tmp_path, graph_url=falkordb_server.url)

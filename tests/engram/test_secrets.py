@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram.secrets import SECRET_KINDS, ScrubResult, assignment_kind, scrub_secrets
+from engram.text.secrets import SECRET_KINDS, ScrubResult, assignment_kind, scrub_secrets
 
 
 def _fake(length: int, alphabet: str = "aB3dE5fG7hJ9kL2mN4pQ6rS8tU0vW1xY") -> str:
@@ -391,7 +391,7 @@ _FRAGMENTS = st.sampled_from([
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(_FRAGMENTS, st.text(max_size=12)), max_size=30).map("".join))
 def test_trigger_shortcut_never_changes_the_result(text: str) -> None:
-    from engram.secrets import _scrub_all_rules
+    from engram.text.secrets import _scrub_all_rules
 
     assert scrub_secrets(text) == _scrub_all_rules(text)
 

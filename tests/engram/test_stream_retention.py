@@ -10,16 +10,16 @@ import nats.js.errors
 import pytest
 from nats.js.api import ConsumerConfig
 
-from engram.stream_retention import (
+from engram.runtime.stream_retention import (
     FILL_RATIO,
     StreamKeeper,
     is_stream_full,
     processed_floor,
     sweep_processed,
 )
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
-from services.gateway.bus import _why
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
+from engram.services.gateway.bus import _why
 
 SMALL = 64 * 1024
 
@@ -141,8 +141,8 @@ def test_stream_full_is_recognised_by_code(code: int) -> None:
 async def test_engram_ingest_into_a_full_input_stream_stops_saying_so(clean_nats: str) -> None:
     from datetime import datetime, timezone
 
-    from engram.ingest import TranscriptError, publish_events
-    from schemas import ChatMessage
+    from engram.publishing.ingest import TranscriptError, publish_events
+    from engram.schemas import ChatMessage
 
     nc = await nats.connect(clean_nats)
     js = nc.jetstream()

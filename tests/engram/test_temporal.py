@@ -1,4 +1,4 @@
-"""Temporal grounding (engram/temporal.py): relative time expressions resolved against the day
+"""Temporal grounding (engram/text/temporal.py): relative time expressions resolved against the day
 they were said, on the labelled corpus tests/engram/data/relative_dates.json (positives and
 decoys), and ground()'s contract: inline labels, idempotent, text unchanged otherwise."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engram.models.rules_llm.dates import fact_timestamps
-from engram.temporal import find_relative, ground, mentions_date, strip_grounding
+from engram.text.temporal import find_relative, ground, mentions_date, strip_grounding
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "relative_dates.json").read_text(encoding="utf-8"))["cases"]
 POSITIVES = [c for c in CORPUS if c["date"] is not None]

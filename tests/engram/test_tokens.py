@@ -1,4 +1,4 @@
-"""The cl100k token counter (engram/tokens.py): exact counts, prepared offline (checked in a
+"""The cl100k token counter (engram/text/tokens.py): exact counts, prepared offline (checked in a
 subprocess with the network blocked), a corrupt cache replaced, a chars/4 fallback with a warning."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engram import tokens
-from engram.tokens import CL100K_SHA256, CL100K_URL, estimate_tokens, token_counter
+from engram.text import tokens
+from engram.text.tokens import CL100K_SHA256, CL100K_URL, estimate_tokens, token_counter
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = token_counter()
@@ -39,7 +39,7 @@ def test_token_counter_prepares_cache_offline_in_a_fresh_process(tmp_path: Path)
         "socket.socket.connect = blocked\n"
         "socket.create_connection = blocked\n"
         "socket.getaddrinfo = blocked\n"
-        "from engram.tokens import estimate_tokens, token_counter\n"
+        "from engram.text.tokens import estimate_tokens, token_counter\n"
         "c = token_counter()\n"
         "print(json.dumps([c is not estimate_tokens, c('hello world'), c('tiktoken is great!')]))\n"
     )

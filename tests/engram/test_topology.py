@@ -1,4 +1,4 @@
-"""engram/topology.py and engram/stream_migration.py against a real nats-server.
+"""engram/runtime/topology.py and engram/runtime/stream_migration.py against a real nats-server.
 
 The streams publishers write to (ENGRAM_IN, and ENGRAM_DELTAS) allow no message schedules, so the
 server refuses rollup headers there; schedules live in ENGRAM_SCHED and their ticks are sourced
@@ -22,9 +22,9 @@ import nats.js.errors
 import pytest
 from nats.js.api import StreamConfig
 
-from engram import stream_migration
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
+from engram.runtime import stream_migration
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
 
 PARTITIONS = 4
 
@@ -245,7 +245,7 @@ async def test_a_transient_store_error_on_stream_create_is_retried(monkeypatch) 
     deleted a moment before; the create is retried instead of failing the service's start."""
     from nats.js.api import StreamConfig
 
-    from engram import topology as topo
+    from engram.runtime import topology as topo
 
     monkeypatch.setattr(topo, "STORE_BUSY_RETRIES", (0.0, 0.0))
     calls: list[str] = []

@@ -15,15 +15,15 @@ import nats
 import pytest
 
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import ScopeKeys, subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ScopeKeys, subjects
 from tools.build_client import build
 
 PUBLISH = """
 import asyncio, json, sys
 from datetime import datetime, timezone
 from engram_client import Publisher
-from schemas import ChatMessage, ScopeKeys
+from engram_client.schemas import ChatMessage, ScopeKeys
 
 async def main():
     publisher = await Publisher.connect(sys.argv[1])
@@ -42,7 +42,7 @@ asyncio.run(main())
 async def test_the_thin_client_installs_alone_and_publishes(clean_nats: str, tmp_path: Path) -> None:
     wheel = build(tmp_path / "dist")
     assert {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()} == {
-        "schemas", "engram_client", "engram_client-0.1.0.dist-info"}
+        "engram_client", "engram_client-0.1.0.dist-info"}  # no generic top-level `schemas`
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = str(env_dir / "bin" / "python")
