@@ -7,7 +7,10 @@ All three use engram's broker set-up (engram.runtime.service.make_broker: Promet
 - pass-through: receive, publish to an output stream awaiting the PubAck, ack;
 - turn-detector: the real service (parse, scrub, filter, pair, KV compare-and-set, episodes).
 Rounds alternate between the variants so machine noise hits all of them alike; the table
-reports medians and the ratio turn-detector / pass-through (target >= 0.8x).
+reports medians and the ratio turn-detector / pass-through. There is no target on that ratio: the
+owner decided (issue 27, item 7) that the detector keeps one message in flight per session
+partition and gets no batched consumer, since at ~0.6x (~1,100 msg/s per process here) it runs
+about a thousand times the extraction rate (docs/architecture.md, "Turn-detector throughput").
 
     python bench/turn_detector.py [--messages 3000] [--sessions 60] [--rounds 3] [--partitions 4]
     python bench/turn_detector.py --smoke   # CI: 300 messages, 10 sessions, 1 round; checks the table, not the speed
@@ -229,7 +232,9 @@ async def main(args: argparse.Namespace) -> int:
     # The consumers are CPU-bound in this one Python process (its CPU per message times the rate
     # is ~1 core): the throughput ratio follows the CPU ratio.
     ratio = med["turn-detector"] / med["pass-through"]
-    print(f"turn-detector / pass-through = {ratio:.2f}x (target >= 0.80x): {'MET' if ratio >= 0.8 else 'NOT MET'}")
+    # No target (decided, issue 27 item 7): one message in flight per partition keeps per-session
+    # order by construction; the extractor, not the detector, bounds the pipeline.
+    print(f"turn-detector / pass-through = {ratio:.2f}x (no target: one message in flight per partition, decided)")
     print(f"per round: pass-through forwarded {forwarded} of {len(messages)} messages; turn-detector published "
           f"{episodes} episodes; dead letters in the DLQ after each round {dead}")
     if not args.smoke:
