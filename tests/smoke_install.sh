@@ -44,7 +44,7 @@ mkdir "$WORK/src"
 cp -a pyproject.toml README.md engram engram_client schemas services templates examples "$WORK/src/"
 "$VENV/bin/python" -m pip wheel --no-deps --wheel-dir "$WORK/dist" "$WORK/src" >"$WORK/install.log" 2>&1 \
     || { tail -n 40 "$WORK/install.log" >&2; fail "pip wheel failed"; }
-WHEEL="$(ls "$WORK"/dist/engram-*.whl)"
+WHEEL="$(ls "$WORK"/dist/engram_nats-*.whl)"
 "$VENV/bin/python" -m pip install -c requirements.lock "$WHEEL" >>"$WORK/install.log" 2>&1 \
     || { tail -n 40 "$WORK/install.log" >&2; fail "pip install $(basename "$WHEEL") failed"; }
 took=$(( $(date +%s) - start ))

@@ -66,15 +66,6 @@ NOT_RUN = {
     ("Two commands", "make demo"):
         "`make demo` and `make test` build a venv and run for minutes; `make test` is what CI runs "
         "(.ci/run), and the demo's steps are the commands of the 'Using it' block, run here",
-    ("A local model (no API key)",
-     "ollama pull qwen2.5:7b-instruct && ollama serve &"):
-        "needs a model server (Ollama or llama.cpp) and a model of several GB: neither is on these machines; "
-        "the OpenAI-compatible client it configures is tested against the LLM simulator "
-        "(tests/engram/test_openai_provider.py, tests/engram/test_openai_real_model_defaults.py)",
-    ("Sessions and the agent's context",
-     "── user_context: 695/1500 tokens (group engram_user_0bfe935e70c321c7: 0 preferences, 43 notes)"):
-        "example output, not a command: the `engram context` line of 'Using it' runs (after the same "
-        "LoCoMo ingest), and tests/engram/test_cli_context.py checks the layout and the budgets",
     ("MCP (Model Context Protocol)",
      '{"mcpServers": {"engram": {"command": "engram", "args": ["serve", "mcp", "--transport", "stdio"],'):
         "an MCP host's configuration, not a command: tests/services/mcp/test_mcp.py starts this "
@@ -228,3 +219,35 @@ def test_rest_walkthrough_against_a_running_stack(stack: Path) -> None:
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
     assert "Postgres 15" in out.stdout, out.stdout  # the search found the told fact
     assert '"stored":true' in out.stdout.replace(" ", "") and "deleted" in out.stdout.lower(), out.stdout
+
+
+# --- links ----------------------------------------------------------------------------------------
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    tokens = MarkdownIt().parse(path.read_text(encoding="utf-8"))
+    return {_slug(tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"}
+
+
+def test_readme_links_reach_their_files_and_headings() -> None:
+    """The README sends readers to docs/ for the details: every relative link must land."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", README.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://")):
+            continue
+        file, _, anchor = target.partition("#")
+        path = ROOT / file if file else README
+        if not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(target)
+    assert broken == []
+
+
+def test_readme_is_short() -> None:
+    """What it is, the two commands, using it, publishing, settings, where things live, links: the
+    details live in docs/using.md (issue 27, item 5)."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 200

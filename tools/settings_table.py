@@ -58,17 +58,25 @@ class Row:
     defined_in: str
 
 
+def _module_name(path: Path) -> str:
+    """services/x/y.py is engram.services.x.y: the installed name, never a second one."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("engram", *parts) if parts[0] in ("services", "schemas") else parts)
+
+
 def settings_classes() -> list[type[BaseSettings]]:
     """Every BaseSettings subclass defined in engram/ and services/, in file order."""
     found: list[type[BaseSettings]] = []
     first = ROOT / "engram" / "settings.py"  # the process-wide settings lead the table
-    paths = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    # engram/services is a link to services/ (one import name): each file once, by its folder
+    paths = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+             if path.relative_to(ROOT).parts[:2] not in (("engram", "services"), ("engram", "schemas"))]
     for path in sorted(paths, key=lambda p: p != first):
         tree = ast.parse(path.read_text(), filename=str(path))
         names = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
                  and any(ast.unparse(base).endswith("BaseSettings") for base in node.bases)]
         if names:
-            module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+            module = importlib.import_module(_module_name(path))
             found += [getattr(module, name) for name in names]
     return found
 

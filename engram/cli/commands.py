@@ -162,7 +162,8 @@ def serve(service: Service, data_dir: DataDir = None,
     if transport not in ("http", "stdio") or (transport == "stdio" and service is not Service.mcp):
         error_line(err, "--transport is http, or stdio for the mcp service")
         raise typer.Exit(2)
-    module = importlib.import_module(SERVICE_MODULES[service])  # by name: engram/ never imports services/
+    # by name, at run time: only the chosen service pays for its imports (the layering allows it)
+    module = importlib.import_module(SERVICE_MODULES[service])
     if transport == "stdio":
         asyncio.run(module.run_stdio(settings))
         return

@@ -2,7 +2,8 @@
 
 One import name, ``engram``, with the layers as its sub-packages. Arrows point down:
 
-    engram.cli, engram.stack          the command line; the local stack `engram up` runs
+    engram.cli                        the command line (`engram serve` runs a service)
+    engram.stack                      the local stack `engram up` runs (services as processes)
     engram.services                   the services (the repository's services/ folder)
     engram.publishing                 writing in from outside: ingest, promote, triplets
     engram.runtime, engram.graph,     the NATS runtime; graph drivers and ontology;
@@ -42,7 +43,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "publishing": {"schemas", "text", "observability", "runtime"},
     "services": {"schemas", "text", "observability", "models", "graph", "runtime", "publishing"},
     "stack": {"schemas", "text", "observability", "runtime"},
-    "cli": {"schemas", "text", "observability", "models", "graph", "runtime", "publishing", "stack"},
+    "cli": {"schemas", "text", "observability", "models", "graph", "runtime", "publishing", "stack", "services"},
 }
 """The layers of engram each layer may import (besides itself and BASICS)."""
 
