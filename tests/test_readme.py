@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt  # rich's own markdown parser, so no new dependency
 
-from tests.engram.test_cli_up import Up
+from tests.engram.cli.test_cli_up import Up
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,13 +72,13 @@ NOT_RUN = {
         "command over stdio with the SDK's client",
 }
 NOT_RUN_COMMANDS = {
-    "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.test_cli_up.Up): "
+    "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.cli.test_cli_up.Up): "
           "a second `up` on the same data dir refuses by design",
     "serve": "runs one service in the foreground until killed; `engram up` starts each of them",
     "backup": "writes into a new directory each time; backup and restore of a real stack, compared "
-              "before and after, are tests/engram/test_backup.py",
+              "before and after, are tests/engram/cli/test_backup.py",
     "restore": "restores into a data dir no `engram up` runs on (this module's stack is running); "
-               "tests/engram/test_backup.py restores into a fresh one",
+               "tests/engram/cli/test_backup.py restores into a fresh one",
 }
 
 

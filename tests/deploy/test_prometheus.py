@@ -103,7 +103,7 @@ def _scrape_config(services: dict[str, dict], rules: Path) -> dict:
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not found: Debian's prometheus package is not "
                     "installed (.ci/run installs it)")
 def test_a_real_prometheus_scrapes_engram_up(tmp_path: Path) -> None:
-    from tests.engram.test_cli_up import Up
+    from tests.engram.cli.test_cli_up import Up
 
     up = Up(tmp_path / "engram")
     prometheus = None

@@ -162,3 +162,15 @@ def test_the_checks_see_what_they_must(tmp_path: Path) -> None:
     assert _layer_of(REPO / "engram" / "text" / "temporal.py") == "text"
     assert _layer_of(REPO / "engram" / "settings.py") is None
     assert _layer_of(REPO / "services" / "recall" / "app.py") == "services"
+
+
+def test_tests_mirror_the_layers() -> None:
+    """tests/engram/<layer>/ holds the tests of engram/<layer>/: a newcomer finds both in one step."""
+    test_dirs = {p.name for p in (REPO / "tests" / "engram").iterdir() if (p / "__init__.py").is_file()}
+    assert test_dirs <= set(MAY_IMPORT), test_dirs - set(MAY_IMPORT)
+    assert not [p.name for p in (REPO / "tests" / "engram").glob("test_*.py")
+                if p.stem.removeprefix("test_") in {m for layer in MAY_IMPORT for m in _modules_of(layer)}]
+
+
+def _modules_of(layer: str) -> set[str]:
+    return {p.stem for p in (ENGRAM / layer).glob("*.py")} - {"__init__", "__main__"} if (ENGRAM / layer).is_dir() else set()

@@ -43,7 +43,7 @@ from engram.schemas.memory import (
     SetUserPreferenceRequest,
 )
 from engram.schemas.messages import RecallRequest, RecallScopes, TripletAddRequest, TripletFact
-from tests.engram.test_cli_up import Up
+from tests.engram.cli.test_cli_up import Up
 from tests.services.mcp.test_mcp import call
 
 # AWS's own documentation example pair (not a credential): the shape the issue found kept.

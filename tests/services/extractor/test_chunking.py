@@ -1,5 +1,5 @@
 """Adaptive chunking and covering chunks (services/extractor/chunking.py). Pure; the tokenizer
-(engram/text/tokens.py) is tested in tests/engram/test_tokens.py."""
+(engram/text/tokens.py) is tested in tests/engram/text/test_tokens.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from engram.settings import EngramSettings, TurnDetectorSettings
 from engram.schemas import Episode, subjects
 from engram.services.extractor import app as ex_app
 from engram.services.turn_detector import app as td_app
-from tests.engram.openai_fake import FakeOpenAI, running
+from tests.engram.models.openai_fake import FakeOpenAI, running
 from tests.services.turn_detector.helpers import close, msg, publish, read_all, wait_for
 
 

@@ -22,7 +22,7 @@ from engram.schemas.messages import GraphEpisode, GraphFact, SummaryAudit, Summa
 from engram.graph.facts import infer_invalidated_by
 from engram.services.gateway.explorer import PAGE_FILES, _parsed, facts_with_invalidators, newest_messages
 from engram.services.gateway.settings import GatewaySettings
-from tests.engram.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
+from tests.engram.runtime.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
 from tests.services.gateway.test_gateway import serve_gateway, settings_for
 
 REPO = Path(__file__).resolve().parents[3]

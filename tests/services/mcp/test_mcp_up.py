@@ -16,7 +16,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.engram.test_cli_up import Up
+from tests.engram.cli.test_cli_up import Up
 from tests.services.gateway.test_gateway import ADA
 from tests.services.mcp.test_mcp import call
 from tests.services.turn_detector.helpers import wait_for

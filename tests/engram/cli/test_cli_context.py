@@ -19,7 +19,7 @@ from engram.text.tokens import token_counter
 from engram.schemas import subjects
 from engram.services.sessions import requests
 from engram.services.sessions.store import MemoryStore
-from tests.engram.test_cli_up import ENGRAM, _env
+from tests.engram.cli.test_cli_up import ENGRAM, _env
 
 
 def _cli(nats_url: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

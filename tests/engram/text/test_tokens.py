@@ -16,7 +16,7 @@ import pytest
 from engram.text import tokens
 from engram.text.tokens import CL100K_SHA256, CL100K_URL, estimate_tokens, token_counter
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COUNT = token_counter()
 
 

@@ -15,7 +15,7 @@ import pytest
 from engram.stack.datadir_lock import DataDirLock, DataDirLocked, lock_holder
 from engram.cli.demo import DEMO_MARKER, DemoDirRefused, prepare_demo_dir
 from engram.stack.embedded import pid_alive
-from tests.engram.test_cli_up import ENGRAM, Up, _env, run
+from tests.engram.cli.test_cli_up import ENGRAM, Up, _env, run
 
 
 def test_demo_refuses_a_non_empty_directory_it_did_not_create(tmp_path: Path) -> None:

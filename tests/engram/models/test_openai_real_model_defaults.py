@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from engram.models.delegating import innermost
 from engram.models.factory import LLMSettings, build_llm
 from engram.models.openai_compat import PROMPT_MAX_TOKENS, LLMOutputTruncated, is_local_url, llm_stats
-from tests.engram.openai_fake import FakeOpenAI, running
+from tests.engram.models.openai_fake import FakeOpenAI, running
 
 
 class Verdict(BaseModel):

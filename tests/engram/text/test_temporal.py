@@ -1,5 +1,5 @@
 """Temporal grounding (engram/text/temporal.py): relative time expressions resolved against the day
-they were said, on the labelled corpus tests/engram/data/relative_dates.json (positives and
+they were said, on the labelled corpus tests/engram/text/data/relative_dates.json (positives and
 decoys), and ground()'s contract: inline labels, idempotent, text unchanged otherwise."""
 
 from __future__ import annotations

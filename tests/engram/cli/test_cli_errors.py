@@ -16,12 +16,12 @@ import typer.main
 
 from engram.cli.commands import app
 from engram.stack.embedded import free_port
-from tests.engram.test_cli_up import ENGRAM, _env
+from tests.engram.cli.test_cli_up import ENGRAM, _env
 
 NOT_AGAINST_A_STOPPED_STACK = {
     ("up",): "starts a stack itself",
     ("demo",): "starts its own throw-away stack",
-    ("restore",): "starts the data dir's own servers itself; a running stack is refused (tests/engram/test_backup.py)",
+    ("restore",): "starts the data dir's own servers itself; a running stack is refused (tests/engram/cli/test_backup.py)",
 }
 NOT_AGAINST_A_KILLED_STACK = {
     ("serve",): "a service waits for NATS to come back (compose and Kubernetes start it before NATS)",

@@ -23,7 +23,7 @@ from engram.settings import EngramSettings
 from engram.cli.status import summary_caption, summary_gate_table
 from engram.runtime.topology import Topology, ensure_topology
 from engram.schemas import RecallItem, RecallResponse, subjects
-from tests.engram.test_cli_up import ENGRAM, _env
+from tests.engram.cli.test_cli_up import ENGRAM, _env
 
 LONG_DETAIL = ("ValidationError: session_id must match ^[a-zA-Z0-9_-]{1,128}$ " + "and more detail " * 6).strip()
 

@@ -16,8 +16,8 @@ from engram.runtime import dlq
 from engram.cli.commands import DLQ_STAGE_HELP
 from engram.settings import EngramSettings
 from engram.runtime.topology import Topology, ensure_topology
-from tests.engram.test_cli_errors import assert_one_clear_line, run
-from tests.engram.test_cli_up import ENGRAM, _env
+from tests.engram.cli.test_cli_errors import assert_one_clear_line, run
+from tests.engram.cli.test_cli_up import ENGRAM, _env
 
 SERVICES_THAT_DEAD_LETTER = ("turn_detector", "extractor", "summary_gate", "sessions")
 

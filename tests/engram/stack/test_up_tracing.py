@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.engram.test_cli_up import ENGRAM, Up, _env
+from tests.engram.cli.test_cli_up import ENGRAM, Up, _env
 
 pytestmark = pytest.mark.slow
 

@@ -236,7 +236,7 @@ def test_up_runs_every_service_as_its_own_user(tmp_path: Path) -> None:
     import urllib.request
 
     from engram.stack.embedded import redis_ping
-    from tests.engram.test_cli_up import Up, run
+    from tests.engram.cli.test_cli_up import Up, run
 
     data = tmp_path / "engram"
     up = Up(data)

@@ -18,7 +18,7 @@ from engram.publishing.ingest import SkippedLine, TranscriptError, read_jsonl
 from engram.settings import EngramSettings
 from engram.runtime.topology import Topology, ensure_topology
 from engram.schemas import ChatMessage, ScopeKeys, subjects
-from tests.engram.test_cli_up import ENGRAM, _env
+from tests.engram.cli.test_cli_up import ENGRAM, _env
 from tests.services.turn_detector.helpers import read_all
 
 GOOD = {"role": "user", "content": "We deploy on Fridays [not on Mondays].", "timestamp": "2026-03-01T09:00:00Z"}

@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from tests.engram.test_cli_up import Up, run, wait_idle
+from tests.engram.cli.test_cli_up import Up, run, wait_idle
 
 CHAT = [
     ("billing-1", "user", "The billing service uses Postgres 15.", "2026-09-01T10:00:00Z"),

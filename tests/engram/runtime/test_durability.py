@@ -17,7 +17,7 @@ import yaml
 from engram.stack.embedded import nats_config, nats_server_binary, start_falkordb, start_nats
 from engram.settings import EngramSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def jetstream_config(proc) -> dict:  # noqa: ANN001

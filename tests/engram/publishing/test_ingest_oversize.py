@@ -17,7 +17,7 @@ from engram.cli.commands import INGEST_SKIPPED_EXIT
 from engram.stack.embedded import start_nats
 from engram.settings import TurnDetectorSettings
 from engram.schemas import subjects
-from tests.engram.test_ingest_bad_lines import _ingest, _topology
+from tests.engram.publishing.test_ingest_bad_lines import _ingest, _topology
 from tests.services.turn_detector.helpers import read_all
 
 CAP = TurnDetectorSettings().max_message_bytes
