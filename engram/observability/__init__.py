@@ -1,1 +1,3 @@
-"""Observability: OpenTelemetry tracing (engram's and graphiti's side) and the pipeline's freshness and backlog metrics."""
+"""Observability: OpenTelemetry tracing (engram's and graphiti's side) and the pipeline's freshness
+and backlog metrics.
+"""
