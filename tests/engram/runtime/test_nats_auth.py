@@ -344,7 +344,7 @@ def test_compose_env_file_gets_every_secret_compose_requires(tmp_path: Path) -> 
     assert values["FALKORDB_PASSWORD"] == "mine" and values["ENGRAM_BIND"] == "0.0.0.0"
     assert env.stat().st_mode & 0o777 == 0o600
     assert auth.write_env_file(env) == []  # a second run keeps everything
-    compose = (auth.HERE.parent / "docker-compose.yml").read_text()
+    compose = (auth.REPO / "docker-compose.yml").read_text()
     required = set(re.findall(r"\$\{(\w+):\?", compose))
     assert required <= set(values), required - set(values)
     # the nats config reads exactly the passwords compose hands the nats container
