@@ -951,7 +951,7 @@ DLQ_STAGE_HELP = "Only this stage: turn_detector, extractor, summary_gate or ses
 
 
 def _known_dlq_stage(value: Optional[str]) -> Optional[str]:
-    # engram.dlq is imported here, not at the top: every other command would pay for its imports
+    # engram.runtime.dlq is imported here, not at the top: every other command would pay for its imports
     from engram.runtime.dlq import STAGES
 
     if value is not None and value not in STAGES:
