@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engram.models.factory import EmbedderSettings, build_embedder, embedder_kind  # noqa: E402
-from services.extractor.local_answers import NAME_SIMILARITY, names_may_match, possessive_of  # noqa: E402
+from engram.services.extractor.local_answers import NAME_SIMILARITY, names_may_match, possessive_of  # noqa: E402
 
 PAIRS = Path(__file__).resolve().parent / "data" / "entity_pairs.jsonl"
 

@@ -8,11 +8,11 @@ from datetime import timedelta
 
 import numpy as np
 
-from engram.graph import GraphDrivers
-from schemas import subjects
-from services.recall.entities import entity_fact_ranking, named_entities, phrases
-from services.recall.lexical import FACTS, Doc, EpisodeIndex, LexicalEpisodes
-from services.recall.search import ENGLISH_STOPWORDS
+from engram.graph.drivers import GraphDrivers
+from engram.schemas import subjects
+from engram.services.recall.entities import entity_fact_ranking, named_entities, phrases
+from engram.services.recall.lexical import FACTS, Doc, EpisodeIndex, LexicalEpisodes
+from engram.services.recall.search import ENGLISH_STOPWORDS
 from tests.services.recall.test_fact_changes import MONDAY, USER, _say
 from tests.services.recall.test_service import stack
 
@@ -115,8 +115,8 @@ def test_unit_vectors_used_by_the_floor_are_cosines() -> None:
 
 
 def test_score_fusion_puts_what_both_halves_found_first_across_facts_and_turns() -> None:
-    from schemas import RecallItem
-    from services.recall.search import fuse
+    from engram.schemas import RecallItem
+    from engram.services.recall.search import fuse
 
     def item(uuid: str, kind: str, score: float) -> RecallItem:
         return RecallItem(uuid=uuid, fact=uuid, kind=kind, score=score, group_id="g")  # type: ignore[arg-type]
