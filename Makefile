@@ -49,7 +49,7 @@ bench-smoke: $(STAMP)
 	GRAPHITI_TELEMETRY_ENABLED=false $(BIN)/python bench/run_all.py --smoke --out $(VENV)/bench-smoke.md
 
 schemas: $(STAMP)
-	$(BIN)/python -m schemas.export
+	$(BIN)/python -m engram.schemas.export
 
 # docs/settings.md: every ENGRAM_* setting, generated from the settings classes (a test fails when stale).
 settings: $(STAMP)

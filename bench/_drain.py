@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import nats.js.errors
 
-from schemas import subjects
+from engram.schemas import subjects
 
 
 async def consumer_state(js, streams: Iterable[str]) -> dict[tuple[str, str], tuple[int, int, int]]:  # noqa: ANN001

@@ -53,11 +53,11 @@ from bench._ranking import (
     turn_inside,
     unit_vectors,
 )
-from engram.graph import query_rows
-from schemas import subjects
-from services.extractor.app import NoRerank
-from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
-from services.recall.app import _NoLLM
+from engram.graph.drivers import query_rows
+from engram.schemas import subjects
+from engram.services.extractor.app import NoRerank
+from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+from engram.services.recall.app import _NoLLM
 
 BAR_STORE = "(b) flat facts+turns store"
 BAR_GRAPHITI = "(c) graphiti search"

@@ -21,8 +21,8 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from schemas import ChatMessage, ScopeKeys
-from schemas import SessionClosed
+from engram.schemas import ChatMessage, ScopeKeys
+from engram.schemas import SessionClosed
 
 _DATE = re.compile(r"(\d{4})[/-](\d{1,2})[/-](\d{1,2})(?:\D+?(\d{1,2}):(\d{2}))?")
 _NOT_ID = re.compile(r"[^A-Za-z0-9_.:@+=/-]")

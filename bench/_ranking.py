@@ -19,7 +19,7 @@ import bm25s
 import numpy as np
 import Stemmer
 
-from engram.temporal import strip_grounding
+from engram.text.temporal import strip_grounding
 
 MAX_ITEMS = 80  # items asked for: ~25 fit 2,000 tokens; a response this long means the count bound (checked).
 # Not 200: recall's near-duplicate merge is quadratic in it (~0.5 s a request at 200 on 2 cores).

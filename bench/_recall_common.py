@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench._smoke import locomo_path
-from schemas import RecallRequest, RecallResponse, subjects
+from engram.schemas import RecallRequest, RecallResponse, subjects
 
 LOCOMO = locomo_path()  # ENGRAM_LOCOMO, else ../shared/data/locomo/locomo7.json
 # LoCoMo's QA categories (as numbered in the released JSON): 5 (adversarial, unanswerable) is

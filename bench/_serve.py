@@ -10,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from engram.embedded import free_port
+from engram.stack.embedded import free_port
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,7 @@ with the same replay without faults (issue 16, item 2).
 Two runs on fresh data dirs, each: nats-server and FalkorDB (managed here, on fixed loopback
 ports, so they can be restarted under the services' feet), `engram up` on them (all services, the
 LLM served over HTTP by bench/llm_simulator.py answering with the offline rules model, the
-hashing embedder), then the conversation published in order by engram.ingest.publish_events
+hashing embedder), then the conversation published in order by engram.publishing.ingest.publish_events
 (what `engram ingest` runs), paced like a live chat so that messages keep arriving during the
 faults (``--pace-s``; by default the conversation is spread over the fault window). The second
 run injects, at random moments while it works:
@@ -59,9 +59,9 @@ from rich.table import Table  # noqa: E402
 from bench import _drain  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.llm_simulator import LLMSimulator  # noqa: E402
-from engram.embedded import ManagedProcess, free_port, http_ok, start_falkordb, start_nats  # noqa: E402
-from engram.ingest import publish_events, read_locomo  # noqa: E402
-from schemas import Episode, ScopeKeys, subjects  # noqa: E402
+from engram.stack.embedded import ManagedProcess, free_port, http_ok, start_falkordb, start_nats  # noqa: E402
+from engram.publishing.ingest import publish_events, read_locomo  # noqa: E402
+from engram.schemas import Episode, ScopeKeys, subjects  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO", ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.extractor.local_answers import DEDUPE_SIMILARITY, fact_similarity  # noqa: E402
+from engram.services.extractor.local_answers import DEDUPE_SIMILARITY, fact_similarity  # noqa: E402
 
 PAIRS = Path(__file__).resolve().parent / "data" / "fact_changes.jsonl"
 NEEDED = ("change", "restatement")

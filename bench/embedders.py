@@ -58,7 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._smoke import Checks, locomo_path, parse, require_locomo  # noqa: E402
-from engram.ingest import locomo_text  # noqa: E402
+from engram.publishing.ingest import locomo_text  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 
 LOCOMO = locomo_path()

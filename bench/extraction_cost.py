@@ -51,18 +51,18 @@ from graphiti_core.tracer import NoOpTracer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from engram.embedded import start_falkordb  # noqa: E402
-from engram.ingest import read_locomo  # noqa: E402
+from engram.stack.embedded import start_falkordb  # noqa: E402
+from engram.publishing.ingest import read_locomo  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
 from engram.models.factory import LLMSettings, build_llm  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
 from engram.models.openai_compat import llm_stats  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
-from schemas import ChatMessage, Episode, ScopeKeys  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
-from services.extractor.pipeline import extract_episode  # noqa: E402
-from services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
-from services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
+from engram.schemas import ChatMessage, Episode, ScopeKeys  # noqa: E402
+from engram.services.extractor.app import NoRerank  # noqa: E402
+from engram.services.extractor.pipeline import extract_episode  # noqa: E402
+from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
+from engram.services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
 
 LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO",
                              Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo7.json"))

@@ -44,14 +44,14 @@ from rich.table import Table  # noqa: E402
 
 from bench._smoke import Checks, locomo_path, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import driver, offline_episodes  # noqa: E402
-from engram.embedded import start_falkordb  # noqa: E402
-from engram.ingest import read_locomo  # noqa: E402
+from engram.stack.embedded import start_falkordb  # noqa: E402
+from engram.publishing.ingest import read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
-from schemas import Episode, ScopeKeys  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
-from services.extractor.pipeline import extract_episode  # noqa: E402
-from services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
+from engram.schemas import Episode, ScopeKeys  # noqa: E402
+from engram.services.extractor.app import NoRerank  # noqa: E402
+from engram.services.extractor.pipeline import extract_episode  # noqa: E402
+from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
 
 try:
     from engram.models.embedding_cache import BatchingEmbedder

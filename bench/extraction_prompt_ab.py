@@ -69,8 +69,8 @@ async def ask(llm: Any, variant: str, context: dict[str, Any]) -> tuple[dict[str
     from graphiti_core.prompts import prompt_library
     from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction
 
-    from engram.tokens import token_counter
-    from services.extractor.extraction_prompt import PROMPT_NAME, LeanSchemaLLMClient, build_prompt
+    from engram.text.tokens import token_counter
+    from engram.services.extractor.extraction_prompt import PROMPT_NAME, LeanSchemaLLMClient, build_prompt
 
     if variant == "graphiti":
         messages, client = prompt_library.extract_nodes_and_edges.extract_message(context), llm
@@ -88,7 +88,7 @@ async def ask(llm: Any, variant: str, context: dict[str, Any]) -> tuple[dict[str
 async def main(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
     from engram.models.factory import LLMSettings, build_llm
-    from services.extractor.preprocessing import ExtractionSettings, validate_at_startup
+    from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup
 
     _smoke.require_locomo(args.locomo)
     conversations = load_conversations(args.locomo)

@@ -110,8 +110,8 @@ def turn_observations(conversation: dict, message_ids: Iterable[str]) -> list[st
 
 def build_slice(path: Path, conversations: Sequence[dict], samples: Sequence[str], per_conversation: int) -> list[SliceTurn]:
     from bench.extraction_cost import offline_episodes
-    from engram.ingest import read_locomo
-    from schemas import ScopeKeys
+    from engram.publishing.ingest import read_locomo
+    from engram.schemas import ScopeKeys
 
     by_sample = {c.get("sample_id"): c for c in conversations}
     out: list[SliceTurn] = []
@@ -387,15 +387,15 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
     from graphiti_core.graphiti_types import GraphitiClients
     from graphiti_core.tracer import NoOpTracer
 
-    from engram.embedded import start_falkordb
-    from engram.graph import GraphDrivers
+    from engram.stack.embedded import start_falkordb
+    from engram.graph.drivers import GraphDrivers
     from engram.models.accounting import AccountingLLMClient
     from engram.settings import EngramSettings
-    from services.extractor.app import NoRerank
-    from services.extractor.pipeline import extract_episode
-    from services.extractor.preprocessing import (ExtractionSettings, PrependingLLMClient, instructions_for_episode,
+    from engram.services.extractor.app import NoRerank
+    from engram.services.extractor.pipeline import extract_episode
+    from engram.services.extractor.preprocessing import (ExtractionSettings, PrependingLLMClient, instructions_for_episode,
                                                   validate_at_startup)
-    from services.extractor.restatement import similarity_threshold
+    from engram.services.extractor.restatement import similarity_threshold
 
     extraction = ExtractionSettings()
     configured = validate_at_startup(extraction)

@@ -54,7 +54,7 @@ from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction  # 
 from bench._smoke import Checks, parse  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
-from services.extractor.restatement import DEFAULT_SIMILARITY, cosine, restatement_reason  # noqa: E402
+from engram.services.extractor.restatement import DEFAULT_SIMILARITY, cosine, restatement_reason  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent / "data" / "fact_changes.jsonl"
 SPEAKER = "Ada"
@@ -149,13 +149,13 @@ async def decide_in_graph(pairs: list[Pair]) -> list[Decision]:
     from graphiti_core.graphiti_types import GraphitiClients
     from graphiti_core.tracer import NoOpTracer
 
-    from engram.embedded import start_falkordb
-    from engram.graph import EngramFalkorDriver
+    from engram.stack.embedded import start_falkordb
+    from engram.graph.drivers import EngramFalkorDriver
     from engram.models.hashing_embedder import HashingEmbedder
-    from schemas import Episode, EpisodeMessage
-    from services.extractor.app import NoRerank
-    from services.extractor.pipeline import extract_episode
-    from services.extractor.preprocessing import ExtractionSettings, validate_at_startup
+    from engram.schemas import Episode, EpisodeMessage
+    from engram.services.extractor.app import NoRerank
+    from engram.services.extractor.pipeline import extract_episode
+    from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup
 
     logging.disable(logging.WARNING)
     day0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)

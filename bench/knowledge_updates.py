@@ -29,7 +29,7 @@ one naming both values, "we moved from X to Y", counts as naming the new one):
   at all fails both counts.
 
 The stack is engram's own, in this process: nats-server and FalkorDB from the pip-installed
-binaries on loopback ports (engram/embedded.py), the turn-detector, the extractor with the offline
+binaries on loopback ports (engram/stack/embedded.py), the turn-detector, the extractor with the offline
 rules model, recall, the sessions service, the gateway and the MCP server (both under uvicorn on
 loopback), the hashing embedder by default. Nothing is tuned here: the rows are read as they are.
 
@@ -186,14 +186,14 @@ async def serve(settings: Any, embedder: str = "hashing") -> AsyncIterator[Stack
 
     from engram.models.factory import EmbedderSettings, build_embedder
     from engram.models.rules_llm import RulesExtractorClient
-    from services.extractor import app as ex_app
-    from services.gateway import app as gw_app
-    from services.gateway.settings import GatewaySettings
-    from services.mcp import app as mcp_app
-    from services.mcp.settings import McpSettings
-    from services.recall import app as rc_app
-    from services.sessions import app as ss_app
-    from services.turn_detector import app as td_app
+    from engram.services.extractor import app as ex_app
+    from engram.services.gateway import app as gw_app
+    from engram.services.gateway.settings import GatewaySettings
+    from engram.services.mcp import app as mcp_app
+    from engram.services.mcp.settings import McpSettings
+    from engram.services.recall import app as rc_app
+    from engram.services.sessions import app as ss_app
+    from engram.services.turn_detector import app as td_app
 
     emb = EmbedderSettings(provider=embedder)
     apps = [td_app.build(settings), ex_app.build(settings, llm=RulesExtractorClient(), embedder_settings=emb),
@@ -231,7 +231,7 @@ def settings_for(nats_url: str, graph_url: str, data_dir: Path, group_prefix: st
 @contextlib.asynccontextmanager
 async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
     """nats-server and FalkorDB from the pip-installed binaries in ``tmp``, and :func:`serve` on them."""
-    from engram.embedded import start_falkordb, start_nats
+    from engram.stack.embedded import start_falkordb, start_nats
 
     nats_proc = start_nats(tmp / "nats")
     try:
@@ -247,7 +247,7 @@ async def stack(tmp: Path, embedder: str) -> AsyncIterator[Stack]:
 
 async def settle(js: Any, timeout: float) -> None:
     """Every consumer of the chat, episode and session streams drained, for half a second."""
-    from schemas import subjects
+    from engram.schemas import subjects
 
     await wait_drained(js, (subjects.STREAM_IN, subjects.STREAM_EPISODES, subjects.STREAM_SESSIONS),
                        timeout=timeout, quiet_s=0.5, poll_s=0.2)
@@ -258,7 +258,7 @@ def user_of(i: int) -> str:
 
 
 async def tell(js: Any, i: int, which: str, at: datetime, text: str, ack: str) -> None:
-    from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
+    from engram.schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
 
     session = f"ku-{i}-{which}"
     scopes = ScopeKeys(user=user_of(i))
@@ -276,7 +276,7 @@ async def tell(js: Any, i: int, which: str, at: datetime, text: str, ack: str) -
 # --- the doors ---------------------------------------------------------------------------------
 
 async def ask_recall(s: Stack, i: int, question: str) -> Shown:
-    from schemas import RecallRequest, RecallResponse, RecallScopes, subjects
+    from engram.schemas import RecallRequest, RecallResponse, RecallScopes, subjects
 
     request = RecallRequest(query=question, scopes=RecallScopes(user=user_of(i)), max_facts=10, token_budget=1500,
                             timeout_ms=20_000)
@@ -288,7 +288,7 @@ async def ask_recall(s: Stack, i: int, question: str) -> Shown:
 
 
 def _group(s: Stack, i: int) -> str:
-    from schemas import subjects
+    from engram.schemas import subjects
 
     return subjects.user_group(s.settings.group_prefix, user_of(i))
 
@@ -318,8 +318,8 @@ async def ask_mcp(s: Stack, i: int, question: str) -> Shown:
 
 
 async def _context(s: Stack, i: int, question: str, layers: tuple[str, ...] = ()) -> Shown:
-    from schemas import subjects
-    from schemas.memory import ContextRequest, ContextResponse, MemoryScopes
+    from engram.schemas import subjects
+    from engram.schemas.memory import ContextRequest, ContextResponse, MemoryScopes
 
     request = ContextRequest(scopes=MemoryScopes(user=user_of(i)), query=question, timeout_ms=20_000)
     reply = await s.nc.request(subjects.CONTEXT, request.model_dump_json().encode(), timeout=25)

@@ -132,8 +132,8 @@ def response_models() -> dict[str, type[BaseModel]]:
     the session close stage's."""
     from graphiti_core.prompts.lib import BUILTIN_PROMPT_SPECS
 
-    from services.sessions.close import HybridSessionSummary, UserFacts
-    from services.summary_gate.summarize import EntitySummaries
+    from engram.services.sessions.close import HybridSessionSummary, UserFacts
+    from engram.services.summary_gate.summarize import EntitySummaries
 
     models: dict[str, type[BaseModel]] = {m.__name__: m for m in (EntitySummaries, HybridSessionSummary, UserFacts)}
     for spec in BUILTIN_PROMPT_SPECS.values():

@@ -4,7 +4,7 @@ One nats-server and one FalkorDB (embedded, fsync on as `engram up` runs them), 
 and the extractor in this process (ENGRAM_EXTRACTOR_CONCURRENCY as configured, default 4), the
 offline rules model as a zero-latency LLM and the hashing embedder: the graph is the bottleneck,
 which is where 30 groups at once used to fail (redis-py's default pool raised "Too many
-connections" 201 times in 24 minutes; engram/graph.py now waits on a bounded pool). Each group is
+connections" 201 times in 24 minutes; engram/graph/drivers.py now waits on a bounded pool). Each group is
 one user (``load-u<i>``) with its own copy of a conversation (LoCoMo's cycled, session ids made
 unique), published concurrently, every session closed.
 
@@ -40,14 +40,14 @@ from rich.table import Table  # noqa: E402
 
 from bench._drain import wait_drained  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
-from engram.embedded import start_falkordb, start_nats  # noqa: E402
-from engram.ingest import Event, publish_events, read_locomo  # noqa: E402
+from engram.stack.embedded import start_falkordb, start_nats  # noqa: E402
+from engram.publishing.ingest import Event, publish_events, read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
-from schemas import ScopeKeys, subjects  # noqa: E402
-from services.extractor import app as ex_app  # noqa: E402
-from services.turn_detector import app as td_app  # noqa: E402
+from engram.schemas import ScopeKeys, subjects  # noqa: E402
+from engram.services.extractor import app as ex_app  # noqa: E402
+from engram.services.turn_detector import app as td_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO", ROOT.parent / "shared" / "data" / "locomo" / "locomo7.json"))

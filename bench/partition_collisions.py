@@ -1,6 +1,6 @@
 """Benchmark (simulation): why more partitions do not give per-group order at the slots' rate.
 
-The alternative to engram/group_order.py that needs no new code is more partitions: hash groups
+The alternative to engram/runtime/group_order.py that needs no new code is more partitions: hash groups
 onto L partition durables with ``max_ack_pending=1`` each and let replicas pull from all of them.
 Groups that hash onto the same partition then run one after the other, whatever the free slots.
 This bench schedules that exactly (no NATS, no LLM: a discrete-event simulation with the same

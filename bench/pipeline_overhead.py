@@ -49,17 +49,17 @@ from rich.table import Table  # noqa: E402
 from bench._drain import wait_drained  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, load  # noqa: E402
-from engram import tracing  # noqa: E402
-from engram.embedded import start_falkordb, start_nats  # noqa: E402
-from engram.ingest import publish_events, read_locomo  # noqa: E402
+from engram.observability import tracing  # noqa: E402
+from engram.stack.embedded import start_falkordb, start_nats  # noqa: E402
+from engram.publishing.ingest import publish_events, read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
-from schemas import ScopeKeys, subjects  # noqa: E402
-from services.extractor import app as ex_app  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
-from services.turn_detector import app as td_app  # noqa: E402
+from engram.schemas import ScopeKeys, subjects  # noqa: E402
+from engram.services.extractor import app as ex_app  # noqa: E402
+from engram.services.extractor.app import NoRerank  # noqa: E402
+from engram.services.turn_detector import app as td_app  # noqa: E402
 
 
 async def run_engram(nats_url: str, graph_url: str, tmp: Path, sample: str, sessions: int, turns: int, rnd: int,

@@ -31,7 +31,7 @@ gets one question and then a second: the first is that group's first recall afte
 (its driver and index check, its BM25 index over past turns read and built, first-use costs of
 the process for the first group asked), the second shows it warm again. Groups' order rotates.
 
-Measurement, per row: the recall service runs in this process (``services.recall.app.build``)
+Measurement, per row: the recall service runs in this process (``engram.services.recall.app.build``)
 with that row's embedder; the same LoCoMo questions (categories 1-5, cycled) are sent
 alternately (order flipped every query) as
 * NATS: ``engram.recall`` request/reply (scopes user=<row key>, max_facts=10, token_budget 1500,
@@ -49,7 +49,7 @@ execution time"), the similarity query once more without ``properties(e)`` (whic
 edge's embedding back), graphiti's search() with the vector given, recall's provenance query,
 ``Recall.recall()`` in-process (no NATS), the service-side ``took_ms`` and the NATS remainder,
 and the similarity half alone through the FalkorDB vector index on ``RELATES_TO.fact_embedding``
-(``db.idx.vector.queryRelationships``), which recall uses (engram/graph.py makes the index;
+(``db.idx.vector.queryRelationships``), which recall uses (engram/graph/drivers.py makes the index;
 services/recall/vector.py queries it) instead of graphiti 0.31's cosine against every edge.
 Recall's own search is therefore not graphiti's: "ratio" compares the whole NATS recall path
 with the direct graphiti search a caller would otherwise run; the NATS share alone is the
@@ -103,17 +103,17 @@ from rich.table import Table  # noqa: E402
 
 from bench._recall_common import LOCOMO, ask, load_conversations, percentile, session_turns  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
-from engram.embedded import start_falkordb, start_nats  # noqa: E402
-from engram.graph import GraphDrivers  # noqa: E402
-from engram.ingest import locomo_text  # noqa: E402
+from engram.stack.embedded import start_falkordb, start_nats  # noqa: E402
+from engram.graph.drivers import GraphDrivers  # noqa: E402
+from engram.publishing.ingest import locomo_text  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from engram.settings import EngramSettings  # noqa: E402
-from schemas import RecallRequest, RecallScopes, subjects  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
-from services.extractor.pipeline import EMBEDDING_PROPERTY, MESSAGE_IDS_PROPERTY  # noqa: E402
-from services.recall import app as rc_app  # noqa: E402
-from services.recall.merge import fit_budget, merge  # noqa: E402
-from services.recall.search import NOT_EXPIRED, provenance, search_group  # noqa: E402
+from engram.schemas import RecallRequest, RecallScopes, subjects  # noqa: E402
+from engram.services.extractor.app import NoRerank  # noqa: E402
+from engram.services.extractor.pipeline import EMBEDDING_PROPERTY, MESSAGE_IDS_PROPERTY  # noqa: E402
+from engram.services.recall import app as rc_app  # noqa: E402
+from engram.services.recall.merge import fit_budget, merge  # noqa: E402
+from engram.services.recall.search import NOT_EXPIRED, provenance, search_group  # noqa: E402
 
 P95_TARGET_MS = 50.0
 P95_GOAL_100K_MS = 20.0  # issue 11's goal for the 100k-fact row
@@ -453,7 +453,7 @@ async def vector_index_what_if(row: Row, recall: Any, graph: Any, queries: list[
     """What-if, last (it changes the graph): the similarity half through a FalkorDB vector index
     (HNSW) instead of graphiti's cosine against every edge, as recall does."""
     dim = len(await recall.embedder.create(["dimension probe"]))
-    try:  # recall's graph drivers make this index themselves now (engram/graph.py)
+    try:  # recall's graph drivers make this index themselves now (engram/graph/drivers.py)
         await graph.query("CREATE VECTOR INDEX FOR ()-[e:RELATES_TO]->() ON (e.fact_embedding) "
                           f"OPTIONS {{dimension: {dim}, similarityFunction: 'cosine'}}")
     except Exception as exc:  # noqa: BLE001

@@ -5,7 +5,7 @@ Issue 11, item 1: methods are compared at the same cl100k token budget of return
 1,000 and 2,000 tokens), not at k items (one engram item covers about two messages; comparing at
 k flattered engram). Each method ranks items; the bench renders them as the context an agent
 gets and keeps adding items, best first, until the next one does not fit (the recall service's
-own rule, ``services.recall.merge.fit_budget``). A question is a hit when the message of one of
+own rule, ``engram.services.recall.merge.fit_budget``). A question is a hit when the message of one of
 its evidence dia ids is inside that context.
 
 One provenance rule for every row, engram's, the flat rows and the bars (bench/_ranking.py): a
@@ -177,18 +177,18 @@ from bench._ranking import (  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import offline_episodes  # noqa: E402
 from bench.reference_llm import ReferenceFactsClient  # noqa: E402
-from engram.embedded import start_falkordb, start_nats  # noqa: E402
-from engram.ingest import publish_events, read_locomo  # noqa: E402
+from engram.stack.embedded import start_falkordb, start_nats  # noqa: E402
+from engram.publishing.ingest import publish_events, read_locomo  # noqa: E402
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, embedding_dim  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
-from schemas import ChatMessage, RecallItem, RecallRequest, RecallScopes, ScopeKeys, subjects  # noqa: E402
-from services.extractor import app as ex_app  # noqa: E402
-from services.extractor.chunking import token_counter  # noqa: E402
-from services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
-from services.recall import app as rc_app  # noqa: E402
-from services.recall.merge import Layout, fit_budget, line_costs, render_line, render_section  # noqa: E402
-from services.turn_detector import app as td_app  # noqa: E402
+from engram.schemas import ChatMessage, RecallItem, RecallRequest, RecallScopes, ScopeKeys, subjects  # noqa: E402
+from engram.services.extractor import app as ex_app  # noqa: E402
+from engram.services.extractor.chunking import token_counter  # noqa: E402
+from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
+from engram.services.recall import app as rc_app  # noqa: E402
+from engram.services.recall.merge import Layout, fit_budget, line_costs, render_line, render_section  # noqa: E402
+from engram.services.turn_detector import app as td_app  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
 # Diagnostic: ENGRAM_BENCH_DUMP=FILE writes every engram answer's items and bar (b)'s ranked lines
@@ -338,7 +338,7 @@ def engram_outcome(items: list[RecallItem], section: str, evidence: frozenset[st
 
 def engram_need(items: list[RecallItem], evidence: frozenset[str], said: dict[str, str],
                 count_tokens: Callable[[str], int], cap: int, layout: Layout = "ranked") -> float:
-    """:func:`need_of` for recall's rendering (``services.recall.merge.fit_budget`` in ``layout``:
+    """:func:`need_of` for recall's rendering (``engram.services.recall.merge.fit_budget`` in ``layout``:
     header and footer, one line per item, a day's heading with its first item in ``by_day``)."""
     show_scope = len({item.scope for item in items}) > 1
     base, costs = line_costs(items, count_tokens, layout, show_scope)

@@ -23,7 +23,7 @@ session summaries) goes to the wrapped rules client, so dedupe, invalidation and
 they do offline.
 
 The turn -> dia ids mapping: a message of the conversation is in the prompt's turn when its text
-(``engram.ingest.locomo_text``, as ``engram ingest --format locomo`` and the bench publish it;
+(``engram.publishing.ingest.locomo_text``, as ``engram ingest --format locomo`` and the bench publish it;
 whitespace normalised) follows a ``": "`` (the ``role (Name): text`` layout of an episode) and
 ends at the end of the block or before whitespace. When messages of several conversations match
 (short texts repeat), the conversation with the most matched messages wins (ties: file order).
@@ -56,11 +56,11 @@ from typing import Any
 from graphiti_core.llm_client.config import ModelSize
 from pydantic import BaseModel
 
-from engram.ingest import locomo_text
+from engram.publishing.ingest import locomo_text
 from engram.models.delegating import DelegatingLLMClient
 from engram.models.rules_llm import RulesExtractorClient
 from engram.models.rules_llm.prompts import _block, _literal
-from services.extractor.pipeline import safe_entity_name
+from engram.services.extractor.pipeline import safe_entity_name
 
 _DIA_ID = re.compile(r"D:?(\d+):(\d+)")
 _OBSERVATION_KEY = re.compile(r"^session_(\d+)_observation$")

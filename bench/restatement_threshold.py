@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/x.
 
 from bench._smoke import Checks, parse  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder
-from services.extractor.restatement import cosine, negated, replaced_value, restatement_reason
+from engram.services.extractor.restatement import cosine, negated, replaced_value, restatement_reason
 
 DATA = Path(__file__).resolve().parents[1] / "services" / "extractor" / "data"
 PAIRS = DATA / "restatement_pairs.jsonl"

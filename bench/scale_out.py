@@ -46,7 +46,7 @@ What limits the 4-replica rows:
 * (fixed) replicas used to keep a pull request open on every partition whatever their free
   capacity, so an episode could land on a busy replica and wait there (holding its partition's
   only ack slot) while another idled: 2.87x at concurrency 1, 1.91x at 4. Replicas now pull only
-  with a free slot (engram.service.CapacityPuller): 3.68x and 2.06x, "cap. wait s" 0, wall time
+  with a free slot (engram.runtime.service.CapacityPuller): 3.68x and 2.06x, "cap. wait s" 0, wall time
   at "bound s";
 * with concurrency 4, 4 replicas give 16 slots for 16 groups: wall time is at least the
   busiest partition's chain (LoCoMo sessions differ in cost; with ``--placement hash`` two
@@ -85,15 +85,15 @@ from rich.table import Table  # noqa: E402
 
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, load  # noqa: E402
-from engram.embedded import start_falkordb, start_nats  # noqa: E402
+from engram.stack.embedded import start_falkordb, start_nats  # noqa: E402
 from engram.models.delegating import DelegatingLLMClient, Forward  # noqa: E402
 from engram.models.factory import EmbedderSettings  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.settings import EngramSettings  # noqa: E402
-from engram.topology import Topology  # noqa: E402
-from schemas import Episode, subjects  # noqa: E402
-from services.extractor import app as ex_app  # noqa: E402
-from services.turn_detector.pairing import episode_id_for  # noqa: E402
+from engram.runtime.topology import Topology  # noqa: E402
+from engram.schemas import Episode, subjects  # noqa: E402
+from engram.services.extractor import app as ex_app  # noqa: E402
+from engram.services.turn_detector.pairing import episode_id_for  # noqa: E402
 
 BOUND_TARGET = 0.75  # wall time within 1/0.75 of perfect scheduling (bound s), at every replica count
 HANG_TARGET_S = 2.0  # one hung group may add at most this to the other groups' freshness p95

@@ -54,13 +54,13 @@ from rich.table import Table  # noqa: E402
 
 from bench._recall_common import load_conversations, percentile  # noqa: E402
 from bench._smoke import Checks, locomo_path, parse, require_locomo  # noqa: E402
-from engram.ingest import locomo_sessions, locomo_text  # noqa: E402
+from engram.publishing.ingest import locomo_sessions, locomo_text  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
 from engram.models.factory import LLMSettings, build_llm  # noqa: E402
 from engram.settings import EngramSettings, SessionSettings  # noqa: E402
-from engram.tokens import token_counter  # noqa: E402
-from schemas import ChatMessage, ScopeKeys, subjects  # noqa: E402
-from schemas.memory import (  # noqa: E402
+from engram.text.tokens import token_counter  # noqa: E402
+from engram.schemas import ChatMessage, ScopeKeys, subjects  # noqa: E402
+from engram.schemas.memory import (  # noqa: E402
     ContextBudgets,
     ContextRequest,
     ContextResponse,
@@ -69,10 +69,10 @@ from schemas.memory import (  # noqa: E402
     SessionRecord,
     SessionSegmentClosed,
 )
-from services.sessions.close import close_segment  # noqa: E402
-from services.turn_detector.intake import prepare_part  # noqa: E402
-from services.turn_detector.noise import NoiseSettings  # noqa: E402
-from services.turn_detector.pairing import SegmentPolicy, SessionState, apply_close, apply_message  # noqa: E402
+from engram.services.sessions.close import close_segment  # noqa: E402
+from engram.services.turn_detector.intake import prepare_part  # noqa: E402
+from engram.services.turn_detector.noise import NoiseSettings  # noqa: E402
+from engram.services.turn_detector.pairing import SegmentPolicy, SessionState, apply_close, apply_message  # noqa: E402
 
 SEED_ANCHOR = {"calls": 2, "input": 4000, "output": 800}
 
@@ -205,9 +205,9 @@ async def timed_request(nc, subject: str, body: bytes) -> tuple[float, dict]:  #
 
 
 async def context_part(args: argparse.Namespace, checks: Checks, console: Console) -> None:
-    from engram.embedded import start_falkordb, start_nats
-    from services.recall import app as recall_app
-    from services.sessions import app as sessions_app
+    from engram.stack.embedded import start_falkordb, start_nats
+    from engram.services.recall import app as recall_app
+    from engram.services.sessions import app as sessions_app
 
     with tempfile.TemporaryDirectory(prefix="engram-bench-sessions-") as tmp:
         nats_proc = start_nats(Path(tmp) / "nats")

@@ -34,13 +34,13 @@ from graphiti_core.tracer import NoOpTracer  # noqa: E402
 
 from bench._smoke import Checks, parse  # noqa: E402
 from bench.llm_simulator import LLMSimulator  # noqa: E402
-from engram.embedded import start_falkordb  # noqa: E402
+from engram.stack.embedded import start_falkordb  # noqa: E402
 from engram.models.factory import LLMSettings, build_llm  # noqa: E402
 from engram.models.hashing_embedder import HashingEmbedder  # noqa: E402
-from schemas import Episode, EpisodeMessage  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
-from services.extractor.pipeline import extract_episode  # noqa: E402
-from services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
+from engram.schemas import Episode, EpisodeMessage  # noqa: E402
+from engram.services.extractor.app import NoRerank  # noqa: E402
+from engram.services.extractor.pipeline import extract_episode  # noqa: E402
+from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
 
 START = datetime(2024, 3, 4, 9, 0, tzinfo=timezone.utc)
 TURNS: dict[str, list[tuple[str, str]]] = {

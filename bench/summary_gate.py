@@ -115,18 +115,18 @@ from rich.table import Table  # noqa: E402
 
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench.extraction_cost import LOCOMO, driver, load  # noqa: E402
-from engram.embedded import start_falkordb  # noqa: E402
-from engram.graph import query_rows  # noqa: E402
+from engram.stack.embedded import start_falkordb  # noqa: E402
+from engram.graph.drivers import query_rows  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
-from schemas import NodeDelta, SummaryTick  # noqa: E402
-from services.extractor.app import NoRerank  # noqa: E402
-from services.extractor.deltas import build_node_deltas  # noqa: E402
-from services.extractor.pipeline import extract_episode  # noqa: E402
-from services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
-from services.summary_gate import store  # noqa: E402
-from services.summary_gate.gate import (  # noqa: E402
+from engram.schemas import NodeDelta, SummaryTick  # noqa: E402
+from engram.services.extractor.app import NoRerank  # noqa: E402
+from engram.services.extractor.deltas import build_node_deltas  # noqa: E402
+from engram.services.extractor.pipeline import extract_episode  # noqa: E402
+from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
+from engram.services.summary_gate import store  # noqa: E402
+from engram.services.summary_gate.gate import (  # noqa: E402
     ActiveFact,
     Decision,
     GateMeta,
@@ -138,7 +138,7 @@ from services.summary_gate.gate import (  # noqa: E402
     fact_hash,
     pooled,
 )
-from services.summary_gate.summarize import PROMPT_NAME, _normal, facts_summary, refresh_summaries  # noqa: E402
+from engram.services.summary_gate.summarize import PROMPT_NAME, _normal, facts_summary, refresh_summaries  # noqa: E402
 
 WALL0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SWEEP = (0.1, 0.2, 0.3, 0.35, 0.4, 0.5, 0.6)

@@ -40,7 +40,7 @@ os.environ["GRAPHITI_TELEMETRY_ENABLED"] = "false"
 
 from bench._smoke import Checks, parse  # noqa: E402
 from engram.models.factory import EmbedderSettings, build_embedder  # noqa: E402
-from services.summary_gate.guard import CALIBRATED_THRESHOLDS, pieces, restatements  # noqa: E402
+from engram.services.summary_gate.guard import CALIBRATED_THRESHOLDS, pieces, restatements  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests/services/summary_gate/data/guard_paraphrases.json"
 THRESHOLDS = [round(0.01 * i, 2) for i in range(101)]

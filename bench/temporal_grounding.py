@@ -4,7 +4,7 @@ A proxy for what services/recall/temporal.py's ``prefer_dated`` can do, before i
 the search: stemmed BM25 over engram's turns (bench/recall_quality.py's "BM25 turns, stemmed"
 row, same corpus, pairing, budgets and ``fill`` rule), for the questions ``is_when_question``
 accepts. Rows: the turns as they are; the turns grounded against the day they were said
-(``engram.temporal.ground``: what recall renders for a past turn, its extra tokens counted); and
+(``engram.text.temporal.ground``: what recall renders for a past turn, its extra tokens counted); and
 grounded with dated turns lifted by N places (``prefer_dated(lift=N)``). A question is a hit
 when one of its evidence messages is in a kept turn (by id, so a grounding label cannot hide a
 hit). Tuning split and report split printed apart: choose ``lift`` on the tuning split.
@@ -30,10 +30,10 @@ from bench._recall_common import LOCOMO, load_conversations  # noqa: E402
 from bench._smoke import Checks, parse, require_locomo  # noqa: E402
 from bench._ranking import bm25_index, bm25_ranking, fill, normalized  # noqa: E402
 from bench.recall_quality import BUDGETS, Corpus, build_corpus  # noqa: E402
-from engram.temporal import ground  # noqa: E402
-from schemas import RecallItem  # noqa: E402
-from services.extractor.chunking import token_counter  # noqa: E402
-from services.recall.temporal import is_when_question, prefer_dated  # noqa: E402
+from engram.text.temporal import ground  # noqa: E402
+from engram.schemas import RecallItem  # noqa: E402
+from engram.services.extractor.chunking import token_counter  # noqa: E402
+from engram.services.recall.temporal import is_when_question, prefer_dated  # noqa: E402
 
 LIFTS = (0, 1, 2, 3, 5, 10)
 RAW = -1  # the row key of the ungrounded turns

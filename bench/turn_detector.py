@@ -2,7 +2,7 @@
 
 Both consume the same pre-filled ENGRAM_IN stream of an embedded nats-server, with the same
 consumer shape (one durable per partition, one message in flight, pull batch 1, explicit ack):
-All three use engram's broker set-up (engram.service.make_broker: Prometheus middleware etc.):
+All three use engram's broker set-up (engram.runtime.service.make_broker: Prometheus middleware etc.):
 - ack-only: receive and ack (the floor of what any JetStream stage costs);
 - pass-through: receive, publish to an output stream awaiting the PubAck, ack;
 - turn-detector: the real service (parse, scrub, filter, pair, KV compare-and-set, episodes).
@@ -37,12 +37,12 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench._smoke import Checks, parse  # noqa: E402
-from engram.embedded import start_nats  # noqa: E402
-from engram.service import make_broker, subscribe_partitions  # noqa: E402
+from engram.stack.embedded import start_nats  # noqa: E402
+from engram.runtime.service import make_broker, subscribe_partitions  # noqa: E402
 from engram.settings import EngramSettings, TurnDetectorSettings  # noqa: E402
-from engram.topology import Topology, ensure_topology  # noqa: E402
-from schemas import ChatMessage, subjects  # noqa: E402
-from services.turn_detector import app as td_app  # noqa: E402
+from engram.runtime.topology import Topology, ensure_topology  # noqa: E402
+from engram.schemas import ChatMessage, subjects  # noqa: E402
+from engram.services.turn_detector import app as td_app  # noqa: E402
 
 TEXTS = [
     "I changed the retry policy in worker.py to use exponential backoff, can you check it?",
@@ -128,7 +128,7 @@ async def stream_count(js, stream: str) -> int:  # noqa: ANN001
 async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -> tuple[float, int, float]:
     """Messages/s, how many messages reached the output stream, and this process's CPU
     microseconds per message."""
-    # The same broker set-up as the service (engram.service.make_broker: Prometheus middleware,
+    # The same broker set-up as the service (engram.runtime.service.make_broker: Prometheus middleware,
     # collapsed subject labels), so the comparison isolates what the turn-detector itself does.
     nats_url = settings.resolved_nats_url()
     topology = Topology.from_settings(settings)
@@ -146,7 +146,7 @@ async def run_passthrough(settings: EngramSettings, forward: bool, total: int) -
             await broker.publish(raw.data, "bench.out." + raw.subject.rsplit(".", 1)[-1], stream="BENCH_OUT")
         await msg.ack()
 
-    # exactly the services' subscription shape (engram.service.subscribe_partitions)
+    # exactly the services' subscription shape (engram.runtime.service.subscribe_partitions)
     subscribe_partitions(broker, subjects.STREAM_IN, configs, handle, title="passthrough")
     nc = await nats.connect(nats_url)
     js = nc.jetstream()

@@ -29,7 +29,7 @@ is the abstract method its documentation tells an LLMClient subclass to implemen
 rules model, OpenAI-compatible client, recall's no-LLM stand-in and the delegating wrappers do),
 so it is a subclass contract; the test module still checks that contract. Public API replaced
 what used to reach in elsewhere: FastStream's ``broker.connection`` (instead of
-``broker.config.connection_state``, see engram/service.py :func:`~engram.service.jetstream`) and
+``broker.config.connection_state``, see engram/runtime/service.py :func:`~engram.runtime.service.jetstream`) and
 nats-py's ``Client.connected_server_version`` (instead of ``_server_info``).
 """
 
@@ -56,7 +56,7 @@ def stop_fetching(subscriber: Any) -> None:
     Why private: FastStream 0.7.8 creates the subscription and starts its fetch task in the
     subscriber's ``_create_subscription``, called by ``start()`` whenever a handler is
     registered; there is no option to register a handler without FastStream fetching for it.
-    engram's :class:`~engram.service.CapacityPuller` pulls instead (only when a slot is free) and
+    engram's :class:`~engram.runtime.service.CapacityPuller` pulls instead (only when a slot is free) and
     hands each message to the public ``subscriber.consume``. Raises when the method is gone, so
     an upgrade cannot leave two pullers running.
     """
@@ -211,7 +211,7 @@ def jetstream_connection(js: Any) -> Any:
     """The ``nats.aio.client.Client`` a nats-py ``JetStreamContext`` publishes through.
 
     Why private: nats-py 2.16.0's ``JetStreamContext`` keeps the connection it was made from
-    (``nc.jetstream()``) as ``_nc`` and has no getter. engram/dlq.py sizes a dead letter by the
+    (``nc.jetstream()``) as ``_nc`` and has no getter. engram/runtime/dlq.py sizes a dead letter by the
     connection's public ``max_payload`` (the server's limit) and is handed only the context by
     every stage. Raises when the attribute is gone, rather than let a dead letter be sized by a
     guess.

@@ -30,7 +30,7 @@ class TurnDetectorSettings(BaseSettings):
     max_message_bytes: int = Field(
         2 * 1024 * 1024, gt=0,
         description="Hard cap of one message's JSON: publishers refuse a larger one naming this limit (ingest skips "
-        "the line, the gateway answers 413), the turn-detector dead-letters one sent anyway (engram/message_size.py).")
+        "the line, the gateway answers 413), the turn-detector dead-letters one sent anyway (engram/publishing/message_size.py).")
     max_turn_chars: int = Field(
         4 * 1024 * 1024, gt=0,
         description="Hard cap of one turn's rendered content (two messages of ENGRAM_TURN_MAX_MESSAGE_BYTES kept "
@@ -119,7 +119,7 @@ class EngramSettings(BaseSettings):
     nats_creds: Path | None = Field(None, description="NATS credentials file (JWT + NKey seed), e.g. a mounted Secret.")
     nats_user: str | None = Field(
         None, description="NATS user name (with ENGRAM_NATS_PASSWORD): the service's own user of the generated "
-        "least-privilege config (engram/auth.py: engram-<service>), or engram-admin for the CLI and topology job.",
+        "least-privilege config (engram/runtime/auth.py: engram-<service>), or engram-admin for the CLI and topology job.",
     )
     nats_password: SecretStr | None = Field(None, description="Password of ENGRAM_NATS_USER (never logged).")
     nats_inbox_prefix: str | None = Field(

@@ -6,10 +6,10 @@ graph drivers, the local models' runtime) to get ``ChatMessage`` and the dedupe 
 module and ``schemas`` (engram's only contract) and needs pydantic and nats-py alone; engram's
 own wheel carries the same module, so code written against it runs in either.
 
-What it does, as engram's own publishers do (engram/ingest.py):
+What it does, as engram's own publishers do (engram/publishing/ingest.py):
 
 * the subject of the session (``engram.in.message.<session>``, ``engram.in.close.<session>``);
-* the ``Nats-Msg-Id`` of :func:`schemas.subjects.message_dedupe_id`, with the session's epoch
+* the ``Nats-Msg-Id`` of :func:`engram.schemas.subjects.message_dedupe_id`, with the session's epoch
   read from the ``engram_session_epochs`` bucket (after a delete, a re-sent message is stored
   again instead of being dropped as a duplicate of the deleted copy);
 * waits for each PubAck, so a message is stored durably (or known to be a duplicate) when the
@@ -37,7 +37,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from schemas import ChatMessage, SessionClosed, subjects
+from .schemas import ChatMessage, SessionClosed, subjects
 
 __all__ = ["Publisher", "TRANSIENT_ERRORS", "read_epoch"]
 
@@ -50,11 +50,11 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.js.errors.ServiceUnavailableError,
 )
 """Publish failures worth a retry: the server or the stream's leader is (re)starting (engram
-ingest retries the same ones: engram/ingest.py)."""
+ingest retries the same ones: engram/publishing/ingest.py)."""
 
 
 async def read_epoch(kv: Any, session_id: str) -> int:
-    """A session's epoch in the ``engram_session_epochs`` bucket ``kv`` (engram/epochs.py writes
+    """A session's epoch in the ``engram_session_epochs`` bucket ``kv`` (engram/runtime/epochs.py writes
     them): 0 when none, deleted, or not a number."""
     try:
         entry = await kv.get(session_id)

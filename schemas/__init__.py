@@ -1,7 +1,7 @@
 """engram's message contract: pydantic models, subjects, and their generated JSON Schema/AsyncAPI."""
 
-from schemas.memory import MEMORY_MODELS, SessionSegmentClosed
-from schemas.messages import (
+from .memory import MEMORY_MODELS, SessionSegmentClosed
+from .messages import (
     ALL_MODELS as MESSAGE_MODELS,
     ChatMessage,
     Episode,

@@ -1,6 +1,6 @@
 """Generate schemas/json/*.schema.json and schemas/asyncapi.yaml from the pydantic models.
 
-Run ``python -m schemas.export`` after changing a model; ``--check`` exits 1 when the files on
+Run ``python -m engram.schemas.export`` after changing a model; ``--check`` exits 1 when the files on
 disk differ from what the models generate (the drift test calls the same function).
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from schemas import subjects
-from schemas import ALL_MODELS
-from schemas import memory
-from schemas.messages import ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
-from schemas.messages import SessionClosed, SessionIdle, SummaryAudit, SummaryEvent, SummaryTick
-from schemas.messages import TripletAddRequest
-from schemas.messages import (
+from . import subjects
+from . import ALL_MODELS
+from . import memory
+from .messages import ChatMessage, Episode, NodeDelta, RecallRequest, RecallResponse
+from .messages import SessionClosed, SessionIdle, SummaryAudit, SummaryEvent, SummaryTick
+from .messages import TripletAddRequest
+from .messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,

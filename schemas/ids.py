@@ -13,7 +13,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from schemas.messages import ChatMessage
+    from .messages import ChatMessage
 
 EPISODE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://engram.dev/episode")
 
@@ -25,7 +25,7 @@ def episode_id_for(group_id: str, turn_id: str) -> str:
 
 def message_dedupe_key(message: "ChatMessage") -> str:
     """What makes a chat message a duplicate within its session: its id *and* the scopes it was
-    sent to, as in the input Nats-Msg-Id (schemas.subjects.message_dedupe_id). The same transcript
+    sent to, as in the input Nats-Msg-Id (engram.schemas.subjects.message_dedupe_id). The same transcript
     ingested into a second workspace is new there; a re-send to the same scopes is not."""
     scopes = message.scopes.model_dump(exclude_none=True)
     if scopes == {"session": True}:

@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field
 
-from schemas.messages import MESSAGE_ID_PATTERN, AdminStatus, RecallScopes, Role, ScopeKeys, _Model
-from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN, session_group, user_group, workspace_group
+from .messages import MESSAGE_ID_PATTERN, AdminStatus, RecallScopes, Role, ScopeKeys, _Model
+from .subjects import SESSION_ID_PATTERN, TOKEN_PATTERN, session_group, user_group, workspace_group
 
 CloseReason = Literal["token_limit", "idle", "explicit", "scope_change"]
 """Why a segment closed: its token limit at a turn boundary, inactivity, the publisher's close, or

@@ -3,7 +3,7 @@
 Every message carries ``schema_version``. A consumer accepts the versions it knows and sends
 anything else to the dead-letter subject with reason ``schema``. Generated JSON Schema files
 (schemas/json/) and the AsyncAPI document (schemas/asyncapi.yaml) are derived from these
-models by ``python -m schemas.export``; tests/schemas/test_drift.py fails when they drift.
+models by ``python -m engram.schemas.export``; tests/schemas/test_drift.py fails when they drift.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
+from .subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
 
 MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_.:@+=/-]{1,256}$"
 """Message ids end up in Nats-Msg-Id headers and KV values: printable, no spaces."""
@@ -83,7 +83,7 @@ class ChatMessage(_Model):
     schema_version: Literal[1] = 1
     message_id: str = Field(pattern=MESSAGE_ID_PATTERN, description="Unique per message within its session. Publish it with header "
                             "Nats-Msg-Id = sha256(json([session_id, scopes, message_id, epoch]))[:40] "
-                            "prefixed 'm-' (schemas.subjects.message_dedupe_id): JetStream deduplicates "
+                            "prefixed 'm-' (engram.schemas.subjects.message_dedupe_id): JetStream deduplicates "
                             "per stream, so a bare id would collide across sessions.")
     session_id: str = Field(pattern=SESSION_ID_PATTERN)
     role: Role

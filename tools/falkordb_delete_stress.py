@@ -3,12 +3,12 @@
 FalkorDB's indexer thread running an index-drop task, ~0.5 s after the compaction that followed
 a group delete, in about one full test run in five (docs/architecture.md, "deleting a group").
 
-Each trial starts its own server (engram.embedded.start_falkordb, random port, temp dir) and runs
+Each trial starts its own server (engram.stack.embedded.start_falkordb, random port, temp dir) and runs
 WORKERS loops at once. One iteration, on a graph whose name the worker reuses every time (a user
 deleting a group and writing to it again):
 
 1. build graphiti's indices (range + fulltext, FalkorDriver.build_indices_and_constraints) and
-   engram's vector index (engram.graph.ensure_vector_index), write NODES entities, an episode,
+   engram's vector index (engram.graph.drivers.ensure_vector_index), write NODES entities, an episode,
    MENTIONS and RELATES_TO edges with embeddings;
 2. delete the group with the admin's own code, ``_Falkor.drop_group`` then ``_Falkor.compact``
    (what ``GraphAdmin.delete_group`` does), or with ``--legacy-drop`` the delete as it was
@@ -44,8 +44,8 @@ from typing import Any
 
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
-from engram.embedded import ManagedProcess, start_falkordb  # noqa: E402
-from engram.graph import ensure_vector_index  # noqa: E402
+from engram.stack.embedded import ManagedProcess, start_falkordb  # noqa: E402
+from engram.graph.drivers import ensure_vector_index  # noqa: E402
 
 CRASH_MARKERS = ("REDIS BUG REPORT", "Guru Meditation", "crashed by signal")
 DIM = 16
@@ -129,7 +129,7 @@ async def legacy_drop_group(db: Any, name: str) -> None:
 
 
 async def worker(url: str, name: str, args: argparse.Namespace, stop: asyncio.Event, counts: dict[str, Any]) -> None:
-    from services.recall.admin import _Falkor
+    from engram.services.recall.admin import _Falkor
 
     rng = random.Random(name)
     for _ in range(args.iterations):

@@ -4,7 +4,7 @@ Counts every call by stage and graphiti prompt name in Prometheus
 (``engram_llm_calls_total{stage,prompt}``, ``engram_llm_tokens_total{stage,prompt,direction}``)
 and per wrapper instance (``calls`` / ``tokens``, used for per-episode accounting).
 
-Tokens are counted with a real cl100k tokenizer (offline, see engram/tokens.py):
+Tokens are counted with a real cl100k tokenizer (offline, see engram/text/tokens.py):
 input = the text of the messages graphiti built (including the JSON schema graphiti's base client
 appends for non-OpenAI clients), output = the JSON of the structured response. Providers that
 report usage themselves may differ by a few tokens of chat framing.
@@ -24,8 +24,8 @@ from pydantic import BaseModel
 from prometheus_client import Counter, Histogram
 
 from engram.models.delegating import DelegatingLLMClient, Forward
-from engram.graphiti_tracing import llm_span
-from engram.tokens import token_counter
+from engram.observability.graphiti_tracing import llm_span
+from engram.text.tokens import token_counter
 
 LLM_CALLS = Counter("engram_llm_calls_total", "LLM calls by pipeline stage and graphiti prompt.", ["stage", "prompt"])
 LLM_TOKENS = Counter(
@@ -61,7 +61,7 @@ class AccountingLLMClient(DelegatingLLMClient):
         prompt_name: str | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """One ``engram.llm.call`` span per call when tracing is on (engram/tracing.py): stage,
+        """One ``engram.llm.call`` span per call when tracing is on (engram/observability/tracing.py): stage,
         prompt name, model and token counts; never the prompt or the answer."""
         prompt = prompt_name or (response_model.__name__ if response_model is not None else "unnamed")
         model = kwargs.get("model") or (self.config.small_model if model_size == ModelSize.small else self.config.model)

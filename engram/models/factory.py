@@ -225,7 +225,7 @@ def build_embedder(settings: EmbedderSettings | None = None) -> EmbedderClient:
 class EmbedderUnavailable(Exception):
     """An embeddings request failed after the OpenAI SDK's retries (429, 5xx, timeouts, no
     connection). ``failure_reason``: the dead-letter reason once a message's deliveries are used
-    up (engram/service.py ``retry_or_dead_letter``)."""
+    up (engram/runtime/service.py ``retry_or_dead_letter``)."""
 
     failure_reason = "embedder_unavailable"
 

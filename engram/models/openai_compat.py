@@ -17,7 +17,7 @@ where one edge-extraction call generated > 5,000 tokens and a dedupe call queued
    the schema (at temperature 0 the same prompt would loop the same way); if that is cut too,
    :class:`LLMOutputTruncated` is raised. It names its dead-letter reason
    (``llm_output_truncated``): the extractor dead-letters the episode at once instead of
-   redelivering a call that fails the same way (engram/service.py ``retry_or_dead_letter``);
+   redelivering a call that fails the same way (engram/runtime/service.py ``retry_or_dead_letter``);
    ``engram dlq replay`` sends it again after the cap is raised.
 3. **Structured output**: ``json_schema`` response format where the server supports it,
    ``json_object`` plus the schema in the prompt, or the schema in the prompt alone

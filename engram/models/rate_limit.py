@@ -47,8 +47,8 @@ import nats.js.errors
 from aiolimiter import AsyncLimiter
 from prometheus_client import Counter, Histogram
 
-from engram.tokens import CountTokens, token_counter
-from schemas import subjects
+from engram.text.tokens import CountTokens, token_counter
+from engram.schemas import subjects
 
 log = logging.getLogger("engram.llm.rate_limit")
 

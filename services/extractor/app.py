@@ -1,7 +1,7 @@
 """extractor service: a thin FastStream app around pipeline.py and deltas.py.
 
 Per episode (strictly in order per group: one shared durable whose deliveries wake a group's
-chain, engram/group_order.py; a group's episodes run one at a time, any number of groups at
+chain, engram/runtime/group_order.py; a group's episodes run one at a time, any number of groups at
 once up to the replicas' slots):
 1. parse the Episode; a bad payload goes to ``engram.dlq.extractor`` with its reason;
 2. extract it into the group's graph with the resolved preprocessing instructions; an episode
@@ -17,7 +17,7 @@ once up to the replicas' slots):
 Failures are retried with a delay and dead-lettered after ``max_deliveries`` attempts (counted
 in the group's record, not by deliveries).
 
-Pulling (engram/service.py ``CapacityPuller``): a replica asks for a delivery only when one of
+Pulling (engram/runtime/service.py ``CapacityPuller``): a replica asks for a delivery only when one of
 its ``extractor_concurrency`` slots is free, with short no-wait pull requests; a delivery whose
 group is done or owned elsewhere is acked at once and frees the slot, one that starts a chain
 keeps it until the group has nothing left. Idle replicas poll with a bounded backoff and wake at
@@ -29,7 +29,7 @@ engram_faststream_* metrics, tracing); the episodes it reads after it are handle
 Models come from ENGRAM_LLM_* / ENGRAM_EMBEDDER_* (engram/models/factory.py): the offline rules
 extractor and hashing embedder by default, the local MiniLM embedder or any OpenAI-compatible
 endpoint by settings.
-Graph drivers come from engram/graph.py (shared with the other services): indices are built
+Graph drivers come from engram/graph/drivers.py (shared with the other services): indices are built
 once per driver on its first episode, so a graph database that is down at start only delays
 extraction.
 """
@@ -49,15 +49,16 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq, graphiti_tracing
-from engram.ontology import Ontologies, OntologySettings
-from engram.graph import GraphDrivers
-from engram.stream_retention import StreamKeeper
-from engram.pipeline_metrics import BacklogMonitor, observe_freshness
+from engram.runtime import dlq
+from engram.observability import graphiti_tracing
+from engram.graph.ontology import Ontologies, OntologySettings
+from engram.graph.drivers import GraphDrivers
+from engram.runtime.stream_retention import StreamKeeper
+from engram.observability.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.embedding_cache import BatchingEmbedder
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm, vector_dim
-from engram.group_order import GroupOrder, StoredMessage
-from engram.service import (
+from engram.runtime.group_order import GroupOrder, StoredMessage
+from engram.runtime.service import (
     CapacityPuller,
     ServiceApp,
     failure_decision,
@@ -67,24 +68,24 @@ from engram.service import (
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import Episode, NodeDelta, subjects
-from schemas.validation import error_locations
-from services.extractor.deltas import build_node_deltas, delta_message_id
-from services.extractor.pipeline import (
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import Episode, NodeDelta, subjects
+from engram.schemas.validation import error_locations
+from engram.services.extractor.deltas import build_node_deltas, delta_message_id
+from engram.services.extractor.pipeline import (
     TripletRejected,
     deltas_for_existing_episode,
     extract_episode,
     record_group_name,
 )
-from services.extractor.preprocessing import (
+from engram.services.extractor.preprocessing import (
     ExtractionSettings,
     PrependingLLMClient,
     instructions_for_episode,
     validate_at_startup,
 )
-from services.extractor.restatement import similarity_threshold
-from services.extractor.scrub import scrubbed_episode
+from engram.services.extractor.restatement import similarity_threshold
+from engram.services.extractor.scrub import scrubbed_episode
 
 STAGE = "extractor"
 log = logging.getLogger("engram.extractor")
@@ -121,7 +122,7 @@ class Extractor:
         self.ontologies = ontologies or Ontologies.from_settings(OntologySettings(), settings.group_prefix)
         self.named_groups: set[str] = set()  # groups whose name (scope and key) this process recorded
         self.llm = llm or build_llm(LLMSettings(), nats=lambda: broker.connection)  # the shared rate limit's KV
-        # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/tracing.py)
+        # graphiti's own spans (graphiti.llm.generate, ...), content stripped (engram/observability/tracing.py)
         self.tracer = graphiti_tracing.graphiti_tracer("extractor")
         self.llm.set_tracer(self.tracer)
         embedder_settings = embedder_settings or EmbedderSettings()
@@ -143,7 +144,7 @@ class Extractor:
         # Per-replica capacity. The puller only pulls when one of its slots is free, so an
         # episode does not wait here in normal operation; this stays the hard bound on in-flight
         # LLM work (a late, unsolicited delivery waits here with its heartbeat running): the
-        # slots plus as many lent by stalled chains (engram/slots.py), which would otherwise
+        # slots plus as many lent by stalled chains (engram/runtime/slots.py), which would otherwise
         # queue here behind the very call that stalled.
         self.in_flight_bound = 2 * settings.extractor_concurrency
         self.capacity = asyncio.Semaphore(self.in_flight_bound)
@@ -176,7 +177,7 @@ class Extractor:
         await self.graph.close()
 
     async def _clients(self, group_id: str, prefix: str = "") -> GraphitiClients:
-        """The graphiti clients for ``group_id`` with its driver's indices built (engram/graph.py).
+        """The graphiti clients for ``group_id`` with its driver's indices built (engram/graph/drivers.py).
         ``prefix``: preprocessing text put before graphiti's instructions (mode ``prepend``)."""
         driver = await self.graph.driver(group_id)
         llm = PrependingLLMClient(self.llm, prefix) if prefix else self.llm
@@ -185,7 +186,7 @@ class Extractor:
         )
 
     async def handle(self, msg: Any) -> None:
-        """``msg`` is the NatsMessage (see engram.service.message_itself): a doorbell of the group
+        """``msg`` is the NatsMessage (see engram.runtime.service.message_itself): a doorbell of the group
         order, which acks it or runs the group's chain through :meth:`_process_stored`."""
         await self.order.deliver(msg.raw_message)
 

@@ -1,7 +1,7 @@
 """Adaptive chunking for entity extraction and covering chunks for edge extraction.
 
 Pure functions. Sizes are in tokens, counted by a ``count_tokens`` callable (normally
-:func:`engram.tokens.token_counter`, which counts real cl100k tokens offline). Settings (:class:`ChunkingSettings`) follow the
+:func:`engram.text.tokens.token_counter`, which counts real cl100k tokens offline). Settings (:class:`ChunkingSettings`) follow the
 episode-processing design (seed 002) and graphiti-core's ``helpers.py``:
 
 ====================  =======  ============================================================
@@ -105,7 +105,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engram.tokens import CountTokens, estimate_tokens, token_counter  # noqa: F401 - the last two re-exported for bench/
+from engram.text.tokens import CountTokens, estimate_tokens, token_counter  # noqa: F401 - the last two re-exported for bench/
 
 logger = logging.getLogger("engram.extractor")
 

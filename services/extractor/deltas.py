@@ -40,9 +40,9 @@ from typing import Protocol
 from graphiti_core.edges import EntityEdge
 from graphiti_core.nodes import EntityNode
 
-from engram.facts import infer_invalidated_by
-from schemas import Episode, FactRef, InvalidatedFact, NodeDelta
-from schemas.messages import MESSAGE_ID_PATTERN
+from engram.graph.facts import infer_invalidated_by
+from engram.schemas import Episode, FactRef, InvalidatedFact, NodeDelta
+from engram.schemas.messages import MESSAGE_ID_PATTERN
 
 NEGATION_CUES: tuple[str, ...] = (
     "not",

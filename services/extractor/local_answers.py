@@ -9,7 +9,7 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
 
 * **timestamps**: a fact whose only date words are ones engram resolves itself
   (:func:`engram.models.rules_llm.dates.fact_timestamps`: ISO and written dates, "in 2019", and
-  the relative expressions of :mod:`engram.temporal` against the fact's reference time), or that
+  the relative expressions of :mod:`engram.text.temporal` against the fact's reference time), or that
   has no date word at all (valid_at = its reference time: graphiti's prompt's rule for an
   ongoing fact, and what the pipeline gives an undated fact anyway) is dated here. Only facts
   with a time expression engram does not resolve ("on Friday", "recently", "since college",

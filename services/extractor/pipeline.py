@@ -11,7 +11,7 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
 2. previous episodes: ``retrieve_episodes`` (``previous_window`` before reference_time);
 3. extraction, ONE pass by default (``mode="combined"``): ``extract_nodes_and_edges``
    (graphiti's combined node+edge stage, the one ``add_episode_bulk`` uses, with engram's own
-   shorter prompt and answer schema: :mod:`services.extractor.extraction_prompt`). Why combined:
+   shorter prompt and answer schema: :mod:`engram.services.extractor.extraction_prompt`). Why combined:
    the product goal is a single extraction LLM pass per turn, and this prompt is that pass --
    one large prompt instead of ``extract_nodes`` + ``extract_edges`` (which each repeat ~1.9k
    tokens of fixed instructions and the previous-episodes block), the custom instructions are
@@ -19,7 +19,7 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    (orphans are dropped upstream). Its cost: a *small* call that dates the facts in a batch
    (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt dates facts
    inline -- made only for facts with a date engram cannot resolve itself
-   (:mod:`services.extractor.local_answers`, which also skips edge dedupe calls with no close
+   (:mod:`engram.services.extractor.local_answers`, which also skips edge dedupe calls with no close
    candidate). ``mode="separate"`` runs add_episode's two-prompt path
    (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
@@ -30,11 +30,11 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
 5. ``resolve_extracted_nodes`` (dedupe), ``resolve_edge_pointers``, ``resolve_extracted_edges``
    (dedupe + contradiction -> invalidated edges, with graphiti's ``invalidated_by`` mapping;
    a contradicted fact in force when the episode was told is ended even when the new fact is
-   dated earlier: :mod:`services.extractor.told_later`);
+   dated earlier: :mod:`engram.services.extractor.told_later`);
    then an invalidation whose invalidating fact restates the invalidated one (same episode,
    same text or words, or embeddings at least ``restatement_similarity`` apart from a replaced
    value) is rejected and the edge restored before the save -- a fact must not invalidate
-   itself (:mod:`services.extractor.restatement`; ``engram_extractor_invalidations_total``);
+   itself (:mod:`engram.services.extractor.restatement`; ``engram_extractor_invalidations_total``);
 6. NO ``extract_attributes_from_nodes``: no summaries, no attribute extraction;
 7. embeddings: ``create_entity_node_embeddings`` for new nodes (edges are embedded by
    resolve_extracted_edges; any edge still without a vector is embedded here), and the turn's
@@ -50,13 +50,13 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    entity nodes and all touched entity edges first, then the EpisodicNode and its MENTIONS
    edges -- so the episode node, the idempotency marker, is written only after its facts;
    then its source message ids, turn embedding and extraction cost (LLM calls, tokens, stage
-   times: ``schemas.messages.ExtractionCost``) as properties of the Episodic node, in one write.
+   times: ``engram.schemas.messages.ExtractionCost``) as properties of the Episodic node, in one write.
 
 Partial / known gaps:
 
 * no custom entity or edge types (graphiti's default ``Entity`` / free relation names), no
   sagas, no communities;
-* large, entity-dense episodes (seed 002, :mod:`services.extractor.chunking`) and every episode
+* large, entity-dense episodes (seed 002, :mod:`engram.services.extractor.chunking`) and every episode
   above ``max_unchunked_tokens`` take a third path, ``chunked``: entities are extracted per
   chunk concurrently (``extract_nodes``, the chunk as content, the full previous-episodes
   context) and merged case-insensitively. Up to ``max_unchunked_tokens`` they are then resolved
@@ -127,12 +127,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from engram.compat import driver_database, normalize_name_exact
 from engram.models.accounting import AccountingLLMClient
 from engram.models.embedding_cache import BatchingEmbedder
-from engram.ontology import Ontology
-from engram.tokens import CountTokens, token_counter
-from schemas import Episode, NodeDelta, TripletFact
-from schemas.messages import ExtractionCost
-from schemas.relations import canonical_relation
-from services.extractor.chunking import (
+from engram.graph.ontology import Ontology
+from engram.text.tokens import CountTokens, token_counter
+from engram.schemas import Episode, NodeDelta, TripletFact
+from engram.schemas.messages import ExtractionCost
+from engram.schemas.relations import canonical_relation
+from engram.services.extractor.chunking import (
     ChunkingSettings,
     assign_pairs,
     chunk_json,
@@ -141,11 +141,11 @@ from services.extractor.chunking import (
     chunk_text,
     should_chunk,
 )
-from services.extractor.deltas import build_node_deltas
-from services.extractor.extraction_prompt import engram_clients
-from services.extractor.local_answers import DEDUPE_SIMILARITY, LocalAnswersLLMClient
-from services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
-from services.extractor.told_later import telling
+from engram.services.extractor.deltas import build_node_deltas
+from engram.services.extractor.extraction_prompt import engram_clients
+from engram.services.extractor.local_answers import DEDUPE_SIMILARITY, LocalAnswersLLMClient
+from engram.services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
+from engram.services.extractor.told_later import telling
 
 log = logging.getLogger("engram.extractor")
 DEFAULT_ONTOLOGY = Ontology()
@@ -301,7 +301,7 @@ MESSAGE_IDS_PROPERTY = "engram_message_ids"
 
 EMBEDDING_PROPERTY = "engram_embedding"
 
-# What extracting the episode cost (schemas.messages.ExtractionCost), on its Episodic node: plain
+# What extracting the episode cost (engram.schemas.messages.ExtractionCost), on its Episodic node: plain
 # properties like the two above (graphiti reads Episodic nodes field by field and ignores them);
 # the stage times as a JSON object in a string, since neither FalkorDB nor Neo4j stores a map.
 LLM_CALLS_PROPERTY = "engram_llm_calls"
@@ -651,7 +651,7 @@ def _role_block_pieces(block: str, settings: ChunkingSettings, count: CountToken
 
 def episode_chunks(episode: Episode, settings: ChunkingSettings, count_tokens: CountTokens | None = None) -> list[str]:
     """The entity-extraction chunks of ``episode``: ``[content]`` when it should not be chunked
-    (:func:`~services.extractor.chunking.should_chunk`: dense and large, or above
+    (:func:`~engram.services.extractor.chunking.should_chunk`: dense and large, or above
     ``max_unchunked_tokens`` whatever its density).
 
     A chat turn is chunked between its role blocks (chunk_messages); a block larger than
@@ -847,7 +847,7 @@ async def extract_episode(
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
 
-    ``ontology``: the entity and edge types to extract with (engram/ontology.py; the default is
+    ``ontology``: the entity and edge types to extract with (engram/graph/ontology.py; the default is
     graphiti's ``Entity`` only). An entity type with fields gets its attributes from graphiti's
     attribute prompt, one call per typed entity of the turn.
 
@@ -856,12 +856,12 @@ async def extract_episode(
 
     ``restatement_similarity``: fact-embedding cosine at or above which an invalidating fact
     restates the invalidated one (for the configured embedder; see
-    :data:`services.extractor.restatement.DEFAULT_SIMILARITY`). None: only the rules that need
+    :data:`engram.services.extractor.restatement.DEFAULT_SIMILARITY`). None: only the rules that need
     no embedding (same episode, same text, same words) reject invalidations.
 
     ``dedupe_similarity``: a ``dedupe_edges.resolve_edge`` call is made only when a candidate's
     content-word overlap with the new fact reaches it (None: always asked; see
-    :mod:`services.extractor.local_answers`, which also dates the facts engram can date).
+    :mod:`engram.services.extractor.local_answers`, which also dates the facts engram can date).
 
     ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
     (and does nothing else, no LLM call) when the episode's node is already stored.

@@ -54,9 +54,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram.bundled import TEMPLATES_DIR
 from engram.models.delegating import DelegatingLLMClient
-from engram.secrets import scrub_secrets
-from schemas import ExtractionOverride
-from services.extractor.chunking import ChunkingSettings
+from engram.text.secrets import scrub_secrets
+from engram.schemas import ExtractionOverride
+from engram.services.extractor.chunking import ChunkingSettings
 
 log = logging.getLogger("engram.extractor")
 
@@ -262,7 +262,7 @@ def place_instructions(preprocessing: str | None, mode: Mode) -> EpisodeInstruct
 
 class OverrideError(TemplateError):
     """An Episode's own ``extraction`` override that cannot be used. Redelivery cannot fix it: the
-    episode is dead-lettered at once (engram/service.py); the message never quotes the override."""
+    episode is dead-lettered at once (engram/runtime/service.py); the message never quotes the override."""
 
     dead_letter_reason = "extraction_override"
 

@@ -9,8 +9,8 @@ so every episode goes through it here, whatever door it came through.
 
 from __future__ import annotations
 
-from engram.secrets import scrub_secrets
-from schemas import Episode
+from engram.text.secrets import scrub_secrets
+from engram.schemas import Episode
 
 
 def _scrubbed(text: str | None) -> tuple[str | None, int]:

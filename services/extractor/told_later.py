@@ -1,7 +1,7 @@
 """A change told later, dated earlier, still ends the fact it contradicts (issue 24, item 4).
 
 Told "Maya lives in Lisbon" on 2 March and, a week later, "Maya moved to Porto last month", the
-Porto fact is dated 1 February (engram/temporal.py grounds "last month") and the Lisbon fact 2
+Porto fact is dated 1 February (engram/text/temporal.py grounds "last month") and the Lisbon fact 2
 March (the day it was said: it names no date). graphiti's date rule for contradicted facts
 (``_apply_temporal_invalidation``) then reads the Lisbon fact as the newer one and ends the
 *Porto* fact, the current value, as of 2 March, leaving Lisbon current. That rule is right for a

@@ -27,18 +27,18 @@ from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
 from engram.compat import route_unmatched_http
-from engram.service import ServiceApp, make_broker, message_itself
-from engram.triplets import publish_triplet
-from schemas import subjects
-from schemas.messages import TripletAddRequest, TripletAddResponse
-from schemas.validation import error_locations
-from services.gateway import mapping
+from engram.runtime.service import ServiceApp, make_broker, message_itself
+from engram.publishing.triplets import publish_triplet
+from engram.schemas import subjects
+from engram.schemas.messages import TripletAddRequest, TripletAddResponse
+from engram.schemas.validation import error_locations
+from engram.services.gateway import mapping
 from engram.settings import EngramSettings
-from services.gateway.bus import Bus
-from services.gateway.explorer import explorer_page_router
-from services.gateway.models import GROUP_ID_HELP
-from services.gateway.routes import graphiti_router, health_router
-from services.gateway.settings import GatewaySettings, refuse_open_exposure
+from engram.services.gateway.bus import Bus
+from engram.services.gateway.explorer import explorer_page_router
+from engram.services.gateway.models import GROUP_ID_HELP
+from engram.services.gateway.routes import graphiti_router, health_router
+from engram.services.gateway.settings import GatewaySettings, refuse_open_exposure
 
 VERSION = "0.1.0"
 
@@ -128,7 +128,7 @@ for _outcome in ("stored", "duplicate", "bad_request", "error"):
 
 async def add_triplet(body: bytes, bus: Bus) -> tuple[TripletAddResponse, str]:
     """The answer to a TripletAddRequest and its outcome: stored as POST /triplets stores it
-    (engram/triplets.py), never raised; a bad request says where, never the content."""
+    (engram/publishing/triplets.py), never raised; a bad request says where, never the content."""
     try:
         request = TripletAddRequest.model_validate_json(body)
         episode = mapping.triplet_fact_episode(request.group_id, request.triplet,

@@ -20,16 +20,16 @@ from faststream.nats import NatsBroker
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
-from engram.epochs import SessionEpochs
-from engram.message_size import server_max_payload
-from engram.tracing import TurnSpans
-from engram.service import jetstream
+from engram.runtime.epochs import SessionEpochs
+from engram.publishing.message_size import server_max_payload
+from engram.observability.tracing import TurnSpans
+from engram.runtime.service import jetstream
 from engram.settings import EngramSettings
-from engram.stream_retention import is_stream_full
-from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, subjects
-from services.gateway.idempotency import IdempotencyKeyReused, RecentRequests
-from services.gateway.mapping import dedupe_header
+from engram.runtime.stream_retention import is_stream_full
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ChatMessage, subjects
+from engram.services.gateway.idempotency import IdempotencyKeyReused, RecentRequests
+from engram.services.gateway.mapping import dedupe_header
 
 log = logging.getLogger("engram.gateway")
 
@@ -117,7 +117,7 @@ class Bus:
             epoch = await self.epochs.get(group_id) if self.epochs is not None else 0
         except Exception as exc:  # noqa: BLE001 - without the epoch a re-post after a delete could be dropped
             raise BusError(503, f"cannot read the session epoch ({_why(exc)}); retry") from exc
-        turns = TurnSpans("gateway", "engram.gateway.turn")  # one trace per turn (engram/tracing.py)
+        turns = TurnSpans("gateway", "engram.gateway.turn")  # one trace per turn (engram/observability/tracing.py)
         try:
             return await self._publish_all(js, subject, epoch, messages, report, turns)
         finally:

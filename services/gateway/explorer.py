@@ -38,9 +38,9 @@ from fastapi.responses import RedirectResponse
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, Field, ValidationError
 
-from engram.facts import infer_invalidated_by
-from schemas import subjects
-from schemas.messages import (
+from engram.graph.facts import infer_invalidated_by
+from engram.schemas import subjects
+from engram.schemas.messages import (
     GraphEdgeRequest,
     GraphEdgeResponse,
     GraphEntitiesRequest,
@@ -54,10 +54,10 @@ from schemas.messages import (
     SummaryAudit,
     SummaryEvent,
 )
-from services.gateway import mapping
-from services.gateway.bus import Bus, BusError
-from services.gateway.models import GROUP_ID_PATTERN, MAX_GROUP_ID, EntityEdgeResult, EntityNodeSummary
-from services.gateway.settings import GatewaySettings
+from engram.services.gateway import mapping
+from engram.services.gateway.bus import Bus, BusError
+from engram.services.gateway.models import GROUP_ID_PATTERN, MAX_GROUP_ID, EntityEdgeResult, EntityNodeSummary
+from engram.services.gateway.settings import GatewaySettings
 
 MAX_FACTS = 500
 """Most facts ``GET /facts/{group_id}`` fetches (one NATS request each)."""
@@ -254,7 +254,7 @@ def add_explorer_routes(router: APIRouter, bus: Bus, gateway: GatewaySettings) -
 
 
 def _page_file(name: str) -> bytes:
-    return resources.files("services.gateway").joinpath("explorer", name).read_bytes()
+    return resources.files("engram.services.gateway").joinpath("explorer", name).read_bytes()
 
 
 def explorer_page_router(api_key_required: bool = True) -> APIRouter:

@@ -35,7 +35,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from schemas import subjects
+from engram.schemas import subjects
 
 KEY_TTL_S = 24 * 3600.0
 """How long an Idempotency-Key's body fingerprint is kept (the bucket's max age)."""

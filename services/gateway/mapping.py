@@ -6,15 +6,15 @@ import hashlib
 import json
 from datetime import datetime, timedelta, timezone
 
-from schemas import subjects
-from engram.triplets import triplet_episode
-from schemas import ChatMessage, Episode, EpisodeMessage, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys, TripletFact
-from engram.secrets import scrub_secrets
-from schemas.ids import episode_id_for
-from schemas.messages import GraphEpisode, GraphFact
-from schemas.relations import canonical_relation
-from services.extractor.pipeline import safe_entity_name
-from services.gateway.models import AddTripletRequest, EntityEdgeResult, EpisodeResult, FactFilters, FactResult, Message
+from engram.schemas import subjects
+from engram.publishing.triplets import triplet_episode
+from engram.schemas import ChatMessage, Episode, EpisodeMessage, ExtractionOverride, RecallItem, RecallMessage, RecallRequest, ScopeKeys, TripletFact
+from engram.text.secrets import scrub_secrets
+from engram.schemas.ids import episode_id_for
+from engram.schemas.messages import GraphEpisode, GraphFact
+from engram.schemas.relations import canonical_relation
+from engram.services.extractor.pipeline import safe_entity_name
+from engram.services.gateway.models import AddTripletRequest, EntityEdgeResult, EpisodeResult, FactFilters, FactResult, Message
 
 RECALL_TOKEN_BUDGET = 100_000
 """The REST contract limits by ``max_facts`` only: give recall's token budget its maximum."""
@@ -44,7 +44,7 @@ def message_id_for(group_id: str, message: Message, occurrence: int = 0, request
 
 
 def dedupe_header(message: ChatMessage, epoch: int = 0) -> str:
-    """The Nats-Msg-Id: :func:`schemas.subjects.message_dedupe_id` (session, scopes, id, epoch),
+    """The Nats-Msg-Id: :func:`engram.schemas.subjects.message_dedupe_id` (session, scopes, id, epoch),
     like every engram publisher. ``epoch`` changes when a delete erased the session."""
     return subjects.message_dedupe_id(message.session_id, message.scopes, message.message_id, epoch)
 
@@ -139,7 +139,7 @@ def edge_result(edge: GraphFact) -> EntityEdgeResult:
 
 def triplet_fact_episode(group_id: str, triplet: TripletFact, *, fields: tuple[str, str] = ("source", "target"),
                          at: datetime | None = None) -> Episode:
-    """The episode of a fact given whole (engram/triplets.py), from any door. ValueError for an
+    """The episode of a fact given whole (engram/publishing/triplets.py), from any door. ValueError for an
     entity name the graph cannot store (only stopwords, pronouns or punctuation:
     services/extractor/pipeline.py), naming the door's own field (``fields``: source, target)."""
     for field, name in zip(fields, (triplet.source, triplet.target)):

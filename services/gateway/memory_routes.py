@@ -29,8 +29,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
 from pydantic import BaseModel
 
-from schemas import subjects
-from schemas.memory import (
+from engram.schemas import subjects
+from engram.schemas.memory import (
     ACTIVITY_KIND_PATTERN,
     AddFavoriteRequest,
     ContextRequest,
@@ -55,10 +55,10 @@ from schemas.memory import (
     UserNote,
     UserPreference,
 )
-from schemas.subjects import SESSION_ID_PATTERN
-from services.gateway.bus import Bus, BusError
-from services.gateway.models import ActivityBody, FavoriteBody, NoteBody, PreferenceBody, Result
-from services.gateway.settings import GatewaySettings
+from engram.schemas.subjects import SESSION_ID_PATTERN
+from engram.services.gateway.bus import Bus, BusError
+from engram.services.gateway.models import ActivityBody, FavoriteBody, NoteBody, PreferenceBody, Result
+from engram.services.gateway.settings import GatewaySettings
 
 CONTEXT_DEGRADED_HEADER = "X-Engram-Context-Degraded"
 NO_SCOPE = "give whose memory: the user, workspace or session query parameter"

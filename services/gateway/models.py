@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, ExtractionCost, TimeRange
-from schemas.memory import ACTIVITY_KIND_PATTERN
-from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
+from engram.schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, ExtractionCost, TimeRange
+from engram.schemas.memory import ACTIVITY_KIND_PATTERN
+from engram.schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
 
 GROUP_ID_PATTERN = r"^[a-zA-Z0-9_-]+$"
 GROUP_ID_HELP = "group_id may contain only ASCII letters, digits, '_' and '-' (pattern ^[a-zA-Z0-9_-]+$)"
@@ -224,7 +224,7 @@ class EntityNodeSummary(BaseModel):
     created_at: datetime | None = None
     summary: str = ""
     attributes: dict[str, Any] = Field(
-        default_factory=dict, description="A typed entity's attributes (its ontology type's fields, engram/ontology.py).")
+        default_factory=dict, description="A typed entity's attributes (its ontology type's fields, engram/graph/ontology.py).")
 
 
 class EntityNodeResult(EntityNodeSummary):

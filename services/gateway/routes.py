@@ -19,13 +19,13 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from pydantic import BaseModel
 
-from engram import tracing
-from engram.message_size import first_oversize, oversize_reason
-from engram.promote import Promotion, publish_episode, publish_promotion
-from engram.triplets import publish_triplet
+from engram.observability import tracing
+from engram.publishing.message_size import first_oversize, oversize_reason
+from engram.publishing.promote import Promotion, publish_episode, publish_promotion
+from engram.publishing.triplets import publish_triplet
 from engram.settings import EngramSettings
-from schemas import RecallItem, RecallResponse, subjects
-from schemas.messages import (
+from engram.schemas import RecallItem, RecallResponse, subjects
+from engram.schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,
@@ -38,11 +38,11 @@ from schemas.messages import (
     GraphGroupsRequest,
     GraphGroupsResponse,
 )
-from services.gateway import idempotency, mapping
-from services.gateway.bus import Bus, BusError
-from services.gateway.explorer import add_explorer_routes
-from services.gateway.memory_routes import add_memory_routes
-from services.gateway.models import (
+from engram.services.gateway import idempotency, mapping
+from engram.services.gateway.bus import Bus, BusError
+from engram.services.gateway.explorer import add_explorer_routes
+from engram.services.gateway.memory_routes import add_memory_routes
+from engram.services.gateway.models import (
     GROUP_ID_PATTERN,
     MAX_GROUP_ID,
     AddEntityNodeRequest,
@@ -61,7 +61,7 @@ from services.gateway.models import (
     SearchResults,
     TripletResult,
 )
-from services.gateway.settings import GatewaySettings
+from engram.services.gateway.settings import GatewaySettings
 
 T = TypeVar("T")
 
@@ -169,7 +169,7 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         messages = mapping.chat_messages(request.group_id, request.messages, datetime.now(timezone.utc),
                                          idle_timeout_s=gateway.idle_timeout_s, request_id=request_id)
         too_big = first_oversize(messages, max_bytes, bus.max_payload())
-        if too_big:  # the limit is named in the body (engram/message_size.py)
+        if too_big:  # the limit is named in the body (engram/publishing/message_size.py)
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big)
         try:
             with tracing.attached(http.headers.get("traceparent")):  # the turn spans become children of the caller's span
@@ -229,7 +229,7 @@ def graphiti_router(bus: Bus, settings: EngramSettings, gateway: GatewaySettings
         """Store a fact given whole (source -[edge_name]-> target) with no extraction pass: its
         entities are resolved against the group's and the fact like an extracted one (a
         duplicate merges, a contradiction ends the older fact), in the group's order, within
-        seconds. The same triplet twice is stored once (engram/triplets.py)."""
+        seconds. The same triplet twice is stored once (engram/publishing/triplets.py)."""
         try:
             episode = mapping.triplet_request_episode(request)
         except ValueError as exc:

@@ -27,17 +27,17 @@ from prometheus_client import Counter, Histogram
 from pydantic import AwareDatetime, BeforeValidator, Field
 
 from engram.compat import route_unmatched_http
-from engram.promote import WORKSPACE_ONLY_KINDS, Promotion, PromotionKind
-from engram.service import ServiceApp, make_broker
+from engram.publishing.promote import WORKSPACE_ONLY_KINDS, Promotion, PromotionKind
+from engram.runtime.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
-from schemas.memory import ACTIVITY_KIND_PATTERN, ContextBudgets, ContextRequest, LogActivityRequest, MemoryScopes
-from schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, TimeRange
-from schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
-from services.gateway.bus import Bus
-from services.gateway.models import AddTripletRequest, FactFilters, GroupId, WriteGroupId
-from services.gateway.settings import is_loopback
-from services.mcp.settings import McpSettings
-from services.mcp.tools import EngramTools, ToolFailed
+from engram.schemas.memory import ACTIVITY_KIND_PATTERN, ContextBudgets, ContextRequest, LogActivityRequest, MemoryScopes
+from engram.schemas.messages import MAX_EXTRACTION_INSTRUCTIONS_CHARS, MESSAGE_ID_PATTERN, TimeRange
+from engram.schemas.subjects import SESSION_ID_PATTERN, TOKEN_PATTERN
+from engram.services.gateway.bus import Bus
+from engram.services.gateway.models import AddTripletRequest, FactFilters, GroupId, WriteGroupId
+from engram.services.gateway.settings import is_loopback
+from engram.services.mcp.settings import McpSettings
+from engram.services.mcp.tools import EngramTools, ToolFailed
 
 MCP_PATH = "/mcp"
 INSTRUCTIONS = (

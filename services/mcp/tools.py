@@ -3,7 +3,7 @@
 Names and argument shapes follow Graphiti's MCP server (``mcp_server/graphiti_mcp_server.py``:
 add_memory, search_memory_facts, search_nodes, get_episodes, delete_episode, delete_entity_edge,
 get_entity_edge, clear_graph, get_status) plus engram's own session layer (get_context, promote,
-the note and preference tools). Everything goes through :class:`services.gateway.bus.Bus`, the
+the note and preference tools). Everything goes through :class:`engram.services.gateway.bus.Bus`, the
 gateway's NATS client: durable publishes with the PubAck awaited, request/reply to recall
 (``engram.recall``, ``engram.graph.*``) and the sessions service (``engram.memory.*``,
 ``engram.context``). A failure is a :class:`ToolFailed` with a plain reason, never content.
@@ -17,13 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engram.message_size import oversize_reason
-from engram.promote import Promotion, publish_episode, publish_promotion
+from engram.publishing.message_size import oversize_reason
+from engram.publishing.promote import Promotion, publish_episode, publish_promotion
 from engram.settings import EngramSettings
-from schemas import RecallResponse, subjects
-from schemas.ids import episode_id_for
-from engram.triplets import publish_triplet
-from schemas.memory import (
+from engram.schemas import RecallResponse, subjects
+from engram.schemas.ids import episode_id_for
+from engram.publishing.triplets import publish_triplet
+from engram.schemas.memory import (
     AddFavoriteRequest,
     ContextRequest,
     ContextResponse,
@@ -39,7 +39,7 @@ from schemas.memory import (
     SaveUserNoteRequest,
     SetUserPreferenceRequest,
 )
-from schemas.messages import (
+from engram.schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,
@@ -54,11 +54,11 @@ from schemas.messages import (
     GraphGroupsRequest,
     GraphGroupsResponse,
 )
-from services.gateway import mapping
-from services.gateway.bus import Bus, BusError
-from services.gateway.idempotency import request_fingerprint
-from services.gateway.models import AddTripletRequest, FactFilters, Message
-from services.mcp.settings import McpSettings
+from engram.services.gateway import mapping
+from engram.services.gateway.bus import Bus, BusError
+from engram.services.gateway.idempotency import request_fingerprint
+from engram.services.gateway.models import AddTripletRequest, FactFilters, Message
+from engram.services.mcp.settings import McpSettings
 
 EPISODE_SESSION_PREFIX = "mcp"
 """Turn ids of whole episodes added over MCP: ``mcp:<uuid or hash>`` (services/gateway/mapping.text_episode)."""
@@ -143,7 +143,7 @@ class EngramTools:
                 chat = chat.model_copy(update={"extraction": mapping.extraction_override(
                     custom_extraction_instructions, excluded_entity_types)})
             too_big = oversize_reason(chat, self.settings.turn.max_message_bytes, self.bus.max_payload())
-            if too_big:  # names the limit (engram/message_size.py)
+            if too_big:  # names the limit (engram/publishing/message_size.py)
                 raise ToolFailed(f"not stored: {too_big}")
             try:
                 report = await self.bus.publish_messages(group_id, [chat])
@@ -226,7 +226,7 @@ class EngramTools:
         return {"message": f"Episode {uuid} deleted successfully"}
 
     async def add_triplet(self, request: AddTripletRequest) -> dict:
-        """Graphiti's add_triplet through engram/triplets.py (the gateway's POST /triplets too)."""
+        """Graphiti's add_triplet through engram/publishing/triplets.py (the gateway's POST /triplets too)."""
         try:
             episode = mapping.triplet_request_episode(request)
         except ValueError as exc:

@@ -51,17 +51,17 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from engram.compat import take_index_build
-from engram.graph import (
+from engram.graph.drivers import (
     VECTOR_INDEXES,
     GraphDrivers,
     as_utc,
     query_rows,
     vector_index_options,
 )
-from engram.secrets import scrub_secrets
-from engram.service import jetstream, message_itself
-from schemas import subjects
-from schemas.messages import (
+from engram.text.secrets import scrub_secrets
+from engram.runtime.service import jetstream, message_itself
+from engram.schemas import subjects
+from engram.schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,
@@ -81,8 +81,8 @@ from schemas.messages import (
     GraphGroupsRequest,
     GraphGroupsResponse,
 )
-from schemas.validation import error_locations
-from services.extractor.pipeline import (
+from engram.schemas.validation import error_locations
+from engram.services.extractor.pipeline import (
     INPUT_TOKENS_PROPERTY,
     LLM_CALLS_PROPERTY,
     MESSAGE_IDS_PROPERTY,
@@ -91,7 +91,7 @@ from services.extractor.pipeline import (
     safe_entity_name,
     stored_extraction_cost,
 )
-from services.recall import purge
+from engram.services.recall import purge
 
 log = logging.getLogger("engram.recall.admin")
 QUEUE_GROUP = "graph-admin"
@@ -126,7 +126,7 @@ Q_EPISODES = (
 ENTITY_FIELDS = (
     "n.uuid AS uuid, n.name AS name, n.group_id AS group_id, labels(n) AS labels, n.created_at AS created_at, "
     "n.summary AS summary, "
-    # a typed entity's attributes are its other properties (engram/ontology.py); an untyped one has
+    # a typed entity's attributes are its other properties (engram/graph/ontology.py); an untyped one has
     # none, so its properties (with its name vector) are not read
     "CASE WHEN size(labels(n)) > 1 THEN properties(n) ELSE NULL END AS props"
 )

@@ -29,23 +29,23 @@ from prometheus_client import Counter, Histogram
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engram import graphiti_tracing
-from engram.graph import GraphDrivers
+from engram.observability import graphiti_tracing
+from engram.graph.drivers import GraphDrivers
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, embedder_kind, is_semantic, vector_dim
-from engram.service import ServiceApp, make_broker, message_itself
+from engram.runtime.service import ServiceApp, make_broker, message_itself
 from engram.settings import EngramSettings
-from engram.tokens import token_counter
-from schemas import RecallRequest, RecallResponse, subjects
-from schemas.validation import error_locations
-from services.extractor.app import NoRerank
-from services.recall.admin import register_admin
-from services.recall.merge import Layout, drop_covered_facts, drop_covered_turns, fit_budget, groups_for, merge, query_text
-from services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes, warm_up
-from services.recall.turns import GraphTurns
-from services.recall.time_window import TimeWindow
-from services.recall.search import EPISODE_CHARS, search_group
-from services.recall.supersession import find_supersessions, reorder
-from services.recall.temporal import rank_for_query
+from engram.text.tokens import token_counter
+from engram.schemas import RecallRequest, RecallResponse, subjects
+from engram.schemas.validation import error_locations
+from engram.services.extractor.app import NoRerank
+from engram.services.recall.admin import register_admin
+from engram.services.recall.merge import Layout, drop_covered_facts, drop_covered_turns, fit_budget, groups_for, merge, query_text
+from engram.services.recall.lexical import DEFAULT_MAX_BYTES, DEFAULT_MAX_GROUPS, FACTS, LexicalEpisodes, warm_up
+from engram.services.recall.turns import GraphTurns
+from engram.services.recall.time_window import TimeWindow
+from engram.services.recall.search import EPISODE_CHARS, search_group
+from engram.services.recall.supersession import find_supersessions, reorder
+from engram.services.recall.temporal import rank_for_query
 
 log = logging.getLogger("engram.recall")
 QUEUE_GROUP = "recall"

@@ -30,9 +30,9 @@ from graphiti_core.driver.driver import GraphProvider
 from redis.exceptions import ResponseError
 
 from engram.compat import falkor_graph
-from engram.graph import query_rows
-from services.recall.lexical import resolved
-from services.recall.vector import _unusable
+from engram.graph.drivers import query_rows
+from engram.services.recall.lexical import resolved
+from engram.services.recall.vector import _unusable
 
 log = logging.getLogger("engram.recall.entities")
 

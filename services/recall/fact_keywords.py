@@ -9,7 +9,7 @@ rescored for that reason; the facts' half kept the index's order, and ``fact_bm2
 nothing is listed or kept: the index's best ``RESCORE_DEPTH x depth`` current facts for an OR of
 the question's words come back with their text, each word's document frequency is counted by
 the index (over the graph, which on FalkorDB is the group: expired facts counted too, an
-estimate) and the facts are ranked again by :func:`services.recall.turns.bm25_rescored`.
+estimate) and the facts are ranked again by :func:`engram.services.recall.turns.bm25_rescored`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.recall.turns import RESCORE_DEPTH, bm25_rescored, doc_freq_words, keyword_query
+from engram.services.recall.turns import RESCORE_DEPTH, bm25_rescored, doc_freq_words, keyword_query
 
 Q_FACT_TEXT = (
     "CALL db.idx.fulltext.queryRelationships('RELATES_TO', $query) YIELD relationship AS e, score "

@@ -82,8 +82,8 @@ from prometheus_client import Gauge
 
 from engram.compat import bm25_idf_scorer as _select_idf_scorer
 from engram.compat import bm25_tfc_scorer as _select_tfc_scorer
-from engram.graph import query_rows
-from services.extractor.pipeline import EMBEDDING_PROPERTY
+from engram.graph.drivers import query_rows
+from engram.services.extractor.pipeline import EMBEDDING_PROPERTY
 
 _WORD = re.compile(r"\w+")
 K1, B = 1.5, 0.75

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 from datetime import date, datetime, timezone
 
-from engram.secrets import scrub_secrets
-from engram.temporal import ground
-from schemas import RecallItem, RecallRequest, subjects
+from engram.text.secrets import scrub_secrets
+from engram.text.temporal import ground
+from engram.schemas import RecallItem, RecallRequest, subjects
 
 SCOPE_ORDER = ("session", "workspace", "user")
 RECENT_MESSAGES_IN_QUERY = 3

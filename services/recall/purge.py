@@ -2,7 +2,7 @@
 
 Deleting a group in the graph alone left its text in the input, episode, delta, summary and
 dead-letter streams and in the turn-detector's KV checkpoints for up to 30 days. These
-functions walk each place and erase (overwrite on disk, :mod:`engram.erase`) what belongs to
+functions walk each place and erase (overwrite on disk, :mod:`engram.runtime.erase`) what belongs to
 the group:
 
 - episodes ``engram.episode.<p>.<group>``, deltas ``engram.delta.<p>.<group>`` and the
@@ -10,7 +10,7 @@ the group:
   summary events and audits;
 - the sessions that fed the group -- named by its episodes, by their KV checkpoints
   (``scopes_seen``) or by messages still in the input stream: their raw input, idle schedules and
-  ticks, every revision of their checkpoint; their epoch is bumped (:mod:`engram.epochs`) and every
+  ticks, every revision of their checkpoint; their epoch is bumped (:mod:`engram.runtime.epochs`) and every
   turn-detector replica told to forget them, so re-posted content is stored afresh;
 - dead letters whose original subject, session or group points at the group;
 - those sessions' closed segments (``engram.session.closed.<session>``: transcript tails). The
@@ -32,11 +32,11 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from pydantic import ValidationError
 
-from engram.epochs import SessionEpochs
-from engram.erase import erase_where
-from schemas import ChatMessage, subjects
-from services.turn_detector.pairing import SessionState, scope_groups
-from services.turn_detector.retention import KV_STREAM
+from engram.runtime.epochs import SessionEpochs
+from engram.runtime.erase import erase_where
+from engram.schemas import ChatMessage, subjects
+from engram.services.turn_detector.pairing import SessionState, scope_groups
+from engram.services.turn_detector.retention import KV_STREAM
 
 log = logging.getLogger("engram.recall.purge")
 

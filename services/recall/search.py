@@ -27,16 +27,16 @@ from graphiti_core.search.search_config_recipes import EDGE_HYBRID_SEARCH_RRF
 from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, SearchFilters
 
 from engram.compat import falkor_graph
-from engram.graph import as_utc, query_rows
-from schemas import Provenance, RecallItem
-from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
-from schemas.relations import canonical_relation
-from services.recall.entities import entity_fact_ranking
-from services.recall.fact_keywords import bm25_fact_ranking
-from services.recall.lexical import LexicalEpisodes, resolved
-from services.recall.time_window import OVERFETCH, TimeWindow
-from services.recall.turns import GraphTurns
-from services.recall.vector import fulltext_fact_search, hybrid_fact_search_scored
+from engram.graph.drivers import as_utc, query_rows
+from engram.schemas import Provenance, RecallItem
+from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+from engram.schemas.relations import canonical_relation
+from engram.services.recall.entities import entity_fact_ranking
+from engram.services.recall.fact_keywords import bm25_fact_ranking
+from engram.services.recall.lexical import LexicalEpisodes, resolved
+from engram.services.recall.time_window import OVERFETCH, TimeWindow
+from engram.services.recall.turns import GraphTurns
+from engram.services.recall.vector import fulltext_fact_search, hybrid_fact_search_scored
 
 NOT_EXPIRED = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
 FACTS_AND_EPISODES = EDGE_HYBRID_SEARCH_RRF.model_copy(
@@ -160,7 +160,7 @@ async def search_group(
     async def facts() -> tuple[list[EntityEdge], list[float | None], list[Any], bool]:
         """The facts, their scores, graphiti's episodes (its search only) and whether the scores
         are recall's RRF (k 60 with ``by_score``), the turns' scale."""
-        # FalkorDB with the vector index (engram/graph.py): ~3/7 ms p50/p95 at 10k facts instead
+        # FalkorDB with the vector index (engram/graph/drivers.py): ~3/7 ms p50/p95 at 10k facts instead
         # of graphiti's brute-force cosine (~30/44 ms); graphiti's search when it cannot answer.
         if window is not None:
             # graphiti's search with the window's filters: recall's vector path knows current facts only

@@ -38,10 +38,10 @@ from typing import Any
 
 from graphiti_core.driver.driver import GraphProvider
 
-from engram.graph import as_utc, query_rows
-from schemas import Provenance, RecallItem
-from services.extractor.pipeline import MESSAGE_IDS_PROPERTY
-from services.recall.search import shorten
+from engram.graph.drivers import as_utc, query_rows
+from engram.schemas import Provenance, RecallItem
+from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY
+from engram.services.recall.search import shorten
 
 MAX_CHAIN = 3
 """Supersessions followed from a found turn (old -> newer -> newest): enough for a value that

@@ -2,7 +2,7 @@
 
 "When did Calvin have a car incident?" is answered by the item that carries a date -- a fact or
 a turn that says "on 2023-05-05", "in May 2023", or a relative one recall grounds against the
-day it was said ("last Friday" -> "last Friday (2023-05-05)", :func:`engram.temporal.ground`).
+day it was said ("last Friday" -> "last Friday (2023-05-05)", :func:`engram.text.temporal.ground`).
 :func:`prefer_dated` moves such items up a bounded number of places when
 :func:`is_when_question` says the query asks for a time; everything else keeps its order.
 
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from engram.temporal import find_relative, mentions_date
-from schemas import RecallItem
+from engram.text.temporal import find_relative, mentions_date
+from engram.schemas import RecallItem
 
 #: asks for a time: "When did...", "what year/date/month...", "how long ago...", "since when"
 _WHEN = re.compile(

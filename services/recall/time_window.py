@@ -36,9 +36,9 @@ from datetime import datetime
 
 from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, SearchFilters
 
-from engram.graph import as_utc
-from schemas import RecallRequest, TimeRange
-from schemas.relations import canonical_relation
+from engram.graph.drivers import as_utc
+from engram.schemas import RecallRequest, TimeRange
+from engram.schemas.relations import canonical_relation
 
 OVERFETCH = 4
 """Candidates asked of a search per item kept: what a time window or a relation filter drops."""

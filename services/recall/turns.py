@@ -13,7 +13,7 @@ Here nothing about a group is kept in the process: each request sends
   document frequency (one fulltext lookup per word, counted) and the turn count (FalkorDB's label
   count); the candidates are ranked again by the in-memory index's BM25 (:func:`bm25_rescored`),
   best ``CANDIDATES_PER_K x k`` kept;
-* the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph.py,
+* the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph/drivers.py,
   ``TURN_VECTOR_INDEX``), the ``CANDIDATES_PER_K x k`` nearest turns to the question's vector;
 * one read of the winners' text and times (by uuid, through the range index);
 * for each of the first ``followers`` winners, the next turn in time, read through the range
@@ -21,7 +21,7 @@ Here nothing about a group is kept in the process: each request sends
   later turn: 61 ms at 20k turns against 8 ms windowed).
 
 Both halves are fused by reciprocal rank exactly as the in-memory index fuses its BM25 and cosine
-rankings (:func:`services.recall.lexical.fuse_turns`), with the same relevance floor. Each query's
+rankings (:func:`engram.services.recall.lexical.fuse_turns`), with the same relevance floor. Each query's
 cost grows with the hits it returns (the fulltext lookups with the turns holding a question word),
 not with a listing of the group: no cliff, no memory per group, and the first recall after a
 restart costs what any recall costs. A turn written is found as soon as FalkorDB has indexed it
@@ -72,8 +72,8 @@ from graphiti_core.driver.falkordb.fulltext import MAX_QUERY_LENGTH
 from redis.exceptions import ResponseError
 
 from engram.compat import falkor_graph
-from engram.graph import TURN_VECTOR_INDEX, as_utc, fulltext_words
-from services.recall.lexical import (
+from engram.graph.drivers import TURN_VECTOR_INDEX, as_utc, fulltext_words
+from engram.services.recall.lexical import (
     B,
     CANDIDATES_PER_K,
     K1,
@@ -88,8 +88,8 @@ from services.recall.lexical import (
     with_followers,
     words,
 )
-from services.recall.lexical import _term as lexical_term
-from services.recall.vector import _unusable
+from engram.services.recall.lexical import _term as lexical_term
+from engram.services.recall.vector import _unusable
 
 log = logging.getLogger("engram.recall.turns")
 
@@ -250,7 +250,7 @@ def _order_key(doc: Doc) -> tuple[str, str, str]:
 class GraphTurns:
     """Past-turn search over the graph's fulltext and vector indices; holds no group state.
 
-    Same interface as :class:`services.recall.lexical.LexicalEpisodes` (``search``), so the
+    Same interface as :class:`engram.services.recall.lexical.LexicalEpisodes` (``search``), so the
     recall service takes either. ``fallback``: the in-memory index used when the graph's indices
     cannot answer (Neo4j, or the turn vector index not built yet)."""
 

@@ -3,7 +3,7 @@
 graphiti 0.31's hybrid edge search scores the query against every RELATES_TO edge of the group
 (``vec.cosineDistance`` per edge, no index) and ships each edge's properties, embedding
 included: that similarity half is most of recall's latency on large graphs. Here the similarity
-half goes through the HNSW index that ``engram.graph.GraphDrivers.ensure_indices`` creates on
+half goes through the HNSW index that ``engram.graph.drivers.GraphDrivers.ensure_indices`` creates on
 ``RELATES_TO.fact_embedding`` (``db.idx.vector.queryRelationships``), and only uuids and scores
 come back; the BM25 half is graphiti's fulltext query, also returning uuids only; the two are
 fused with graphiti's RRF and the winners' fields fetched without their embeddings.
@@ -44,7 +44,7 @@ from engram.compat import falkor_graph
 
 log = logging.getLogger("engram.recall.vector")
 
-# Recall's filter (as services.recall.search.NOT_EXPIRED, kept here to avoid an import cycle).
+# Recall's filter (as engram.services.recall.search.NOT_EXPIRED, kept here to avoid an import cycle).
 _NOT_EXPIRED = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
 # graphiti's cosine score is (2 - cosineDistance) / 2 = (1 + cos) / 2; its default threshold 0.6
 # is cos > 0.2 on the similarity scale returned here.

@@ -7,7 +7,7 @@ Per SessionSegmentClosed on ``engram.session.closed.<session>`` (durable ``sessi
 
 1. parse; a bad payload is dead-lettered (``engram.dlq.sessions``, reason ``schema``) and acked;
 2. the memory group: the user's when the segment named a user, else the workspace's, else the
-   session's (:func:`schemas.memory.memory_group_for`);
+   session's (:func:`engram.schemas.memory.memory_group_for`);
 3. claim the segment (:meth:`MemoryStore.claim_session`, one MERGE): ``closed`` -> ack, no LLM
    call (a redelivery, a re-publish); ``busy`` (another worker claimed it less than a lease ago)
    -> nack with a short delay, the redelivery then finds it closed. So two concurrent deliveries
@@ -50,13 +50,14 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq, graphiti_tracing
-from engram.graph import GraphDrivers
-from engram.stream_retention import StreamKeeper
-from engram.pipeline_metrics import BacklogMonitor
+from engram.runtime import dlq
+from engram.observability import graphiti_tracing
+from engram.graph.drivers import GraphDrivers
+from engram.runtime.stream_retention import StreamKeeper
+from engram.observability.pipeline_metrics import BacklogMonitor
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import LLMSettings, build_llm
-from engram.service import (
+from engram.runtime.service import (
     CapacityPuller,
     ServiceApp,
     jetstream,
@@ -67,13 +68,13 @@ from engram.service import (
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
-from schemas.memory import CloseReason, SessionSegmentClosed, memory_group_for
-from schemas.validation import error_locations
-from services.sessions import requests
-from services.sessions.close import ClosedSegment, FactsOutcome, SummaryOutcome, close_segment
-from services.sessions.store import MemoryStore
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
+from engram.schemas.memory import CloseReason, SessionSegmentClosed, memory_group_for
+from engram.schemas.validation import error_locations
+from engram.services.sessions import requests
+from engram.services.sessions.close import ClosedSegment, FactsOutcome, SummaryOutcome, close_segment
+from engram.services.sessions.store import MemoryStore
 
 STAGE = "sessions"
 log = logging.getLogger("engram.sessions")
@@ -135,7 +136,7 @@ class SessionCloser:
         self.settings = settings
         self.broker = broker
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings(), nats=lambda: broker.connection), stage=STAGE)
-        self.llm.set_tracer(graphiti_tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/graphiti_tracing.py)
+        self.llm.set_tracer(graphiti_tracing.graphiti_tracer("sessions"))  # LLM spans, no content (engram/observability/graphiti_tracing.py)
         self.graphs = GraphDrivers(settings)
         self.store = MemoryStore(self.graphs, activities_kept=settings.session.activities_kept)
         self.clock = clock
@@ -145,7 +146,7 @@ class SessionCloser:
         self.max_deliveries = settings.turn.max_deliveries
         # processed messages leave after ENGRAM_PROCESSED_RETENTION_S; the stream's fill is reported
         self.keeper = StreamKeeper([subjects.STREAM_SESSIONS], settings.processed_retention_s)
-        # closed segments waiting (one durable: partition "0"), engram/pipeline_metrics.py
+        # closed segments waiting (one durable: partition "0"), engram/observability/pipeline_metrics.py
         self.backlog = BacklogMonitor(STAGE, subjects.STREAM_SESSIONS, [Topology.SESSIONS_DURABLE])
         self.puller: CapacityPuller | None = None  # set by build(): closes in flight = replicas x slots
         self.stop_grace_s = 15.0  # closes in flight get this long at stop, then are nacked
@@ -167,7 +168,7 @@ class SessionCloser:
 
     # --- handler -----------------------------------------------------------------------------
     async def handle(self, msg: Any) -> None:
-        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
+        """``msg`` is the NatsMessage (see engram.runtime.service.message_itself)."""
         raw = msg.raw_message
         try:
             event = SessionSegmentClosed.model_validate_json(raw.data)

@@ -36,11 +36,11 @@ from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.prompts.models import Message
 from pydantic import BaseModel, Field
 
-from engram.language import detect_language
+from engram.text.language import detect_language
 from engram.models.delegating import innermost
 from engram.models.rules_llm import RulesExtractorClient
-from engram.tokens import CountTokens, token_counter
-from schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY, SessionRecord, SessionSegmentClosed, SummarySource, TranscriptLine
+from engram.text.tokens import CountTokens, token_counter
+from engram.schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY, SessionRecord, SessionSegmentClosed, SummarySource, TranscriptLine
 
 log = logging.getLogger("engram.sessions")
 

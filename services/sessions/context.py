@@ -7,7 +7,7 @@ budgets and a :class:`ContextSources` (where the stored layers come from). Layer
 * ``agent_memory``    -- the workspace's durable memories: episodes promoted with ``engram promote``
   / ``POST /promote`` (decisions, lessons learned, preferences, procedures) in the workspace
   group, newest first. A promotion is stored as an Episodic node named ``promotion:<digest>``
-  whose ``source_description`` is ``engram promotion (<kind>)`` (engram/promote.py,
+  whose ``source_description`` is ``engram promotion (<kind>)`` (engram/publishing/promote.py,
   services/extractor/pipeline.py): both are matched, so a chat turn never shows up here.
 * ``user_context``    -- the memory group's current preferences as ``key: value`` lines, then its
   notes, its favorites and its latest activity log entries, each newest first
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from engram.graph import as_utc, query_rows
+from engram.graph.drivers import as_utc, query_rows
 from engram.settings import ContextSettings
-from engram.tokens import CountTokens
-from schemas.memory import (
+from engram.text.tokens import CountTokens
+from engram.schemas.memory import (
     ContextLayer,
     ContextRequest,
     ContextResponse,
@@ -52,8 +52,8 @@ from schemas.memory import (
     UserPreference,
     memory_group_for,
 )
-from schemas.messages import RecallRequest, RecallResponse, RecallScopes
-from schemas.subjects import workspace_group
+from engram.schemas.messages import RecallRequest, RecallResponse, RecallScopes
+from engram.schemas.subjects import workspace_group
 
 LAYERS: tuple[ContextLayer, ...] = ("identity", "agent_memory", "user_context", "session_summary", "skills", "recall")
 TAGS: dict[ContextLayer, str] = {

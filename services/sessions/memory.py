@@ -13,7 +13,7 @@ request/reply and the gateway over HTTP. Seed 004's tools map onto subjects:
 * plus listing and deleting notes, activities and favorites, and listing closed sessions.
 
 Every request names its owner with ``scopes``; the memory group is the user's when ``user`` is
-set, else the workspace's, else the session's (:func:`schemas.memory.memory_group_for`). A
+set, else the workspace's, else the session's (:func:`engram.schemas.memory.memory_group_for`). A
 request naming none is answered ``status=error``, ``reason=bad_request: ...``. An unknown note
 or a preference with no current value is ``not_found``. :func:`answer` never raises: a body that
 does not parse is ``bad_request``, a store failure ``backend_error: <ExceptionType>`` (never the
@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from engram.secrets import scrub_keyed_value, scrub_secrets
-from schemas import subjects
-from schemas.memory import (
+from engram.text.secrets import scrub_keyed_value, scrub_secrets
+from engram.schemas import subjects
+from engram.schemas.memory import (
     AddFavoriteRequest,
     DeleteActivityRequest,
     DeleteUserNoteRequest,
@@ -55,7 +55,7 @@ from schemas.memory import (
     UserPreference,
     memory_group_for,
 )
-from schemas.validation import error_locations
+from engram.schemas.validation import error_locations
 
 log = logging.getLogger("engram.sessions.memory")
 

@@ -18,13 +18,13 @@ from faststream.nats import NatsBroker
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram.service import message_itself
+from engram.runtime.service import message_itself
 from engram.settings import ContextSettings, EngramSettings
-from engram.tokens import token_counter
-from schemas import RecallRequest, RecallResponse, subjects
-from schemas.memory import ContextRequest, ContextResponse, MemoryResponse
-from services.sessions import memory
-from services.sessions.context import StoredSources, build_context
+from engram.text.tokens import token_counter
+from engram.schemas import RecallRequest, RecallResponse, subjects
+from engram.schemas.memory import ContextRequest, ContextResponse, MemoryResponse
+from engram.services.sessions import memory
+from engram.services.sessions.context import StoredSources, build_context
 
 log = logging.getLogger("engram.sessions.requests")
 MEMORY_QUEUE = "sessions-memory"

@@ -2,7 +2,7 @@
 (``EngramSession``), preferences with their history (``EngramPreference``) and notes
 (``EngramNote``).
 
-Plain Cypher through graphiti's driver (:class:`engram.graph.GraphDrivers`), written for both
+Plain Cypher through graphiti's driver (:class:`engram.graph.drivers.GraphDrivers`), written for both
 backends: FalkorDB keeps one graph per group, Neo4j one database for every group, so every node
 carries ``group_id`` and every query filters on it. The labels are engram's own; graphiti never
 reads them, and they live beside graphiti's nodes in the same group (the user's group is also the
@@ -46,8 +46,8 @@ from typing import Any, Literal
 
 from graphiti_core.driver.driver import GraphDriver
 
-from engram.graph import GraphDrivers, as_utc, query_rows
-from schemas.memory import SessionRecord, UserActivity, UserFavorite, UserNote, UserPreference
+from engram.graph.drivers import GraphDrivers, as_utc, query_rows
+from engram.schemas.memory import SessionRecord, UserActivity, UserFavorite, UserNote, UserPreference
 
 log = logging.getLogger("engram.sessions.store")
 

@@ -2,7 +2,7 @@
 and summarize.py (grounded, batched refreshes).
 
 Per message on ``engram.delta.<group>`` (strictly in order per group, like the extractor: one
-shared durable whose deliveries wake a group's chain, engram/group_order.py; any number of groups
+shared durable whose deliveries wake a group's chain, engram/runtime/group_order.py; any number of groups
 at once up to ``ENGRAM_SUMMARY_GATE_CONCURRENCY`` per replica):
 
 * a NodeDelta: load the node's active facts and gate state, decide (gate.decide), then
@@ -42,14 +42,15 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from engram import dlq, graphiti_tracing
-from engram.graph import GraphDrivers
-from engram.stream_retention import StreamKeeper
-from engram.pipeline_metrics import BacklogMonitor, observe_freshness
+from engram.runtime import dlq
+from engram.observability import graphiti_tracing
+from engram.graph.drivers import GraphDrivers
+from engram.runtime.stream_retention import StreamKeeper
+from engram.observability.pipeline_metrics import BacklogMonitor, observe_freshness
 from engram.models.accounting import AccountingLLMClient
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm
-from engram.group_order import GroupOrder, StoredMessage
-from engram.service import (
+from engram.runtime.group_order import GroupOrder, StoredMessage
+from engram.runtime.service import (
     CapacityPuller,
     ServiceApp,
     failure_decision,
@@ -59,13 +60,13 @@ from engram.service import (
     subscribe_partitions_with_capacity,
 )
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
-from schemas.validation import error_locations
-from services.summary_gate import store
-from services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
-from services.summary_gate.guard import default_threshold, embedder_kind
-from services.summary_gate.summarize import facts_summary, refresh_summaries
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import NodeDelta, SummaryAudit, SummaryEvent, SummaryTick, subjects
+from engram.schemas.validation import error_locations
+from engram.services.summary_gate import store
+from engram.services.summary_gate.gate import Decision, GateSettings, after_refresh, decide, decide_tick, sampled_for_audit
+from engram.services.summary_gate.guard import default_threshold, embedder_kind
+from engram.services.summary_gate.summarize import facts_summary, refresh_summaries
 
 STAGE = "summary_gate"
 log = logging.getLogger("engram.summary_gate")
@@ -115,7 +116,7 @@ class SummaryGate:
         self.settings = settings
         self.broker = broker
         self.llm = AccountingLLMClient(llm or build_llm(LLMSettings(), nats=lambda: broker.connection), stage=STAGE)
-        self.llm.set_tracer(graphiti_tracing.graphiti_tracer("summary-gate"))  # LLM spans, no content (engram/graphiti_tracing.py)
+        self.llm.set_tracer(graphiti_tracing.graphiti_tracer("summary-gate"))  # LLM spans, no content (engram/observability/graphiti_tracing.py)
         self.embedder = embedder or build_embedder(EmbedderSettings())
         # the drift threshold is per embedder too (gate.DRIFT_THRESHOLDS, bench/summary_gate.py)
         self.gate = (gate or GateSettings()).for_embedder(embedder_kind(self.embedder))
@@ -162,7 +163,7 @@ class SummaryGate:
 
     # --- handler -----------------------------------------------------------------------------
     async def handle(self, msg: Any) -> None:
-        """``msg`` is the NatsMessage (see engram.service.message_itself): a doorbell of the group
+        """``msg`` is the NatsMessage (see engram.runtime.service.message_itself): a doorbell of the group
         order, which acks it or runs the group's chain through :meth:`_process_stored`."""
         await self.order.deliver(msg.raw_message)
 

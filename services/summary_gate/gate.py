@@ -65,8 +65,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import NodeDelta, SummaryTick
-from schemas.messages import SummaryReason
+from engram.schemas import NodeDelta, SummaryTick
+from engram.schemas.messages import SummaryReason
 
 META_VERSION = 1
 APPLIED_KEPT = 32

@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engram.graph import as_utc, query_rows
-from services.summary_gate.gate import ActiveFact, GateMeta
+from engram.graph.drivers import as_utc, query_rows
+from engram.services.summary_gate.gate import ActiveFact, GateMeta
 
 META_PROPERTY = "_graphiti_meta"
 DUE_PROPERTY = "_summary_due_at"

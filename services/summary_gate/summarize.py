@@ -26,8 +26,8 @@ from graphiti_core.prompts.models import Message
 from prometheus_client import Counter
 from pydantic import BaseModel, Field
 
-from services.summary_gate.guard import normal, restated_by_meaning, verbatim
-from services.summary_gate.store import NodeView
+from engram.services.summary_gate.guard import normal, restated_by_meaning, verbatim
+from engram.services.summary_gate.store import NodeView
 
 log = logging.getLogger("engram.summary_gate")
 PROMPT_NAME = "summary_gate.refresh"

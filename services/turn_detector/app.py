@@ -1,6 +1,6 @@
 """turn-detector service: a thin FastStream app around pairing.py.
 
-Per input event (strictly in order per session, see engram/topology.py):
+Per input event (strictly in order per session, see engram/runtime/topology.py):
 1. parse; a bad payload goes to ``engram.dlq.turn_detector`` with its reason, then is acked;
 2. load the session state (KV); an event at or below the state's last stream sequence was
    already applied before a crash or redelivery: ack and stop;
@@ -26,21 +26,22 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from pydantic import TypeAdapter, ValidationError
 
-from engram import dlq, tracing
-from engram.epochs import SessionEpochs
-from engram.stream_retention import StreamKeeper
-from engram.pipeline_metrics import BacklogMonitor
-from engram.secrets import scrub_secrets
-from engram.service import ServiceApp, jetstream, make_broker, message_itself, subscribe_partitions
+from engram.runtime import dlq
+from engram.observability import tracing
+from engram.runtime.epochs import SessionEpochs
+from engram.runtime.stream_retention import StreamKeeper
+from engram.observability.pipeline_metrics import BacklogMonitor
+from engram.text.secrets import scrub_secrets
+from engram.runtime.service import ServiceApp, jetstream, make_broker, message_itself, subscribe_partitions
 from engram.settings import EngramSettings
-from engram.tokens import token_counter
-from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, Episode, SessionClosed, SessionIdle, SessionSegmentClosed, subjects
-from schemas.validation import error_locations
-from services.turn_detector import metrics
-from services.turn_detector.intake import Rejected, parse_event, prepare_part
-from services.turn_detector.noise import NoiseSettings
-from services.turn_detector.pairing import (
+from engram.text.tokens import token_counter
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ChatMessage, Episode, SessionClosed, SessionIdle, SessionSegmentClosed, subjects
+from engram.schemas.validation import error_locations
+from engram.services.turn_detector import metrics
+from engram.services.turn_detector.intake import Rejected, parse_event, prepare_part
+from engram.services.turn_detector.noise import NoiseSettings
+from engram.services.turn_detector.pairing import (
     CompletedTurn,
     SegmentPolicy,
     SessionState,
@@ -52,8 +53,8 @@ from services.turn_detector.pairing import (
     idle_timeout_for,
     plan_idle,
 )
-from services.turn_detector.retention import InputEraser
-from services.turn_detector.state import SessionStore, StaleState
+from engram.services.turn_detector.retention import InputEraser
+from engram.services.turn_detector.state import SessionStore, StaleState
 
 STAGE = "turn_detector"
 _SESSION_IDS = TypeAdapter(list[str])
@@ -122,7 +123,7 @@ class TurnDetector:
                 self.store.forget(session_id)
 
     async def handle(self, msg: Any) -> None:
-        """``msg`` is the NatsMessage (see engram.service.message_itself)."""
+        """``msg`` is the NatsMessage (see engram.runtime.service.message_itself)."""
         started = time.perf_counter()
         raw = msg.raw_message
         meta = raw.metadata

@@ -13,11 +13,11 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from engram.secrets import scrub_json, scrub_secrets
-from schemas import ChatMessage, SessionClosed, SessionIdle
-from schemas.validation import error_locations
-from services.turn_detector.noise import NoiseSettings, filter_noise, reduce_tool_output
-from services.turn_detector.pairing import TurnPart
+from engram.text.secrets import scrub_json, scrub_secrets
+from engram.schemas import ChatMessage, SessionClosed, SessionIdle
+from engram.schemas.validation import error_locations
+from engram.services.turn_detector.noise import NoiseSettings, filter_noise, reduce_tool_output
+from engram.services.turn_detector.pairing import TurnPart
 
 RejectReason = Literal[
     "malformed_json", "schema", "unsupported_version", "oversize", "invalid_id", "session_mismatch", "unknown_subject"

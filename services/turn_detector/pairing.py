@@ -37,10 +37,10 @@ from typing import Callable, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
-from schemas.ids import SEEN_DIGEST_CHARS, episode_id_for, message_dedupe_key, seen_digest, seen_holds
-from schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
-from schemas.subjects import _dedupe_digest, session_group, user_group, workspace_group
+from engram.schemas import ChatMessage, Episode, EpisodeMessage, EpisodeStats, ExtractionOverride, ScopeKeys
+from engram.schemas.ids import SEEN_DIGEST_CHARS, episode_id_for, message_dedupe_key, seen_digest, seen_holds
+from engram.schemas.memory import CloseReason, SessionSegmentClosed, TranscriptLine
+from engram.schemas.subjects import _dedupe_digest, session_group, user_group, workspace_group
 
 TRUNCATION_MARKER = "\n[... turn truncated: {n} chars]"
 
@@ -73,7 +73,7 @@ class OpenTurn(BaseModel):
         None, description="Earliest JetStream time of the turn's messages (the freshness histograms' start).")
     trace_parent: str | None = Field(
         None, description="W3C traceparent of the turn's first message: its Episodes are published under it, "
-        "so one turn is one trace (engram/tracing.py).")
+        "so one turn is one trace (engram/observability/tracing.py).")
 
     @property
     def has_assistant_side(self) -> bool:
@@ -130,7 +130,7 @@ class SessionState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     session_id: str
-    epoch: int = Field(0, description="The session's epoch (engram/epochs.py) when this state was started; "
+    epoch: int = Field(0, description="The session's epoch (engram/runtime/epochs.py) when this state was started; "
                        "part of every turn id, so turns re-posted after a delete get new episode ids.")
     last_seq: int = 0
     open_turn: OpenTurn | None = None

@@ -6,7 +6,7 @@ after that, nothing reads the raw message again (replay starts after the checkpo
 outbox). Raw chat messages hold exactly what the scrubber removes from turns, so they should
 not sit on disk for the stream's 7-day max age. After each checkpoint (once its publishes are
 acknowledged) the session is queued here; ``input_retention_s`` later its input messages up to
-the checkpoint and the KV revisions superseded by it are erased (:mod:`engram.erase`).
+the checkpoint and the KV revisions superseded by it are erased (:mod:`engram.runtime.erase`).
 
 Limits (stated, not hidden): the queue is in memory. If the detector dies before a due erase,
 the next checkpoint of the session erases everything below it (the walk starts at the
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 
-from engram.erase import erase_where
+from engram.runtime.erase import erase_where
 from engram.tasks import cancel_and_wait
-from schemas import subjects
+from engram.schemas import subjects
 
 log = logging.getLogger("engram.turn_detector.retention")
 

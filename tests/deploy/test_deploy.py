@@ -75,7 +75,7 @@ def services() -> dict[str, dict[str, Any]]:
 
 
 def service_names() -> list[str]:
-    from engram.cli import SERVICE_MODULES, Service
+    from engram.cli.commands import SERVICE_MODULES, Service
 
     return [s.value for s in Service if s in SERVICE_MODULES]
 
@@ -159,10 +159,10 @@ def known_settings() -> set[str]:
 
     names = {f"ENGRAM_{n.upper()}" for n in EngramSettings.model_fields if n != "turn"}
     names |= {f"ENGRAM_TURN_{n.upper()}" for n in TurnDetectorSettings.model_fields}
-    from services.gateway.settings import GatewaySettings
+    from engram.services.gateway.settings import GatewaySettings
 
     names |= {f"ENGRAM_GATEWAY_{n.upper()}" for n in GatewaySettings.model_fields}
-    from services.mcp.settings import McpSettings
+    from engram.services.mcp.settings import McpSettings
 
     names |= {f"ENGRAM_MCP_{n.upper()}" for n in McpSettings.model_fields}
     return names
@@ -250,18 +250,18 @@ def probe_port(container: dict[str, Any], port: int | str) -> int:
 def registered_metrics() -> tuple[frozenset[str], bool]:
     """Sample names the code can expose, and whether FastStream's were registered exactly."""
     os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
-    import engram.dlq  # noqa: F401 - registers engram_dlq_messages_total
-    import services.turn_detector.metrics  # noqa: F401 - registers engram_turn_detector_*
-    import services.extractor.app  # noqa: F401 - registers engram_extractor_* and engram_llm_*
-    import services.summary_gate.app  # noqa: F401 - registers engram_summary_*
-    import services.recall.app  # noqa: F401 - registers engram_recall_*
-    import services.gateway.app  # noqa: F401 - registers engram_gateway_*
-    import services.sessions.app  # noqa: F401 - registers engram_sessions_*, engram_memory_*, engram_context_*
+    import engram.runtime.dlq  # noqa: F401 - registers engram_dlq_messages_total
+    import engram.services.turn_detector.metrics  # noqa: F401 - registers engram_turn_detector_*
+    import engram.services.extractor.app  # noqa: F401 - registers engram_extractor_* and engram_llm_*
+    import engram.services.summary_gate.app  # noqa: F401 - registers engram_summary_*
+    import engram.services.recall.app  # noqa: F401 - registers engram_recall_*
+    import engram.services.gateway.app  # noqa: F401 - registers engram_gateway_*
+    import engram.services.sessions.app  # noqa: F401 - registers engram_sessions_*, engram_memory_*, engram_context_*
     from prometheus_client import REGISTRY
 
     faststream_exact = True
     try:  # the broker's PrometheusMiddleware registers engram_faststream_* (no connection made)
-        from engram.service import make_broker
+        from engram.runtime.service import make_broker
         from engram.settings import EngramSettings
 
         make_broker(EngramSettings(nats_url="nats://127.0.0.1:4222"), service="deploy-test")
@@ -341,9 +341,9 @@ def check_promql_shape(expr: str, where: str) -> None:
         elif ch in pairs:
             assert stack and stack.pop() == pairs[ch], f"{where}: unbalanced {ch!r} in {expr!r}"
     assert not stack, f"{where}: unclosed {stack} in {expr!r}"
-    from schemas import subjects
+    from engram.schemas import subjects
 
-    from engram.topology import Topology
+    from engram.runtime.topology import Topology
 
     streams = {cfg.name for cfg in Topology(partitions=1, duplicate_window_s=1, ack_wait_s=1).streams()}
     for stream in re.findall(r'stream_name\s*=\s*"([^"]*)"', expr):
@@ -647,8 +647,8 @@ def test_k8s_turn_detector_deployment() -> None:
 
 
 def test_k8s_keda_scales_on_every_input_partition() -> None:
-    from engram.topology import Topology
-    from schemas import subjects
+    from engram.runtime.topology import Topology
+    from engram.schemas import subjects
 
     so = k8s_object("ScaledObject", "turn-detector")
     assert so is not None and so["apiVersion"].startswith("keda.sh/")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from engram.supervisor import SERVICES
+from engram.stack.supervisor import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "deploy" / "README.md").read_text()
@@ -41,10 +41,10 @@ def test_every_alert_is_listed() -> None:
 
 
 def test_every_stream_and_kv_bucket_is_described() -> None:
-    """The streams section lists what engram/topology.py declares, in its order, and the compose
+    """The streams section lists what engram/runtime/topology.py declares, in its order, and the compose
     table names the NATS image docker-compose.yml runs."""
     from engram.settings import EngramSettings
-    from engram.topology import Topology
+    from engram.runtime.topology import Topology
 
     topology = Topology.from_settings(EngramSettings())
     assert [c.strip("`") for c in table_first_cells("## Streams and KV buckets")] == [s.name for s in topology.streams()]

@@ -99,5 +99,5 @@ def test_building_engram_prints_no_warning(tmp_path: Path) -> None:
     wheel = out / result.stdout.split()[-1]
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True,
                            check=True).stdout
-    assert "schemas/asyncapi.yaml" in names and "engram/cli.py" in names and "services/" in names
+    assert "schemas/asyncapi.yaml" in names and "engram/cli/commands.py" in names and "services/" in names
     assert "tests/" not in names

@@ -145,7 +145,7 @@ def partitions() -> int:
 def test_partitioned_stages_scale_on_every_partition_durable(deployment: str, stream: str, durables: str) -> None:
     """One trigger per partition durable, and no more replicas than partitions: each durable has
     one message in flight (max_ack_pending=1), so further replicas would only wait."""
-    from engram.topology import Topology
+    from engram.runtime.topology import Topology
 
     n = partitions()
     topology = Topology(partitions=n, duplicate_window_s=600, ack_wait_s=30)
@@ -171,9 +171,9 @@ def test_partitioned_stages_scale_on_every_partition_durable(deployment: str, st
 ])
 def test_group_ordered_stages_scale_on_their_shared_durable_beyond_the_partitions(
         deployment: str, stream: str, consumer_of: str) -> None:
-    """One durable for every replica (per-group order in engram/group_order.py): the messages in
+    """One durable for every replica (per-group order in engram/runtime/group_order.py): the messages in
     flight are the replicas' slots, so replicas are not capped at the partition count."""
-    from engram.topology import Topology
+    from engram.runtime.topology import Topology
 
     consumer = getattr(Topology(partitions=partitions(), duplicate_window_s=600, ack_wait_s=30), consumer_of)()
     so = find(built(), "ScaledObject", deployment)
@@ -185,7 +185,7 @@ def test_group_ordered_stages_scale_on_their_shared_durable_beyond_the_partition
 
 
 def test_sessions_scale_on_their_durable_within_its_in_flight_limit() -> None:
-    from engram.topology import Topology
+    from engram.runtime.topology import Topology
 
     consumer = Topology(partitions=partitions(), duplicate_window_s=600, ack_wait_s=30).sessions_consumer()
     so = find(built(), "ScaledObject", "sessions")

@@ -1,5 +1,5 @@
 """Least privilege in the deployment files (issue 14 item 4): compose and Kubernetes give every
-service its own NATS user (the ones engram/auth.py generates), the streams are declared by an
+service its own NATS user (the ones engram/runtime/auth.py generates), the streams are declared by an
 admin job, FalkorDB and Grafana have passwords, and compose publishes on loopback by default."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from engram import auth
+from engram.runtime import auth
 from tests.deploy.test_deploy import (
     COMPOSE_FILE,
     ROOT,

@@ -77,10 +77,10 @@ site = Path(sys.argv[1])
 checkout = lambda p: any((Path(p) / pkg).exists() for pkg in ("engram", "schemas", "services"))
 sys.path[:] = [str(site)] + [p for p in sys.path if p and not checkout(p)]
 
-from engram import demo
-from engram.ingest import read_jsonl
-from schemas import ScopeKeys
-from services.extractor.preprocessing import DEFAULT_TEMPLATE, ExtractionSettings, resolve_template, validate_at_startup
+from engram.cli import demo
+from engram.publishing.ingest import read_jsonl
+from engram.schemas import ScopeKeys
+from engram.services.extractor.preprocessing import DEFAULT_TEMPLATE, ExtractionSettings, resolve_template, validate_at_startup
 
 settings = ExtractionSettings()
 text = validate_at_startup(settings)

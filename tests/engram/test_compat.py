@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from engram import compat
 from engram.models.delegating import DelegatingLLMClient
-from engram.nats_client import server_version
+from engram.runtime.nats_client import server_version
 
 # ------------------------------------------------------------------ FastStream: _create_subscription
 
@@ -198,7 +198,7 @@ def test_normalize_name_exact_is_graphitis_key() -> None:
 def test_wrap_temporal_invalidation_replaces_the_rule_resolve_extracted_edges_calls() -> None:
     from graphiti_core.utils.maintenance import edge_operations
 
-    import services.extractor.told_later  # noqa: F401 - installs engram's wrapper
+    import engram.services.extractor.told_later  # noqa: F401 - installs engram's wrapper
 
     wrapper = edge_operations._apply_temporal_invalidation
     original = wrapper.__engram_wraps__
@@ -324,7 +324,7 @@ async def test_jetstream_connection_is_the_client_it_came_from(nats_url: str) ->
     try:
         js = nc.jetstream()
         assert compat.jetstream_connection(js) is nc
-        # what engram/dlq.py reads from it: the server's limit, as the server announced it
+        # what engram/runtime/dlq.py reads from it: the server's limit, as the server announced it
         assert compat.jetstream_connection(js).max_payload == nc._server_info["max_payload"] > 0
     finally:
         await nc.close()
@@ -336,7 +336,7 @@ def test_jetstream_connection_refuses_a_context_without_the_hook() -> None:
 
 
 def test_only_compat_reads_a_jetstream_contexts_connection() -> None:
-    """nats-py's private ``_nc`` is read in engram/compat.py only (engram/dlq.py used to read it)."""
+    """nats-py's private ``_nc`` is read in engram/compat.py only (engram/runtime/dlq.py used to read it)."""
     import re
     from pathlib import Path
 

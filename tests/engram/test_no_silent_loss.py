@@ -17,16 +17,16 @@ from pathlib import Path
 import nats
 import pytest
 
-from engram.dlq import scrub_payload
-from engram.embedded import start_falkordb, start_nats
-from engram.ingest import publish_events, read_jsonl
-from engram.promote import Promotion, publish_promotion
+from engram.runtime.dlq import scrub_payload
+from engram.stack.embedded import start_falkordb, start_nats
+from engram.publishing.ingest import publish_events, read_jsonl
+from engram.publishing.promote import Promotion, publish_promotion
 from engram.settings import EngramSettings, TurnDetectorSettings
-from engram.topology import Topology, ensure_topology
-from schemas import ChatMessage, Episode, ScopeKeys, subjects
-from schemas.messages import GraphDeleteResponse, GraphGroupDeleteRequest
-from services.summary_gate import app as sg_app
-from services.turn_detector import app as td_app
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ChatMessage, Episode, ScopeKeys, subjects
+from engram.schemas.messages import GraphDeleteResponse, GraphGroupDeleteRequest
+from engram.services.summary_gate import app as sg_app
+from engram.services.turn_detector import app as td_app
 from tests.services.gateway.test_gateway import episodes_of, pipeline, serve_gateway
 from tests.services.turn_detector.helpers import read_all, wait_for
 
@@ -65,7 +65,7 @@ def test_dead_letters_and_promotions_are_scrubbed() -> None:
     assert b"AKIAIOSFODNN7EXAMPLE" not in scrubbed and b"Sup3rSecretValue" not in scrubbed
     assert json.loads(scrubbed)["content"].startswith("deploy with [REDACTED:")
     assert b"Sup3rSecretValue" not in scrub_payload(b"{not json password=Sup3rSecretValue!")
-    from engram.promote import promotion_episode
+    from engram.publishing.promote import promotion_episode
 
     episode = promotion_episode(Promotion(kind="decision", text="Use db password=Sup3rSecretValue! for staging",
                                           key="repo", rationale="token ghp_abcdefghijklmnopqrstuvwxyz0123456789"),

@@ -15,15 +15,15 @@ import nats
 import pytest
 
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import ScopeKeys, subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import ScopeKeys, subjects
 from tools.build_client import build
 
 PUBLISH = """
 import asyncio, json, sys
 from datetime import datetime, timezone
 from engram_client import Publisher
-from schemas import ChatMessage, ScopeKeys
+from engram.schemas import ChatMessage, ScopeKeys
 
 async def main():
     publisher = await Publisher.connect(sys.argv[1])

@@ -31,15 +31,15 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from schemathesis.generation.jsonschema.builder import build as schema_strategy
 
-from schemas import messages as m
-from schemas import memory as mem
-from schemas import subjects
-from services.sessions import memory as memory_ops
+from engram.schemas import messages as m
+from engram.schemas import memory as mem
+from engram.schemas import subjects
+from engram.services.sessions import memory as memory_ops
 
 EXAMPLES = int(os.environ.get("ENGRAM_FUZZ_EXAMPLES", "12"))
 CANARY = "zqxcanary"
 """Put into every generated content field: it must never show up in a log line."""
-NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # max_payload of engram's embedded nats-server (engram/embedded.py)
+NATS_MAX_PAYLOAD = 8 * 1024 * 1024  # max_payload of engram's embedded nats-server (engram/stack/embedded.py)
 TD_MAX_BYTES = 2 * 1024 * 1024  # ENGRAM_TURN_MAX_MESSAGE_BYTES default: larger inputs are "oversize"
 RUN = uuid.uuid4().hex[:6]
 POOL_SESSIONS = [f"fz{RUN}s{i}" for i in range(3)]

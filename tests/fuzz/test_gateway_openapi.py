@@ -23,11 +23,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from engram.embedded import start_falkordb, start_nats
+from engram.stack.embedded import start_falkordb, start_nats
 from engram.settings import EngramSettings
-from services.gateway.app import create_rest_app
-from services.gateway.bus import Bus
-from services.gateway.settings import GatewaySettings
+from engram.services.gateway.app import create_rest_app
+from engram.services.gateway.bus import Bus
+from engram.services.gateway.settings import GatewaySettings
 from tests.fuzz.hostile import EXAMPLES
 from tests.fuzz.stack import LogCapture, Stack
 
@@ -35,7 +35,7 @@ from tests.fuzz.stack import LogCapture, Stack
 def _openapi() -> dict[str, Any]:
     """The document ``GET /openapi.json`` serves (built without a connection)."""
     settings = EngramSettings(nats_url="nats://127.0.0.1:1")  # never connected
-    from engram.service import make_broker
+    from engram.runtime.service import make_broker
 
     bus = Bus(settings, make_broker(settings, service="gateway"), publish_timeout_s=5.0)
     return create_rest_app(bus, settings, GatewaySettings()).openapi()

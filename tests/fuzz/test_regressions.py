@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from engram import dlq
-from engram.embedded import start_nats
-from schemas import subjects
+from engram.runtime import dlq
+from engram.stack.embedded import start_nats
+from engram.schemas import subjects
 from tests.fuzz.stack import LogCapture, Stack
 from tests.services.turn_detector.helpers import read_all
 

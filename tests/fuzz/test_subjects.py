@@ -42,10 +42,10 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from engram.embedded import start_nats
-from schemas import ChatMessage, Episode, SessionClosed, subjects
-from schemas.memory import ListSessionsRequest, MemoryResponse
-from schemas.messages import GraphEpisodesRequest, GraphEpisodesResponse, RecallRequest, RecallResponse
+from engram.stack.embedded import start_nats
+from engram.schemas import ChatMessage, Episode, SessionClosed, subjects
+from engram.schemas.memory import ListSessionsRequest, MemoryResponse
+from engram.schemas.messages import GraphEpisodesRequest, GraphEpisodesResponse, RecallRequest, RecallResponse
 from tests.fuzz.hostile import (
     CANARY,
     CORE_DOORS,
@@ -375,8 +375,8 @@ def test_request_doors_answer_every_request_with_a_reason_for_the_bad_ones(stack
 
 
 def _response_model(door: Door) -> Any:
-    from schemas import messages as m
-    from schemas.memory import ContextResponse
+    from engram.schemas import messages as m
+    from engram.schemas.memory import ContextResponse
 
     if door.name == subjects.RECALL:
         return RecallResponse

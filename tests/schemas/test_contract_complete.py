@@ -4,7 +4,7 @@ The check reads the source (services/ and engram/) rather than a list: every ref
 subject constant or helper of schemas/subjects.py, and every literal ``engram.*`` subject handed to
 a publish/subscribe/request call, must match a channel address of the generated document. A
 literal in the *stored* form of a partitioned stream (``engram.episode.<p>.<group>``, made by a
-subject transform in engram/topology.py) counts as the published subject it was made from.
+subject transform in engram/runtime/topology.py) counts as the published subject it was made from.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from engram.settings import EngramSettings
-from engram.topology import Topology
-from schemas import subjects
-from schemas.export import ASYNCAPI_FILE, CHANNELS, asyncapi_document, missing_channels, subject_constants
+from engram.runtime.topology import Topology
+from engram.schemas import subjects
+from engram.schemas.export import ASYNCAPI_FILE, CHANNELS, asyncapi_document, missing_channels, subject_constants
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("services", "engram")
@@ -80,13 +80,13 @@ def _call_name(call: ast.Call) -> str | None:
 
 
 def subject_uses(source: str, where: str) -> list[Use]:
-    """Subjects one module uses: references to schemas.subjects names, and literal ``engram.*``
+    """Subjects one module uses: references to engram.schemas.subjects names, and literal ``engram.*``
     subjects passed to a publish/subscribe/request call."""
     constants, helpers, tuples = subject_constants(), _helper_templates(), _tuple_constants()
     tree = ast.parse(source)
-    imported: dict[str, str] = {}  # local name -> subjects attribute, for `from schemas.subjects import X`
+    imported: dict[str, str] = {}  # local name -> subjects attribute, for `from engram.schemas.subjects import X`
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "schemas.subjects":
+        if isinstance(node, ast.ImportFrom) and node.module == "engram.schemas.subjects":
             imported.update({a.asname or a.name: a.name for a in node.names})
     uses: list[Use] = []
 
@@ -132,7 +132,7 @@ def _tokens_match(a: list[str], b: list[str]) -> bool:
 
 
 def _stored_forms() -> list[tuple[list[str], list[str]]]:
-    """(stored pattern, published pattern) of every stream subject transform in engram/topology.py."""
+    """(stored pattern, published pattern) of every stream subject transform in engram/runtime/topology.py."""
     out = []
     for cfg in Topology.from_settings(EngramSettings()).streams():
         t = cfg.subject_transform

@@ -8,13 +8,13 @@ import jsonschema
 import pytest
 import yaml
 
-from schemas import ALL_MODELS, ChatMessage
-from schemas.export import ASYNCAPI_FILE, CHANNELS, JSON_DIR, drifted_files
+from engram.schemas import ALL_MODELS, ChatMessage
+from engram.schemas.export import ASYNCAPI_FILE, CHANNELS, JSON_DIR, drifted_files
 
 
 def test_generated_files_match_the_models() -> None:
     drift = drifted_files()
-    assert not drift, f"regenerate with `python -m schemas.export`: {[p.name for p in drift]}"
+    assert not drift, f"regenerate with `python -m engram.schemas.export`: {[p.name for p in drift]}"
 
 
 def test_every_model_has_a_schema_version_and_a_file() -> None:

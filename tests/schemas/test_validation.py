@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from schemas import ChatMessage
-from schemas.validation import error_locations
+from engram.schemas import ChatMessage
+from engram.schemas.validation import error_locations
 
 
 def rejection(model: type[BaseModel], data: object) -> ValidationError:

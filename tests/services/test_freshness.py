@@ -10,11 +10,11 @@ from typing import Any
 import nats
 from prometheus_client import REGISTRY, generate_latest
 
-from engram.pipeline_metrics import BacklogMonitor
+from engram.observability.pipeline_metrics import BacklogMonitor
 from engram.settings import EngramSettings
-from engram.topology import Topology
-from schemas import Episode, subjects
-from services.turn_detector import app as td_app
+from engram.runtime.topology import Topology
+from engram.schemas import Episode, subjects
+from engram.services.turn_detector import app as td_app
 from tests.services.summary_gate.helpers import new_session, pipeline
 from tests.services.turn_detector.helpers import msg, publish, read_all
 

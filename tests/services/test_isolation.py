@@ -4,7 +4,7 @@ explorer view of one group ever returns an item of another.
 The services run in-process on one event loop in a background thread (tests/support/stack.py:
 turn-detector, extractor with the offline rules model and the hashing embedder, recall, the
 gateway under uvicorn on a loopback port), against the suite's real NATS JetStream and FalkorDB.
-50 conversations are published concurrently (one ``engram.ingest.publish_events`` per
+50 conversations are published concurrently (one ``engram.publishing.ingest.publish_events`` per
 conversation, gathered): half write to a group the client names (``ScopeKeys(group=...)``, as
 the gateway's REST clients do), half to their session's derived group
 (``ScopeKeys(session=True)``, recall asked by ``scopes.session``). Every conversation names people, a company and a project no other group
@@ -49,9 +49,9 @@ from falkordb.asyncio import FalkorDB
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram.ingest import publish_events
-from schemas import ChatMessage, RecallRequest, RecallResponse, ScopeKeys, SessionClosed, subjects
-from schemas.messages import RecallScopes
+from engram.publishing.ingest import publish_events
+from engram.schemas import ChatMessage, RecallRequest, RecallResponse, ScopeKeys, SessionClosed, subjects
+from engram.schemas.messages import RecallScopes
 from tests.support.names import SHARED_WORDS, unique_names
 from tests.support.stack import IsolationStack
 

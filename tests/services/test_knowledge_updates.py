@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from bench.knowledge_updates import DAY0, DOORS, TRIAL, WEEK, Case, serve, settings_for, tell_and_ask, user_of
-from engram.graph import as_utc
-from schemas import subjects
+from engram.graph.drivers import as_utc
+from engram.schemas import subjects
 from tests.services.recall.test_fact_changes import group_facts
 
 BACKDATED = Case("backdated change", "tuning", "Maya lives in Lisbon.", "Maya moved to Porto last month.",

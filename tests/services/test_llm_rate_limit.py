@@ -10,12 +10,12 @@ import pytest
 
 from engram.models.delegating import innermost
 from engram.models.rate_limit import SharedRateLimiter
-from engram.service import make_broker
+from engram.runtime.service import make_broker
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from services.extractor.app import Extractor
-from services.sessions.app import SessionCloser
-from services.summary_gate.app import SummaryGate
+from engram.runtime.topology import Topology, ensure_topology
+from engram.services.extractor.app import Extractor
+from engram.services.sessions.app import SessionCloser
+from engram.services.summary_gate.app import SummaryGate
 
 
 @pytest.mark.parametrize(("service", "cls"), [("extractor", Extractor), ("summary-gate", SummaryGate),

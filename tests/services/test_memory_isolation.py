@@ -60,10 +60,10 @@ from graphiti_core.llm_client.config import ModelSize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram.ingest import publish_events
+from engram.publishing.ingest import publish_events
 from engram.models.rules_llm import RulesExtractorClient
-from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
-from schemas.memory import (
+from engram.schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
+from engram.schemas.memory import (
     ContextResponse,
     ListUserNotesRequest,
     MemoryResponse,
@@ -72,8 +72,8 @@ from schemas.memory import (
     SetUserPreferenceRequest,
     memory_group_for,
 )
-from services.sessions.store import NOTE, PREFERENCE, SESSION
-from services.turn_detector.pairing import scope_groups
+from engram.services.sessions.store import NOTE, PREFERENCE, SESSION
+from engram.services.turn_detector.pairing import scope_groups
 from tests.support.names import SHARED_WORDS, unique_names
 from tests.support.stack import IsolationStack
 

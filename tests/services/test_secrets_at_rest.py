@@ -30,10 +30,10 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from engram.cli_support import nats_connection
+from engram.cli.support import nats_connection
 from engram.settings import EngramSettings
-from schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
-from schemas.memory import (
+from engram.schemas import ChatMessage, ScopeKeys, SessionClosed, subjects
+from engram.schemas.memory import (
     AddFavoriteRequest,
     ContextRequest,
     LogActivityRequest,
@@ -42,8 +42,8 @@ from schemas.memory import (
     SaveUserNoteRequest,
     SetUserPreferenceRequest,
 )
-from schemas.messages import RecallRequest, RecallScopes, TripletAddRequest, TripletFact
-from tests.engram.test_cli_up import Up
+from engram.schemas.messages import RecallRequest, RecallScopes, TripletAddRequest, TripletFact
+from tests.engram.cli.test_cli_up import Up
 from tests.services.mcp.test_mcp import call
 
 # AWS's own documentation example pair (not a credential): the shape the issue found kept.
@@ -69,7 +69,7 @@ NATS_DOORS: dict[str, str] = {
     "SCHED_SUMMARY_FIRED": "internal: the server fires the stored schedule; no text",
     "RECALL": PLANTED,  # the query reaches the graph, which logs queries with their parameters
     "CTL_FORGET_SESSIONS": "internal: session ids, core NATS (not stored)",
-    "DLQ": "internal: dead letters are scrubbed by engram/dlq.py (tests/engram/test_no_silent_loss.py)",
+    "DLQ": "internal: dead letters are scrubbed by engram/runtime/dlq.py (tests/engram/test_no_silent_loss.py)",
     "SESSION_CLOSED": "internal: the turn-detector's scrubbed transcript tails",
     "MEMORY_NOTE_SAVE": PLANTED,
     "MEMORY_NOTE_DELETE": "a uuid; no text",
@@ -165,10 +165,10 @@ def nats_doors() -> set[str]:
 
 
 def rest_doors() -> set[str]:
-    from engram.service import make_broker
-    from services.gateway.app import create_rest_app
-    from services.gateway.bus import Bus
-    from services.gateway.settings import GatewaySettings
+    from engram.runtime.service import make_broker
+    from engram.services.gateway.app import create_rest_app
+    from engram.services.gateway.bus import Bus
+    from engram.services.gateway.settings import GatewaySettings
 
     settings = EngramSettings(nats_url="nats://127.0.0.1:1")  # never connected
     bus = Bus(settings, make_broker(settings, service="gateway"), publish_timeout_s=5.0)
@@ -177,8 +177,8 @@ def rest_doors() -> set[str]:
 
 
 def mcp_doors() -> set[str]:
-    from services.mcp import app as mcp_app
-    from services.mcp.settings import McpSettings
+    from engram.services.mcp import app as mcp_app
+    from engram.services.mcp.settings import McpSettings
 
     service = mcp_app.build(EngramSettings(nats_url="nats://127.0.0.1:1"), McpSettings())
     return {tool.name for tool in asyncio.run(service.server.list_tools())}

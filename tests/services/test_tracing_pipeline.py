@@ -1,6 +1,6 @@
 """One turn is one trace, end to end, and no span carries message content (issue 14 item 1).
 
-The real publisher (engram.ingest.publish_events, what ``engram ingest`` runs), turn-detector,
+The real publisher (engram.publishing.ingest.publish_events, what ``engram ingest`` runs), turn-detector,
 extractor (rules LLM) and summary-gate run in-process against real NATS JetStream and FalkorDB;
 every service's TracerProvider exports to an in-memory exporter instead of OTLP/HTTP.
 The turn is closed by a SessionClosed published in a *different* trace (as a close from another
@@ -17,14 +17,14 @@ import nats
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engram import graphiti_tracing, tracing
-from engram.ingest import publish_events
+from engram.observability import graphiti_tracing, tracing
+from engram.publishing.ingest import publish_events
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import SessionClosed, subjects
-from services.extractor import app as ex_app
-from services.summary_gate import app as sg_app
-from services.turn_detector import app as td_app
+from engram.schemas import SessionClosed, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.summary_gate import app as sg_app
+from engram.services.turn_detector import app as td_app
 from tests.services.summary_gate.helpers import STAGES, new_session
 from tests.services.turn_detector.helpers import T0, msg, wait_for
 
@@ -160,7 +160,7 @@ async def test_the_readme_publishing_example_sends_the_trace_context(clean_nats:
     import subprocess
     import sys
 
-    from engram.topology import Topology, ensure_topology
+    from engram.runtime.topology import Topology, ensure_topology
     from tests.services.turn_detector.helpers import read_all
     from tests.test_readme import ROOT, readme_blocks
 
@@ -203,8 +203,8 @@ def test_turn_spans_follow_the_turn_detectors_turn_boundaries(exporter: InMemory
 async def test_recall_spans_hold_no_query_text(
     clean_nats: str, falkordb_server: Any, tmp_path: Path, exporter: InMemorySpanExporter,
 ) -> None:
-    from schemas import RecallRequest, RecallResponse, RecallScopes
-    from services.recall import app as rc_app
+    from engram.schemas import RecallRequest, RecallResponse, RecallScopes
+    from engram.services.recall import app as rc_app
     from tests.services.recall.test_service import ingest
 
     settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path, partitions=2,

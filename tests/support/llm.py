@@ -32,6 +32,6 @@ class RecordingLLMClient(DelegatingLLMClient):
 
     def extraction_prompts(self) -> list[str]:
         """The user messages of graphiti's extraction prompts (those taking custom instructions)."""
-        from services.extractor.preprocessing import EXTRACTION_PROMPTS
+        from engram.services.extractor.preprocessing import EXTRACTION_PROMPTS
 
         return [contents[-1] for name, contents in self.prompts if name in EXTRACTION_PROMPTS]

@@ -24,16 +24,16 @@ import nats
 import uvicorn
 from graphiti_core.llm_client.client import LLMClient
 
-from engram.embedded import free_port
+from engram.stack.embedded import free_port
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from services.extractor import app as ex_app
-from services.gateway import app as gw_app
-from services.gateway.settings import GatewaySettings
-from services.recall import app as recall_app
-from services.sessions import app as sessions_app
-from services.summary_gate import app as sg_app
-from services.turn_detector import app as td_app
+from engram.services.extractor import app as ex_app
+from engram.services.gateway import app as gw_app
+from engram.services.gateway.settings import GatewaySettings
+from engram.services.recall import app as recall_app
+from engram.services.sessions import app as sessions_app
+from engram.services.summary_gate import app as sg_app
+from engram.services.turn_detector import app as td_app
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import subjects
+from engram.schemas import subjects
 from tools import settings_table
 from tools.settings_table import render, settings_classes, settings_rows
 
@@ -32,8 +32,8 @@ def test_every_settings_class_is_found() -> None:
     assert found >= {
         "engram.settings.EngramSettings", "engram.settings.TurnDetectorSettings",
         "engram.models.factory.LLMSettings", "engram.models.factory.EmbedderSettings",
-        "services.recall.app.RecallSettings", "services.gateway.settings.GatewaySettings",
-        "services.summary_gate.gate.GateSettings", "services.extractor.preprocessing.ExtractionSettings",
+        "engram.services.recall.app.RecallSettings", "engram.services.gateway.settings.GatewaySettings",
+        "engram.services.summary_gate.gate.GateSettings", "engram.services.extractor.preprocessing.ExtractionSettings",
     }
     # and nothing but settings classes
     assert all(issubclass(cls, BaseSettings) for cls in settings_classes())
@@ -52,8 +52,8 @@ def test_docs_name_only_variables_that_exist() -> None:
     # the fuzz and isolation tests' sizes (tests/fuzz, tests/services/test_isolation.py), not settings
     outside |= {"ENGRAM_FUZZ_EXAMPLES", "ENGRAM_FUZZ_REPORT", "ENGRAM_ISOLATION_EXAMPLES"}
     # docker compose's own variables (.env): the address ports are published on, and the NATS
-    # users' passwords the nats container and the services read (engram/auth.py)
-    from engram.auth import compose_secrets
+    # users' passwords the nats container and the services read (engram/runtime/auth.py)
+    from engram.runtime.auth import compose_secrets
 
     outside |= {"ENGRAM_BIND", *compose_secrets()}
     files = [ROOT / "README.md", ROOT / "docker-compose.yml", *(ROOT / "docs").glob("*.md"),

@@ -58,7 +58,7 @@ Known limits (heuristics, not language understanding):
   or nested clauses get coarse or wrong relations and actors; "and" between two clauses is not
   split; the third-person rewrite of "I <verb>" is a suffix rule;
 * dates: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X", relative
-  expressions in English and common Turkish forms only (engram/temporal.py's rules), years alone only after "in/since/..."
+  expressions in English and common Turkish forms only (engram/text/temporal.py's rules), years alone only after "in/since/..."
 * contradictions are lexical: paraphrases ("resides in" vs "lives in" work, "left Boston for
   Austin" does not), and the 75% overlap threshold can both miss and over-fire; change phrases
   (:mod:`.changes`) need the subject in the same words; measured on a labelled change /

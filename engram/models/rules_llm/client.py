@@ -8,7 +8,7 @@ minimal instance too (``self.unhandled``).
 Token accounting: every call appends a :class:`CallRecord` (prompt name, response model,
 prompt tokens of all messages as sent, completion tokens of the JSON answer) to
 ``self.calls`` and feeds graphiti's ``self.token_tracker``. Tokens are counted with
-``engram.tokens.token_counter()`` (real cl100k via tiktoken, offline) when that
+``engram.text.tokens.token_counter()`` (real cl100k via tiktoken, offline) when that
 module is importable; otherwise, and when that counter itself falls back, with
 ``ceil(len(text) / 4)`` (``self.token_counting`` says which).
 """
@@ -58,7 +58,7 @@ def _estimate_tokens(text: str) -> int:
 
 def _default_token_counter() -> tuple[CountTokens, str]:
     try:
-        from engram.tokens import token_counter
+        from engram.text.tokens import token_counter
 
         counter = token_counter()
         if callable(counter):

@@ -2,7 +2,7 @@
 "in 2019") and relative ones ("yesterday", "last Friday", "two weeks ago", "next month", "last
 summer", "this weekend", "in 2 days") resolved against the message's or session's reference time,
 and the ``valid_at``/``invalid_at`` a fact's text gives. The relative grammar and its rules live
-in :mod:`engram.temporal`, shared with recall (which grounds past turns with it); a period
+in :mod:`engram.text.temporal`, shared with recall (which grounds past turns with it); a period
 ("last month", "last summer") gives its first day as ``valid_at``.
 
 Limits: no times of day outside ISO timestamps, no ranges other than "from X to Y"/"until X",
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 
 from engram.models.rules_llm.vocabulary import MONTHS
-from engram.temporal import MONTH_PATTERN as _MONTH_RX
-from engram.temporal import find_relative, reference_day
+from engram.text.temporal import MONTH_PATTERN as _MONTH_RX
+from engram.text.temporal import find_relative, reference_day
 
 
 def _iso(d: date | datetime) -> str:
@@ -118,7 +118,7 @@ def fact_timestamps(fact: str, reference: datetime | None) -> tuple[str | None, 
     A valid_at after the reference day ("Caroline will fly to Rome in 2 days") becomes the
     reference time, as graphiti's timestamp prompts ask ("a future-tense plan ... set valid_at to
     the episode timestamp / REFERENCE_TIME"); the future date stays in the fact's (grounded)
-    text (:mod:`.prompts` grounds it with :func:`engram.temporal.ground`)."""
+    text (:mod:`.prompts` grounds it with :func:`engram.text.temporal.ground`)."""
     hits = find_dates(fact, reference)
     if not hits:
         return None, None

@@ -25,7 +25,7 @@ from engram.models.rules_llm.extraction import ExtractionResult, _extract, _fact
 from engram.models.rules_llm.sessions import session_summary, user_facts
 from engram.models.rules_llm.summaries import summarize_entities
 from engram.models.rules_llm.text import _norm_key
-from engram.temporal import ground
+from engram.text.temporal import ground
 
 
 def _block(prompt: str, tag: str) -> str | None:

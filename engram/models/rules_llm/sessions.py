@@ -5,7 +5,7 @@ a JSON list of ``{"role": "user"|"assistant", "name", "text"}`` (oldest first), 
 ``<PREVIOUS_SUMMARIES>``, a JSON list of earlier sessions' summaries (context for a real model;
 ignored here: a summary of this segment states only what this segment says).
 
-* ``HybridSessionSummary`` (``sessions.summary``): ``language`` from :func:`engram.language.detect_language`;
+* ``HybridSessionSummary`` (``sessions.summary``): ``language`` from :func:`engram.text.language.detect_language`;
   ``narrative`` = one sentence naming the topics plus the 1-3 most informative user/assistant
   sentences (most content words, a bonus for a decision, a pending item or a self statement),
   in transcript order, each introduced by who said it -- the connecting words in the
@@ -32,7 +32,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from engram.language import detect_language
+from engram.text.language import detect_language
 from engram.models.rules_llm.episodes import _analyse
 from engram.models.rules_llm.extraction import _extract
 

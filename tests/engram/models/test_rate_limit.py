@@ -26,13 +26,13 @@ from nats.js.api import StorageType
 from prometheus_client import REGISTRY
 
 from bench.llm_simulator import CHAT, LLMSimulator, rate_limit
-from engram.embedded import start_nats
+from engram.stack.embedded import start_nats
 from engram.models import rate_limit as rl
 from engram.models.factory import LLMSettings, build_llm, rate_limiter
 from engram.models.openai_compat import make_sdk_client
 from engram.models.rate_limit import Limit, Limits, SharedRateLimiter, State, admit, adjust, reserve
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
 
 
 # ---------------------------------------------------------------- (a) arithmetic, pure

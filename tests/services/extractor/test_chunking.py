@@ -1,5 +1,5 @@
 """Adaptive chunking and covering chunks (services/extractor/chunking.py). Pure; the tokenizer
-(engram/tokens.py) is tested in tests/engram/test_tokens.py."""
+(engram/text/tokens.py) is tested in tests/engram/text/test_tokens.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from engram.tokens import estimate_tokens, token_counter
-from services.extractor.chunking import (
+from engram.text.tokens import estimate_tokens, token_counter
+from engram.services.extractor.chunking import (
     ChunkingSettings,
     assign_pairs,
     chunk_json,

@@ -9,16 +9,16 @@ import pytest
 from graphiti_core.edges import EntityEdge
 from graphiti_core.nodes import EntityNode
 
-from schemas import Episode, EpisodeMessage, NodeDelta
-from schemas.messages import MESSAGE_ID_PATTERN
-from services.extractor.deltas import (
+from engram.schemas import Episode, EpisodeMessage, NodeDelta
+from engram.schemas.messages import MESSAGE_ID_PATTERN
+from engram.services.extractor.deltas import (
     NEGATION_CUES,
     build_node_deltas,
     delta_message_id,
     has_negation_cue,
     infer_invalidated_by,
 )
-from services.extractor.pipeline import ExtractionResult
+from engram.services.extractor.pipeline import ExtractionResult
 
 T0 = datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc)
 T1 = T0 + timedelta(days=1)

@@ -19,14 +19,14 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from engram.embedded import free_port
+from engram.stack.embedded import free_port
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import ExtractionOverride, subjects
-from services.extractor import app as ex_app
-from services.extractor.extraction_prompt import INSTRUCTIONS
-from services.mcp.settings import McpSettings
-from services.recall import app as recall_app
-from services.turn_detector import app as td_app
+from engram.schemas import ExtractionOverride, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.extractor.extraction_prompt import INSTRUCTIONS
+from engram.services.mcp.settings import McpSettings
+from engram.services.recall import app as recall_app
+from engram.services.turn_detector import app as td_app
 from tests.services.gateway.test_gateway import serve_gateway
 from tests.services.mcp.test_mcp import call, serve_mcp
 from tests.services.turn_detector.helpers import close, episodes, msg, publish, read_all, wait_for

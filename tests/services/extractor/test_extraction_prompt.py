@@ -13,8 +13,8 @@ from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction as 
 from graphiti_core.utils.maintenance.node_operations import _build_entity_types_context
 
 from engram.models.rules_llm import RulesExtractorClient
-from engram.tokens import token_counter
-from services.extractor.extraction_prompt import (
+from engram.text.tokens import token_counter
+from engram.services.extractor.extraction_prompt import (
     FIXED_TOKEN_BUDGET,
     INSTRUCTIONS,
     PROMPT_LIBRARY,
@@ -26,7 +26,7 @@ from services.extractor.extraction_prompt import (
     engram_clients,
     is_engram_prompt,
 )
-from services.extractor.preprocessing import ExtractionSettings, validate_at_startup
+from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup
 from tests.engram.models.rules_llm.helpers import CHAT_TURN, CHAT_TYPES, REF
 
 SCHEMA_NOTE = "\n\nRespond with a JSON object in the following format:\n\n"  # what graphiti's client appends
@@ -168,7 +168,7 @@ def test_engram_clients_route_only_the_combined_prompt() -> None:
     from graphiti_core.tracer import NoOpTracer
 
     from engram.models.hashing_embedder import HashingEmbedder
-    from services.extractor.app import NoRerank
+    from engram.services.extractor.app import NoRerank
 
     clients = GraphitiClients.model_construct(driver=None, llm_client=RulesExtractorClient(), embedder=HashingEmbedder(8),
                                               cross_encoder=NoRerank(), tracer=NoOpTracer())

@@ -5,7 +5,7 @@ punctuation: a markdown blank (``\\_\\_\\_\\_``) leaves lone ``_`` terms, contro
 pass as they are, and RediSearch answers "Syntax error" -- at every retry, so the turn was
 dead-lettered. Real FalkorDB (session fixture), the offline rules extractor, the hashing
 embedder: no mocks. The reproduction tests run graphiti's own driver and must fail; the others
-run engram's driver (engram/graph.py) and must not.
+run engram's driver (engram/graph/drivers.py) and must not.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.exceptions import ResponseError
 
-from engram.graph import FULLTEXT_REJECTED, EngramFalkorDriver, fulltext_words
+from engram.graph.drivers import FULLTEXT_REJECTED, EngramFalkorDriver, fulltext_words
 from engram.models.hashing_embedder import HashingEmbedder
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import Episode, EpisodeMessage, subjects
-from services.extractor import app as ex_app
-from services.extractor.app import NoRerank
-from services.extractor.pipeline import extract_episode, find_episode, safe_entity_name
+from engram.schemas import Episode, EpisodeMessage, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.extractor.app import NoRerank
+from engram.services.extractor.pipeline import extract_episode, find_episode, safe_entity_name
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 T0 = datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import nats
 
-from engram.embedded import free_port, start_falkordb
+from engram.stack.embedded import free_port, start_falkordb
 from engram.models.factory import EmbedderSettings
 from engram.models.rules_llm import RulesExtractorClient
-from engram.service import backend_unavailable
+from engram.runtime.service import backend_unavailable
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import Episode, EpisodeMessage, subjects
-from services.extractor import app as ex_app
+from engram.schemas import Episode, EpisodeMessage, subjects
+from engram.services.extractor import app as ex_app
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 AT = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

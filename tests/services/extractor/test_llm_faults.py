@@ -37,12 +37,12 @@ from bench.llm_simulator import (
     slow,
     truncated,
 )
-from engram.dlq import replay_dead_letters
+from engram.runtime.dlq import replay_dead_letters
 from engram.models.factory import EmbedderSettings
 from engram.models.openai_compat import llm_stats
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import Episode, EpisodeMessage, subjects
-from services.extractor import app as ex_app
+from engram.schemas import Episode, EpisodeMessage, subjects
+from engram.services.extractor import app as ex_app
 from tests.services.turn_detector.helpers import read_all, wait_for
 from tests.support.llm import simulator_client
 

@@ -8,10 +8,10 @@ import nats
 
 from engram.models.factory import LLMSettings, build_llm
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import Episode, subjects
-from services.extractor import app as ex_app
-from services.turn_detector import app as td_app
-from tests.engram.openai_fake import FakeOpenAI, running
+from engram.schemas import Episode, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.turn_detector import app as td_app
+from tests.engram.models.openai_fake import FakeOpenAI, running
 from tests.services.turn_detector.helpers import close, msg, publish, read_all, wait_for
 
 

@@ -19,7 +19,7 @@ from graphiti_core.prompts.dedupe_edges import EdgeDuplicate
 from graphiti_core.prompts.dedupe_nodes import NodeResolutions
 from graphiti_core.prompts.extract_edges import BatchEdgeTimestamps
 
-from services.extractor.local_answers import (
+from engram.services.extractor.local_answers import (
     DEDUPE_SIMILARITY,
     EDGE_DEDUPE_PROMPT,
     NODE_DEDUPE_PROMPT,
@@ -28,7 +28,7 @@ from services.extractor.local_answers import (
     fact_similarity,
     local_timestamps,
 )
-from services.extractor.pipeline import extract_episode
+from engram.services.extractor.pipeline import extract_episode
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
 
 REF = datetime(2023, 5, 12, 10, 0, tzinfo=timezone.utc)

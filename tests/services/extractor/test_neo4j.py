@@ -30,9 +30,9 @@ from neo4j import AsyncGraphDatabase
 
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import Episode, NodeDelta, subjects
-from services.extractor import app as ex_app
-from services.extractor.pipeline import check_driver_for_group
+from engram.schemas import Episode, NodeDelta, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.extractor.pipeline import check_driver_for_group
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 # --- unit tests: no Neo4j, no Docker, no NATS ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""Your own ontology (engram/ontology.py, issue 26 item 2): loading the types from Graphiti MCP
+"""Your own ontology (engram/graph/ontology.py, issue 26 item 2): loading the types from Graphiti MCP
 server's default set, a YAML file or a Python module, clear errors for specs that cannot load,
 and extraction with them (services/extractor/pipeline.py) against a real FalkorDB, through a
 scripted model that classifies entities by the prompt's ENTITY TYPES and answers graphiti's
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from engram.ontology import (
+from engram.graph.ontology import (
     GRAPHITI_MCP_ENTITY_TYPES,
     Ontologies,
     Ontology,
@@ -25,8 +25,8 @@ from engram.ontology import (
     OntologySettings,
     load_ontology,
 )
-from schemas.subjects import workspace_group
-from services.extractor.pipeline import extract_episode
+from engram.schemas.subjects import workspace_group
+from engram.services.extractor.pipeline import extract_episode
 from tests.services.extractor.test_pipeline import T1, Env, ScriptedLLM, Turn, env  # noqa: F401 - the fixture
 
 YAML = """\
@@ -217,7 +217,7 @@ async def test_an_episode_excludes_entity_types(env: Env, tmp_path: Path) -> Non
     POST /episodes): the excluded type is not offered to the model, its entities are not stored."""
     from datetime import datetime, timezone
 
-    from services.gateway.mapping import text_episode
+    from engram.services.gateway.mapping import text_episode
 
     path = tmp_path / "ontology.yaml"
     path.write_text(YAML)

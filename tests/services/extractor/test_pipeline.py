@@ -22,9 +22,9 @@ from graphiti_core.llm_client.config import LLMConfig
 from graphiti_core.tracer import NoOpTracer
 
 from engram.models.hashing_embedder import HashingEmbedder
-from schemas import Episode, EpisodeMessage
-from services.extractor.deltas import build_node_deltas
-from services.extractor.pipeline import (
+from engram.schemas import Episode, EpisodeMessage
+from engram.services.extractor.deltas import build_node_deltas
+from engram.services.extractor.pipeline import (
     ExtractionResult,
     build_episodic_node,
     deltas_for_existing_episode,

@@ -23,10 +23,10 @@ from graphiti_core.llm_client.config import LLMConfig
 from graphiti_core.tracer import NoOpTracer
 
 from engram.models.hashing_embedder import HashingEmbedder
-from engram.tokens import token_counter
-from schemas import Episode, EpisodeMessage
-from services.extractor.chunking import ChunkingSettings, covering_chunk_count
-from services.extractor.pipeline import PREVIOUS_EPISODE_CHARS, episode_chunks, extract_episode
+from engram.text.tokens import token_counter
+from engram.schemas import Episode, EpisodeMessage
+from engram.services.extractor.chunking import ChunkingSettings, covering_chunk_count
+from engram.services.extractor.pipeline import PREVIOUS_EPISODE_CHARS, episode_chunks, extract_episode
 from tests.services.extractor.test_pipeline import NoOpCrossEncoder, _host_port
 from tests.support.llm import RecordingLLMClient
 

@@ -23,10 +23,10 @@ from bench.extraction_embeddings import CountingEmbedder
 from engram.models.embedding_cache import BatchingEmbedder
 from engram.models.hashing_embedder import HashingEmbedder, hash_embed
 from engram.models.rules_llm import RulesExtractorClient
-from schemas import Episode, EpisodeMessage
-from services.extractor.app import NoRerank
-from services.extractor.chunking import ChunkingSettings
-from services.extractor.pipeline import EMBEDDING_PROPERTY, ExtractionResult, extract_episode
+from engram.schemas import Episode, EpisodeMessage
+from engram.services.extractor.app import NoRerank
+from engram.services.extractor.chunking import ChunkingSettings
+from engram.services.extractor.pipeline import EMBEDDING_PROPERTY, ExtractionResult, extract_episode
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=timezone.utc)
 CHAT_TURN = ("user (Caroline): I went to a LGBTQ support group yesterday and it was so powerful.\n\n"

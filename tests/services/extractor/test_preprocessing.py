@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from engram.models.rules_llm import RulesExtractorClient
 
-from schemas import ExtractionOverride
-from services.extractor.preprocessing import (
+from engram.schemas import ExtractionOverride
+from engram.services.extractor.preprocessing import (
     DEFAULT_TEMPLATE,
     ExtractionSettings,
     EXTRACTION_PROMPTS,

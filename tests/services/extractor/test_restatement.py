@@ -20,10 +20,10 @@ from graphiti_core.edges import EntityEdge
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.tracer import NoOpTracer
 
-from engram.graph import EngramFalkorDriver
+from engram.graph.drivers import EngramFalkorDriver
 from engram.models.hashing_embedder import HashingEmbedder
-from services.extractor.pipeline import ExtractionResult, extract_episode
-from services.extractor.restatement import (
+from engram.services.extractor.pipeline import ExtractionResult, extract_episode
+from engram.services.extractor.restatement import (
     DEFAULT_SIMILARITY,
     INVALIDATIONS,
     cosine,

@@ -1,4 +1,4 @@
-"""Extractor replicas pull only when they have a free slot (engram.service.CapacityPuller), against
+"""Extractor replicas pull only when they have a free slot (engram.runtime.service.CapacityPuller), against
 real NATS JetStream and FalkorDB: work spreads over replicas with every group's episodes in order,
 a full replica leaves a partition's episode to an idle one, and stop() hands in-flight episodes
 back (finished within the grace period or nacked for immediate redelivery, never left un-acked).
@@ -19,12 +19,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from engram.models.rules_llm import RulesExtractorClient
-from engram.service import ServiceApp
+from engram.runtime.service import ServiceApp
 from engram.settings import EngramSettings
-from engram.topology import Topology
-from schemas import Episode, subjects
-from services.extractor import app as ex_app
-from services.turn_detector.pairing import episode_id_for
+from engram.runtime.topology import Topology
+from engram.schemas import Episode, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.turn_detector.pairing import episode_id_for
 from tests.services.turn_detector.helpers import wait_for
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import Episode, NodeDelta, subjects
-from services.extractor import app as ex_app
-from services.turn_detector import app as td_app
+from engram.schemas import Episode, NodeDelta, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import close, msg, publish, read_all, wait_for
 
 

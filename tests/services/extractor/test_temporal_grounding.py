@@ -19,11 +19,11 @@ import pytest
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.tracer import NoOpTracer
 
-from engram.graph import EngramFalkorDriver
+from engram.graph.drivers import EngramFalkorDriver
 from engram.models.hashing_embedder import HashingEmbedder
 from engram.models.rules_llm import RulesExtractorClient
-from services.extractor.app import NoRerank
-from services.extractor.pipeline import extract_episode
+from engram.services.extractor.app import NoRerank
+from engram.services.extractor.pipeline import extract_episode
 from tests.services.extractor.test_pipeline import _host_port, make_episode
 
 SAID = datetime(2023, 5, 12, 15, 30, tzinfo=timezone.utc)  # a Friday

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from graphiti_core.edges import EntityEdge
 from graphiti_core.utils.maintenance import edge_operations
 
-from services.extractor.told_later import telling
+from engram.services.extractor.told_later import telling
 
 SAID = datetime(2026, 3, 2, 10, 0, tzinfo=timezone.utc)  # "Maya lives in Lisbon" (dated when said)
 TOLD = SAID + timedelta(days=7)  # "Maya moved to Porto last month"

@@ -17,7 +17,7 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
-from schemas import subjects
+from engram.schemas import subjects
 from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for, turn
 from tests.services.turn_detector.helpers import read_all, wait_for
 

@@ -16,13 +16,13 @@ import nats.errors
 import pytest
 
 from engram.settings import EngramSettings
-from engram.topology import Topology, ensure_topology
-from schemas import subjects
-from schemas.messages import GraphEpisode, GraphFact, SummaryAudit, SummaryEvent
-from engram.facts import infer_invalidated_by
-from services.gateway.explorer import PAGE_FILES, _parsed, facts_with_invalidators, newest_messages
-from services.gateway.settings import GatewaySettings
-from tests.engram.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
+from engram.runtime.topology import Topology, ensure_topology
+from engram.schemas import subjects
+from engram.schemas.messages import GraphEpisode, GraphFact, SummaryAudit, SummaryEvent
+from engram.graph.facts import infer_invalidated_by
+from engram.services.gateway.explorer import PAGE_FILES, _parsed, facts_with_invalidators, newest_messages
+from engram.services.gateway.settings import GatewaySettings
+from tests.engram.runtime.test_nats_auth import _as, secured_nats  # noqa: F401 - the fixture
 from tests.services.gateway.test_gateway import serve_gateway, settings_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -107,7 +107,7 @@ def test_the_page_renders_data_as_text_only() -> None:
 def test_the_page_is_package_data() -> None:
     """A non-editable install ships exactly the files the page router reads."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["services.gateway"]
+    patterns = config["tool"]["setuptools"]["package-data"]["engram.services.gateway"]
     files = [f"explorer/{p.name}" for p in PAGE_DIR.iterdir()]
     assert sorted(files) == sorted(["explorer/explorer.html", *(f"explorer/{n}" for n in PAGE_FILES)])
     assert all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files), (files, patterns)
@@ -172,7 +172,7 @@ async def test_the_gateway_user_may_read_the_summary_log_and_nothing_more(secure
 async def test_groups_are_named_by_their_scope_and_key(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     """A workspace's and a user's group ids are hashes; the explorer names them by the key the
     extractor recorded in the group's own graph (EngramGroup), the session by its id."""
-    from schemas import ScopeKeys
+    from engram.schemas import ScopeKeys
     from tests.services.gateway.test_gateway import pipeline
     from tests.services.turn_detector.helpers import close, msg, publish, wait_for
 

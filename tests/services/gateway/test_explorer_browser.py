@@ -24,11 +24,11 @@ import pytest
 from falkordb import FalkorDB
 
 from engram.models.rules_llm import RulesExtractorClient
-from schemas import SessionClosed, subjects
-from services.gateway.settings import GatewaySettings
-from services.sessions import app as sessions_app
-from services.summary_gate import app as sg_app
-from services.summary_gate.gate import GateSettings
+from engram.schemas import SessionClosed, subjects
+from engram.services.gateway.settings import GatewaySettings
+from engram.services.sessions import app as sessions_app
+from engram.services.summary_gate import app as sg_app
+from engram.services.summary_gate.gate import GateSettings
 from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
 from tests.services.turn_detector.helpers import wait_for
 
@@ -118,7 +118,7 @@ async def test_explorer_in_headless_chromium(clean_nats, falkordb_server, tmp_pa
         r = await http.post("/memory/notes", params={"user": USER}, json={"text": NOTE}, headers=auth)
         assert r.status_code == 201, r.text
 
-        # Ada typed as an extraction with an ontology stores her (engram/ontology.py): a label and
+        # Ada typed as an extraction with an ontology stores her (engram/graph/ontology.py): a label and
         # an attribute, shown in her entity view (as text: markup is not rendered)
         host, port = falkordb_server.url.split("://", 1)[1].rsplit(":", 1)
         typed = FalkorDB(host=host, port=int(port)).select_graph(group)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engram.settings import EngramSettings
-from services.gateway import app as gw_app
-from services.gateway.settings import GatewaySettings, is_loopback
+from engram.services.gateway import app as gw_app
+from engram.services.gateway.settings import GatewaySettings, is_loopback
 
 
 def _settings(host: str) -> EngramSettings:

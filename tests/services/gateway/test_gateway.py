@@ -20,15 +20,15 @@ import pytest
 from falkordb.asyncio import FalkorDB
 
 from bench._serve import serve_asgi
-from engram.embedded import start_nats
+from engram.stack.embedded import start_nats
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import ChatMessage, Episode, subjects
-from services.extractor import app as ex_app
-from services.gateway import app as gw_app
-from services.gateway.settings import GatewaySettings
-from services.recall import app as recall_app
-from services.turn_detector import app as td_app
+from engram.schemas import ChatMessage, Episode, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.gateway import app as gw_app
+from engram.services.gateway.settings import GatewaySettings
+from engram.services.recall import app as recall_app
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import read_all, wait_for
 
 ADA = "I moved the API from Flask to FastAPI and pinned pydantic==2.14 in pyproject.toml."

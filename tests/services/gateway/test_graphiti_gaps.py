@@ -17,12 +17,12 @@ import nats
 import pytest
 
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import RecallItem
-from schemas.messages import GraphFact, GraphGroupsRequest, GraphGroupsResponse
-from schemas import subjects
-from services.gateway import mapping
-from services.gateway.models import Message
-from services.gateway.settings import GatewaySettings
+from engram.schemas import RecallItem
+from engram.schemas.messages import GraphFact, GraphGroupsRequest, GraphGroupsResponse
+from engram.schemas import subjects
+from engram.services.gateway import mapping
+from engram.services.gateway.models import Message
+from engram.services.gateway.settings import GatewaySettings
 from tests.services.gateway.test_gateway import episodes_of, graph_count, pipeline, serve_gateway, turn
 from tests.services.recall.test_admin import rows
 from tests.services.turn_detector.helpers import wait_for

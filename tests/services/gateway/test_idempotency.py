@@ -13,9 +13,9 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import subjects
-from services.gateway.settings import GatewaySettings
-from services.turn_detector import app as td_app
+from engram.schemas import subjects
+from engram.services.gateway.settings import GatewaySettings
+from engram.services.turn_detector import app as td_app
 from tests.services.gateway.test_gateway import serve_gateway, stored_messages
 from tests.services.turn_detector.helpers import episodes, wait_for
 

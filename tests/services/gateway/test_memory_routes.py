@@ -13,15 +13,15 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import SecretStr
 
-from engram.graph import GraphDrivers
-from engram.service import ServiceApp, make_broker
+from engram.graph.drivers import GraphDrivers
+from engram.runtime.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
-from engram.tokens import token_counter
-from schemas import subjects
-from services.gateway.settings import GatewaySettings
-from services.recall import app as rc_app
-from services.sessions import requests
-from services.sessions.store import MemoryStore
+from engram.text.tokens import token_counter
+from engram.schemas import subjects
+from engram.services.gateway.settings import GatewaySettings
+from engram.services.recall import app as rc_app
+from engram.services.sessions import requests
+from engram.services.sessions.store import MemoryStore
 from tests.services.gateway.test_gateway import serve_gateway
 
 

@@ -11,11 +11,11 @@ import nats
 import pytest
 
 from engram.settings import TurnDetectorSettings
-from schemas import subjects
-from services.gateway.bus import Bus
-from services.mcp.settings import McpSettings
-from services.mcp.tools import EngramTools, ToolFailed
-from engram.service import make_broker
+from engram.schemas import subjects
+from engram.services.gateway.bus import Bus
+from engram.services.mcp.settings import McpSettings
+from engram.services.mcp.tools import EngramTools, ToolFailed
+from engram.runtime.service import make_broker
 from tests.services.gateway.test_gateway import serve_gateway, settings_for
 from tests.services.turn_detector.helpers import read_all
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from engram.graph import GraphDrivers, query_rows
+from engram.graph.drivers import GraphDrivers, query_rows
 from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
 from tests.services.turn_detector.helpers import wait_for
 

@@ -1,14 +1,14 @@
-"""Memory without an LLM pass (issue 26, item 3; engram/triplets.py): POST /triplets stores a
+"""Memory without an LLM pass (issue 26, item 3; engram/publishing/triplets.py): POST /triplets stores a
 fact given whole, resolved like an extracted one -- the same triplet twice is stored once, a
 triplet naming a known entity joins it, a contradicting later one ends the older fact -- and no
 extraction call is made. Real NATS and FalkorDB, the pipeline in-process (offline rules model)."""
 
 from __future__ import annotations
 
-from engram.graph import GraphDrivers, query_rows
-from engram.triplets import triplet_episode
-from schemas import TripletFact
-from services.extractor.scrub import scrubbed_episode
+from engram.graph.drivers import GraphDrivers, query_rows
+from engram.publishing.triplets import triplet_episode
+from engram.schemas import TripletFact
+from engram.services.extractor.scrub import scrubbed_episode
 from tests.services.gateway.test_gateway import pipeline, serve_gateway, settings_for
 from tests.services.turn_detector.helpers import wait_for
 
@@ -94,8 +94,8 @@ async def test_a_triplet_over_nats_is_stored_like_one_over_rest(clean_nats, falk
     input answered with where it is wrong, never with the content."""
     import nats
 
-    from schemas import subjects
-    from schemas.messages import TripletAddRequest, TripletAddResponse
+    from engram.schemas import subjects
+    from engram.schemas.messages import TripletAddRequest, TripletAddResponse
 
     settings = settings_for(clean_nats, tmp_path, falkordb_server.url)
     triplet = TripletFact(source="billing service", relation="USES", target="Postgres",

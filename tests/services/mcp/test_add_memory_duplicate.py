@@ -5,10 +5,10 @@ transport is covered by test_mcp.py."""
 
 from __future__ import annotations
 
-from engram.service import make_broker
-from services.gateway.bus import Bus
-from services.mcp.settings import McpSettings
-from services.mcp.tools import EngramTools
+from engram.runtime.service import make_broker
+from engram.services.gateway.bus import Bus
+from engram.services.mcp.settings import McpSettings
+from engram.services.mcp.tools import EngramTools
 from tests.services.gateway.test_gateway import settings_for
 
 

@@ -25,11 +25,11 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from bench._serve import serve_asgi
-from engram.embedded import free_port
-from schemas import Episode, subjects
-from schemas.ids import episode_id_for
-from services.mcp import app as mcp_app
-from services.mcp.settings import McpSettings
+from engram.stack.embedded import free_port
+from engram.schemas import Episode, subjects
+from engram.schemas.ids import episode_id_for
+from engram.services.mcp import app as mcp_app
+from engram.services.mcp.settings import McpSettings
 from tests.services.gateway.test_gateway import ADA, pipeline, settings_for
 from tests.services.turn_detector.helpers import read_all, wait_for
 
@@ -175,7 +175,7 @@ async def test_mcp_over_http_adds_finds_and_deletes_a_memory(clean_nats, falkord
             # named by the graph (engram.graph.entities): each is an endpoint of the facts it comes with
             assert all(n["name"] and any(n["name"].lower() in f.lower() for f in n["facts"]) for n in nodes), nodes
             assert all("summary" in n for n in nodes)
-            # entity types are labels: every entity is an Entity; one typed by an ontology (engram/ontology.py)
+            # entity types are labels: every entity is an Entity; one typed by an ontology (engram/graph/ontology.py)
             # is found by its type, with its attributes
             assert {n["uuid"] for n in (await call(session, "search_nodes", query="FastAPI", group_ids=[group],
                                                    entity_types=["Entity"]))["nodes"]} == {n["uuid"] for n in nodes}

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engram.service import make_broker
+from engram.runtime.service import make_broker
 from engram.settings import EngramSettings
-from services.gateway.bus import Bus
-from services.mcp.settings import McpSettings
-from services.mcp.tools import EngramTools
+from engram.services.gateway.bus import Bus
+from engram.services.mcp.settings import McpSettings
+from engram.services.mcp.tools import EngramTools
 
 WINDOW_S = 1.0
 

@@ -11,10 +11,10 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from engram.promote import Promotion, promotion_episode
+from engram.publishing.promote import Promotion, promotion_episode
 from engram.settings import EngramSettings
-from schemas import Episode, subjects
-from services.mcp.settings import McpSettings
+from engram.schemas import Episode, subjects
+from engram.services.mcp.settings import McpSettings
 from tests.services.gateway.test_memory_routes import sessions_side
 from tests.services.mcp.test_mcp import call, fails, serve_mcp
 from tests.services.turn_detector.helpers import read_all

@@ -1,4 +1,4 @@
-"""The MCP server as `engram up` runs it: its own least-privilege NATS user (engram/auth.py) and
+"""The MCP server as `engram up` runs it: its own least-privilege NATS user (engram/runtime/auth.py) and
 inbox prefix, the other services as subprocesses. An MCP client over streamable HTTP adds a whole
 episode (a publish into ENGRAM_EPISODES, which only the mcp user among the request-side users
 may do), finds its fact and clears the group, and the NATS server logs no permission violation."""
@@ -16,7 +16,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.engram.test_cli_up import Up
+from tests.engram.cli.test_cli_up import Up
 from tests.services.gateway.test_gateway import ADA
 from tests.services.mcp.test_mcp import call
 from tests.services.turn_detector.helpers import wait_for
@@ -46,7 +46,7 @@ async def test_mcp_under_engram_up_with_least_privilege(tmp_path: Path) -> None:
             assert any("FastAPI" in f["fact"] for f in found["facts"])
             await call(session, "clear_graph", group_id="mcp-up")
         # an MCP host's stdio server with no engram setting at all finds the running stack (the README's
-        # host config under `engram up`: engram/last_stack.py)
+        # host config under `engram up`: engram/stack/last_stack.py)
         env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
         env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")  # nothing on the default data dir
         engram = shutil.which("engram", path=str(Path(sys.executable).parent))

@@ -18,13 +18,13 @@ from falkordb.asyncio import FalkorDB
 from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.tracer import NoOpTracer
 
-from engram.graph import GraphDrivers
+from engram.graph.drivers import GraphDrivers
 from engram.models.hashing_embedder import HashingEmbedder
 from engram.models.rules_llm import RulesExtractorClient
-from engram.service import make_broker
+from engram.runtime.service import make_broker
 from engram.settings import EngramSettings
-from schemas import Episode, EpisodeMessage, subjects
-from schemas.messages import (
+from engram.schemas import Episode, EpisodeMessage, subjects
+from engram.schemas.messages import (
     GraphDeleteResponse,
     GraphEdgeRequest,
     GraphEdgeResponse,
@@ -33,9 +33,9 @@ from schemas.messages import (
     GraphEpisodesResponse,
     GraphGroupDeleteRequest,
 )
-from services.extractor.app import NoRerank
-from services.extractor.pipeline import extract_episode
-from services.recall.admin import GraphAdmin, answer, register_admin
+from engram.services.extractor.app import NoRerank
+from engram.services.extractor.pipeline import extract_episode
+from engram.services.recall.admin import GraphAdmin, answer, register_admin
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 TURN_1 = ("user (Ada): I moved the API from Flask to FastAPI and pinned pydantic==2.14 in pyproject.toml.\n"
@@ -146,7 +146,7 @@ async def test_episodes_of_an_unknown_group_are_empty_and_create_no_graph(setup)
 
 
 async def test_entities_by_uuid_in_order_or_newest_with_summaries(setup) -> None:  # noqa: ANN001
-    from schemas.messages import GraphEntitiesRequest
+    from engram.schemas.messages import GraphEntitiesRequest
 
     admin, graph, group, url = setup
     assert (await admin.entities(GraphEntitiesRequest(group_id=group))).entities == []  # no graph yet

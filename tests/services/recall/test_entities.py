@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from engram.graph import GraphDrivers
+from engram.graph.drivers import GraphDrivers
 from engram.settings import EngramSettings
-from services.recall import entities
-from services.recall.entities import entity_fact_ranking
+from engram.services.recall import entities
+from engram.services.recall.entities import entity_fact_ranking
 
 DIM = 3
 

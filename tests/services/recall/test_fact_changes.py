@@ -13,9 +13,9 @@ from datetime import datetime, timedelta, timezone
 
 import nats
 
-from engram.graph import GraphDrivers, as_utc, query_rows
-from schemas import ChatMessage, RecallRequest, RecallScopes, ScopeKeys, subjects
-from services.recall.merge import render_line
+from engram.graph.drivers import GraphDrivers, as_utc, query_rows
+from engram.schemas import ChatMessage, RecallRequest, RecallScopes, ScopeKeys, subjects
+from engram.services.recall.merge import render_line
 from tests.services.recall.test_service import _idle, ask, stack
 from tests.services.turn_detector.helpers import close, publish, wait_for
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engram.compat import falkor_graph
-from services.recall.fact_keywords import bm25_fact_ranking
+from engram.services.recall.fact_keywords import bm25_fact_ranking
 from tests.services.recall.test_vector import Graph, graph, vec, write_facts  # noqa: F401 - the fixture
 
 RARE_LAST = [

@@ -8,11 +8,11 @@ from datetime import timedelta
 
 import numpy as np
 
-from engram.graph import GraphDrivers
-from schemas import subjects
-from services.recall.entities import entity_fact_ranking, named_entities, phrases
-from services.recall.lexical import FACTS, Doc, EpisodeIndex, LexicalEpisodes
-from services.recall.search import ENGLISH_STOPWORDS
+from engram.graph.drivers import GraphDrivers
+from engram.schemas import subjects
+from engram.services.recall.entities import entity_fact_ranking, named_entities, phrases
+from engram.services.recall.lexical import FACTS, Doc, EpisodeIndex, LexicalEpisodes
+from engram.services.recall.search import ENGLISH_STOPWORDS
 from tests.services.recall.test_fact_changes import MONDAY, USER, _say
 from tests.services.recall.test_service import stack
 
@@ -64,7 +64,7 @@ def test_the_floor_keeps_dense_only_turns_at_or_above_it_and_words_always_count(
 
 
 def test_the_floor_takes_no_dense_vote_from_a_turn_the_keywords_found() -> None:
-    from services.recall.lexical import Doc, fuse_turns
+    from engram.services.recall.lexical import Doc, fuse_turns
 
     a, b, c = Doc("a", ""), Doc("b", ""), Doc("c", "")
     keyword = [(b, 0.0), (a, 0.0)]
@@ -76,7 +76,7 @@ def test_the_floor_takes_no_dense_vote_from_a_turn_the_keywords_found() -> None:
 
 
 def test_the_floor_takes_no_vector_vote_from_a_fact_another_ranking_found() -> None:
-    from services.recall.vector import above_floor
+    from engram.services.recall.vector import above_floor
 
     nearest = [("f1", 0.79), ("f2", 0.85), ("f3", 0.5)]
     assert above_floor(nearest, 0.8, [["f1"], []]) == [("f1", 0.79), ("f2", 0.85)]
@@ -136,8 +136,8 @@ def test_unit_vectors_used_by_the_floor_are_cosines() -> None:
 
 
 def test_score_fusion_puts_what_both_halves_found_first_across_facts_and_turns() -> None:
-    from schemas import RecallItem
-    from services.recall.search import fuse
+    from engram.schemas import RecallItem
+    from engram.services.recall.search import fuse
 
     def item(uuid: str, kind: str, score: float) -> RecallItem:
         return RecallItem(uuid=uuid, fact=uuid, kind=kind, score=score, group_id="g")  # type: ignore[arg-type]

@@ -27,11 +27,11 @@ import pytest
 from falkordb.asyncio import FalkorDB
 from redis.exceptions import ResponseError
 
-from engram.embedded import ManagedProcess, start_falkordb
-from engram.graph import GraphDrivers
+from engram.stack.embedded import ManagedProcess, start_falkordb
+from engram.graph.drivers import GraphDrivers
 from engram.settings import EngramSettings
-from schemas.messages import GraphEpisodeDeleteRequest, GraphGroupDeleteRequest
-from services.recall.admin import GraphAdmin
+from engram.schemas.messages import GraphEpisodeDeleteRequest, GraphGroupDeleteRequest
+from engram.services.recall.admin import GraphAdmin
 from tools.falkordb_delete_stress import DIM, crashed, write_data
 
 Q_INDEXES = ("CALL db.indexes() YIELD label, types, status, entitytype "

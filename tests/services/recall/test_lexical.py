@@ -13,8 +13,8 @@ from prometheus_client import REGISTRY
 
 from engram.compat import take_index_build
 from engram.settings import EngramSettings
-from services.recall.app import Recall
-from services.recall.lexical import Doc, EpisodeIndex, LexicalEpisodes, tokens
+from engram.services.recall.app import Recall
+from engram.services.recall.lexical import Doc, EpisodeIndex, LexicalEpisodes, tokens
 from tests.services.extractor.test_pipeline import _host_port
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -346,7 +346,7 @@ def test_the_numpy_build_equals_bm25s_own() -> None:
     import bm25s
     import numpy as np
 
-    from services.recall.lexical import BM25
+    from engram.services.recall.lexical import BM25
 
     rng = np.random.default_rng(7)
     corpus = [rng.integers(0, 80, size=rng.integers(0, 40)).tolist() for _ in range(400)]
@@ -363,7 +363,7 @@ def test_the_numpy_build_equals_bm25s_own() -> None:
 def test_warm_up_pays_the_first_english_term_at_start() -> None:
     """The recall service calls warm_up at start: the first recall (graph turn index: every one
     stems) does not load lemminflect's tables."""
-    from services.recall import lexical
+    from engram.services.recall import lexical
 
     lexical.warm_up()
     before = lexical._term.cache_info().hits  # noqa: SLF001

@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram.tokens import token_counter
-from schemas import RecallItem, RecallMessage, RecallRequest, RecallScopes, subjects
-from schemas.relations import canonical_relation
-from services.recall.merge import (
+from engram.text.tokens import token_counter
+from engram.schemas import RecallItem, RecallMessage, RecallRequest, RecallScopes, subjects
+from engram.schemas.relations import canonical_relation
+from engram.services.recall.merge import (
     FOOTER,
     HEADER,
     fit_budget,
@@ -133,7 +133,7 @@ def test_relation_synonyms_map_to_the_canonical_vocabulary() -> None:
 def test_extraction_template_carries_the_canonical_vocabulary() -> None:
     from pathlib import Path
 
-    from schemas.relations import CANONICAL_RELATIONS
+    from engram.schemas.relations import CANONICAL_RELATIONS
 
     template = (Path(__file__).resolve().parents[3] / "templates" / "default-session-turn.md").read_text()
     assert all(name in template for name in CANONICAL_RELATIONS)
@@ -142,7 +142,7 @@ def test_extraction_template_carries_the_canonical_vocabulary() -> None:
 def test_the_by_day_layout_says_each_day_once_newest_first_and_keeps_the_most_relevant_items() -> None:
     from datetime import timedelta
 
-    from services.recall.merge import HEADER_BY_DAY, line_costs, render_section
+    from engram.services.recall.merge import HEADER_BY_DAY, line_costs, render_section
 
     later = T + timedelta(days=3)
     ended = RecallItem(uuid="p", fact="The billing service uses Postgres 15.", group_id="g", valid_at=T,
@@ -174,7 +174,7 @@ def test_the_by_day_layout_says_each_day_once_newest_first_and_keeps_the_most_re
 
 
 def test_a_day_heading_names_the_month_and_costs_less_than_the_iso_date() -> None:
-    from services.recall.merge import _heading
+    from engram.services.recall.merge import _heading
 
     assert _heading("2023-05-08") == "8 May 2023:\n"
     assert _heading("2024-12-31") == "31 Dec 2024:\n"

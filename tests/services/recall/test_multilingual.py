@@ -5,7 +5,7 @@ inflected otherwise than in the turns (services/recall/lexical.py stems in the g
 from __future__ import annotations
 
 from engram.models.factory import EmbedderSettings
-from schemas import RecallRequest, RecallScopes
+from engram.schemas import RecallRequest, RecallScopes
 from tests.services.recall.test_lexical import TURKISH
 from tests.services.recall.test_service import ask, ingest, stack
 

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from engram.models.factory import EmbedderSettings, build_embedder
 from engram.models.rules_llm import RulesExtractorClient
 from engram.settings import EngramSettings, TurnDetectorSettings
-from engram.tokens import token_counter
-from schemas import RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
-from services.extractor import app as ex_app
-from services.recall import app as rc_app
-from services.turn_detector import app as td_app
+from engram.text.tokens import token_counter
+from engram.schemas import RecallRequest, RecallResponse, RecallScopes, ScopeKeys, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.recall import app as rc_app
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import close, msg, publish, wait_for
 
 CONVERSATION_A = [

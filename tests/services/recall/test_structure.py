@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from schemas import Provenance, RecallItem
-from services.recall.lexical import Doc, EpisodeIndex
-from services.recall.merge import drop_covered_facts, drop_covered_turns
-from services.recall.search import shorten
+from engram.schemas import Provenance, RecallItem
+from engram.services.recall.lexical import Doc, EpisodeIndex
+from engram.services.recall.merge import drop_covered_facts, drop_covered_turns
+from engram.services.recall.search import shorten
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 

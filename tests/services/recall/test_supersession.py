@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from schemas import RecallItem, RecallRequest, RecallScopes, subjects
-from services.recall.merge import render_line
-from services.recall.supersession import StoredFact, Supersession, reorder, superseded_turns
+from engram.schemas import RecallItem, RecallRequest, RecallScopes, subjects
+from engram.services.recall.merge import render_line
+from engram.services.recall.supersession import StoredFact, Supersession, reorder, superseded_turns
 from tests.services.recall.test_fact_changes import MONDAY, THURSDAY, USER, _say
 from tests.services.recall.test_service import ask, stack
 

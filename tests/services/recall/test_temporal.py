@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram.tokens import token_counter
-from schemas import RecallItem
-from services.recall.merge import fit_budget, render_line
-from services.recall.temporal import DEFAULT_LIFT, is_dated, is_when_question, prefer_dated, rank_for_query
+from engram.text.tokens import token_counter
+from engram.schemas import RecallItem
+from engram.services.recall.merge import fit_budget, render_line
+from engram.services.recall.temporal import DEFAULT_LIFT, is_dated, is_when_question, prefer_dated, rank_for_query
 
 SAID = datetime(2023, 5, 12, 15, 30, tzinfo=timezone.utc)  # a Friday
 TURN = "user (Calvin): I had a car incident last Friday.\n\nassistant: Oh no, are you OK?"
@@ -56,7 +56,7 @@ def test_fit_budget_counts_the_grounded_line() -> None:
     # a budget that fits the ungrounded line but not the grounded one keeps nothing
     ungrounded = count(f"- [session] {TURN} (said 2023-05-12)\n")
     assert ungrounded < line_cost
-    from services.recall.merge import FOOTER, HEADER
+    from engram.services.recall.merge import FOOTER, HEADER
     tight = count(HEADER) + count(FOOTER) + ungrounded
     assert fit_budget(items, tight, count) == ([], "")
 

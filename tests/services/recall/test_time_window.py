@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 import pytest
 from pydantic import ValidationError
 
-from schemas import RecallRequest, RecallScopes, TimeRange, subjects
-from services.recall.time_window import TimeWindow
+from engram.schemas import RecallRequest, RecallScopes, TimeRange, subjects
+from engram.services.recall.time_window import TimeWindow
 from tests.services.recall.test_fact_changes import USER, _say, group_facts
 from tests.services.recall.test_service import ask, stack
 

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from engram.graph import TURN_VECTOR_INDEX, GraphDrivers, ensure_vector_index
+from engram.graph.drivers import TURN_VECTOR_INDEX, GraphDrivers, ensure_vector_index
 from engram.models.hashing_embedder import HashingEmbedder
 from engram.settings import EngramSettings
-from schemas import RecallRequest, RecallScopes, subjects
-from services.extractor.pipeline import EMBEDDING_PROPERTY
-from services.recall import lexical as lexical_module
-from services.recall.app import Recall, RecallSettings
-from services.recall.lexical import LexicalEpisodes
-from services.recall.turns import Q_TURN_COUNT, GraphTurns, bm25_rescored, keyword_query, keyword_ranking
+from engram.schemas import RecallRequest, RecallScopes, subjects
+from engram.services.extractor.pipeline import EMBEDDING_PROPERTY
+from engram.services.recall import lexical as lexical_module
+from engram.services.recall.app import Recall, RecallSettings
+from engram.services.recall.lexical import LexicalEpisodes
+from engram.services.recall.turns import Q_TURN_COUNT, GraphTurns, bm25_rescored, keyword_query, keyword_ranking
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 DIM = 3
@@ -59,7 +59,7 @@ async def group(falkordb_server, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
             return await _real(q, params, *args, **kwargs)
 
         monkeypatch.setattr(graph, method, recorded)
-    monkeypatch.setattr("services.recall.turns.falkor_graph", lambda _driver: graph)
+    monkeypatch.setattr("engram.services.recall.turns.falkor_graph", lambda _driver: graph)
     await _operational(graph)
 
     async def add(uid: str, text: str, minute: int, vector: list[float] | None = None) -> None:

@@ -1,5 +1,5 @@
 """Fact search through FalkorDB's vector index (services/recall/vector.py) and the index itself
-(engram.graph.GraphDrivers.ensure_indices), against the real FalkorDB of the test session.
+(engram.graph.drivers.GraphDrivers.ensure_indices), against the real FalkorDB of the test session.
 
 Facts carry hand-made vectors (a few dimensions), so the expected neighbours and their order
 are known exactly; the hybrid search is compared with graphiti's own search on the same graph."""
@@ -26,15 +26,15 @@ from graphiti_core.search.search import search
 from graphiti_core.search.search_config_recipes import EDGE_HYBRID_SEARCH_RRF
 from graphiti_core.tracer import NoOpTracer
 
-import engram.graph
-from engram.graph import GraphDrivers, ensure_vector_index, vector_index_options
+import engram.graph.drivers
+from engram.graph.drivers import GraphDrivers, ensure_vector_index, vector_index_options
 from engram.models.factory import EmbedderSettings, embedding_dim
 from engram.models.hashing_embedder import HashingEmbedder
 from engram.settings import EngramSettings
-from services.extractor.app import NoRerank
-from services.recall.app import _NoLLM
-from services.recall.search import NOT_EXPIRED
-from services.recall.vector import (
+from engram.services.extractor.app import NoRerank
+from engram.services.recall.app import _NoLLM
+from engram.services.recall.search import NOT_EXPIRED
+from engram.services.recall.vector import (
     GRAPHITI_MIN_COSINE,
     hybrid_fact_search,
     hybrid_fact_search_scored,
@@ -173,7 +173,7 @@ async def test_server_refusing_the_index_is_logged_not_raised(
 ) -> None:
     """An error FalkorDB answers with (here an unknown similarity function) leaves the graph
     usable without the index: logged, remembered (not retried per call), search falls back."""
-    monkeypatch.setitem(engram.graph.VECTOR_INDEX_OPTIONS, "similarityFunction", "bogus")
+    monkeypatch.setitem(engram.graph.drivers.VECTOR_INDEX_OPTIONS, "similarityFunction", "bogus")
     group = graph.group()
     with caplog.at_level(logging.WARNING, logger="engram.graph"):
         driver = await graph.driver(group)
@@ -306,7 +306,7 @@ async def test_hybrid_fuses_a_keyword_only_and_a_vector_only_match_like_graphiti
 def test_weighted_rrf_is_graphitis_rrf_at_equal_weights_and_weights_a_ranking() -> None:
     from graphiti_core.search.search_utils import rrf
 
-    from services.recall.vector import weighted_rrf
+    from engram.services.recall.vector import weighted_rrf
 
     rankings = [["a", "b", "c"], ["c", "d"], ["d", "a"]]
     assert weighted_rrf(rankings, [1.0, 1.0, 1.0], 1) == rrf(rankings, rank_const=1)

@@ -10,8 +10,8 @@ from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.llm_client.config import LLMConfig, ModelSize
 
 from engram.models.rules_llm import RulesExtractorClient
-from schemas.memory import SessionSegmentClosed, TranscriptLine
-from schemas.messages import ScopeKeys
+from engram.schemas.memory import SessionSegmentClosed, TranscriptLine
+from engram.schemas.messages import ScopeKeys
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

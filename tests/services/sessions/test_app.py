@@ -18,13 +18,13 @@ import nats
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
-from engram.graph import query_rows
+from engram.graph.drivers import query_rows
 from engram.settings import EngramSettings, TurnDetectorSettings
-from engram.topology import Topology
-from schemas import subjects
-from schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY, SessionSegmentClosed
-from services.sessions import app as sessions_app
-from services.sessions.store import MemoryStore
+from engram.runtime.topology import Topology
+from engram.schemas import subjects
+from engram.schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY, SessionSegmentClosed
+from engram.services.sessions import app as sessions_app
+from engram.services.sessions.store import MemoryStore
 from tests.services.sessions.helpers import ENGLISH, T0, TOOL_ONLY, TURKISH, CountingLLM, segment
 from tests.services.turn_detector.helpers import read_all, wait_for
 

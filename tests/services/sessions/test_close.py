@@ -4,10 +4,10 @@ hybrid format, the token cap, and each step's failure outcomes."""
 
 from __future__ import annotations
 
-from engram.language import detect_language
-from engram.tokens import token_counter
-from schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY
-from services.sessions.close import (
+from engram.text.language import detect_language
+from engram.text.tokens import token_counter
+from engram.schemas.memory import EMPTY_SUMMARY, FALLBACK_SUMMARY
+from engram.services.sessions.close import (
     HybridSessionSummary,
     close_segment,
     extract_user_facts,

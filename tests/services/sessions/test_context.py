@@ -17,18 +17,18 @@ from prometheus_client import REGISTRY
 from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
-from engram.graph import GraphDrivers
-from engram.promote import Promotion, promotion_episode
-from engram.service import ServiceApp, make_broker
+from engram.graph.drivers import GraphDrivers
+from engram.publishing.promote import Promotion, promotion_episode
+from engram.runtime.service import ServiceApp, make_broker
 from engram.settings import ContextSettings, EngramSettings
-from engram.tokens import token_counter
-from schemas import Episode, EpisodeMessage, subjects
-from schemas.memory import ContextBudgets, ContextRequest, ContextResponse, MemoryScopes, SessionRecord
-from services.extractor.pipeline import build_episodic_node
-from services.recall import app as rc_app
-from services.sessions import requests
-from services.sessions.context import StoredSources, build_context, fit_section
-from services.sessions.store import MemoryStore
+from engram.text.tokens import token_counter
+from engram.schemas import Episode, EpisodeMessage, subjects
+from engram.schemas.memory import ContextBudgets, ContextRequest, ContextResponse, MemoryScopes, SessionRecord
+from engram.services.extractor.pipeline import build_episodic_node
+from engram.services.recall import app as rc_app
+from engram.services.sessions import requests
+from engram.services.sessions.context import StoredSources, build_context, fit_section
+from engram.services.sessions.store import MemoryStore
 
 COUNT = token_counter()
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)

@@ -33,8 +33,8 @@ from bench.llm_simulator import (
     truncated,
 )
 from engram.models.openai_compat import llm_stats
-from schemas import subjects
-from schemas.memory import FALLBACK_SUMMARY
+from engram.schemas import subjects
+from engram.schemas.memory import FALLBACK_SUMMARY
 from tests.services.sessions.helpers import ENGLISH, segment
 from tests.services.sessions.test_app import service
 from tests.services.turn_detector.helpers import read_all

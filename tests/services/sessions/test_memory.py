@@ -13,11 +13,11 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
-from engram.graph import GraphDrivers
-from engram.service import ServiceApp, make_broker
+from engram.graph.drivers import GraphDrivers
+from engram.runtime.service import ServiceApp, make_broker
 from engram.settings import EngramSettings
-from schemas import subjects
-from schemas.memory import (
+from engram.schemas import subjects
+from engram.schemas.memory import (
     AddFavoriteRequest,
     ContextRequest,
     ContextResponse,
@@ -37,8 +37,8 @@ from schemas.memory import (
     SessionRecord,
     SetUserPreferenceRequest,
 )
-from services.sessions import memory, requests
-from services.sessions.store import MemoryStore
+from engram.services.sessions import memory, requests
+from engram.services.sessions.store import MemoryStore
 
 
 @pytest.fixture
@@ -149,8 +149,8 @@ async def test_a_graph_that_is_down_is_a_backend_error(falkordb_server, tmp_path
 
 async def test_the_sessions_service_serves_memory_and_context(clean_nats, falkordb_server, tmp_path) -> None:  # noqa: ANN001
     """services/sessions/app.py's build() wires requests.subscribe: `engram serve sessions` answers."""
-    from schemas.memory import ContextRequest, ContextResponse
-    from services.sessions import app as sessions_app
+    from engram.schemas.memory import ContextRequest, ContextResponse
+    from engram.services.sessions import app as sessions_app
 
     settings = EngramSettings(nats_url=clean_nats, graph_url=falkordb_server.url, data_dir=tmp_path,
                               group_prefix=f"a{uuid.uuid4().hex[:8]}")

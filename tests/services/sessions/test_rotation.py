@@ -10,9 +10,9 @@ from pathlib import Path
 import nats
 
 from engram.settings import EngramSettings, SessionSettings, TurnDetectorSettings
-from schemas import ScopeKeys, SessionSegmentClosed, subjects
-from services.sessions import app as sessions_app
-from services.turn_detector import app as td_app
+from engram.schemas import ScopeKeys, SessionSegmentClosed, subjects
+from engram.services.sessions import app as sessions_app
+from engram.services.turn_detector import app as td_app
 from tests.services.sessions.helpers import CountingLLM
 from tests.services.turn_detector.helpers import close, msg, publish, read_all, wait_for
 

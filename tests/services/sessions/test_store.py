@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from engram.graph import GraphDrivers, query_rows
+from engram.graph.drivers import GraphDrivers, query_rows
 from engram.settings import EngramSettings
-from schemas.memory import SessionRecord
-from services.sessions.store import MemoryStore, normal_note, session_uuid
+from engram.schemas.memory import SessionRecord
+from engram.services.sessions.store import MemoryStore, normal_note, session_uuid
 from tests.services.extractor.test_neo4j import neo4j_target  # noqa: F401 - the Neo4j fixture
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)

@@ -20,16 +20,16 @@ from graphiti_core.llm_client.config import LLMConfig, ModelSize
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
-from engram.graph import GraphDrivers
+from engram.graph.drivers import GraphDrivers
 from engram.models.rules_llm import RulesExtractorClient
-from engram.service import ServiceApp
+from engram.runtime.service import ServiceApp
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import NodeDelta, SummaryAudit, SummaryEvent, subjects
-from services.extractor import app as ex_app
-from services.summary_gate import app as sg_app
-from services.summary_gate.gate import GateMeta, GateSettings
-from services.summary_gate.store import DUE_PROPERTY, META_PROPERTY
-from services.turn_detector import app as td_app
+from engram.schemas import NodeDelta, SummaryAudit, SummaryEvent, subjects
+from engram.services.extractor import app as ex_app
+from engram.services.summary_gate import app as sg_app
+from engram.services.summary_gate.gate import GateMeta, GateSettings
+from engram.services.summary_gate.store import DUE_PROPERTY, META_PROPERTY
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import T0, close, msg, publish, read_all, wait_for
 
 STAGES = (

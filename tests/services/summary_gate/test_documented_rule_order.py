@@ -9,7 +9,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from services.summary_gate import gate
+from engram.services.summary_gate import gate
 
 ROOT = Path(__file__).resolve().parents[3]
 REASONS = {"new_entity", "polarity", "staleness", "unchanged_hash", "burst", "drift", "low_drift"}

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import FactRef, InvalidatedFact, NodeDelta, SummaryTick
-from services.summary_gate.gate import (
+from engram.schemas import FactRef, InvalidatedFact, NodeDelta, SummaryTick
+from engram.services.summary_gate.gate import (
     DRIFT_THRESHOLDS,
     ActiveFact,
     GateMeta,

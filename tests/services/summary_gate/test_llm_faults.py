@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.llm_simulator import LLMSimulator, invalid_json, server_error
-from schemas import subjects
-from services.summary_gate.gate import GateSettings
+from engram.schemas import subjects
+from engram.services.summary_gate.gate import GateSettings
 from tests.services.summary_gate.helpers import group_of, new_session, pipeline
 from tests.services.turn_detector.helpers import read_all, wait_for
 from tests.support.llm import simulator_client

@@ -10,9 +10,9 @@ import json
 import typing
 
 
-from schemas import SummaryEvent, subjects
-from schemas.messages import SummaryReason
-from services.summary_gate.gate import GateSettings
+from engram.schemas import SummaryEvent, subjects
+from engram.schemas.messages import SummaryReason
+from engram.services.summary_gate.gate import GateSettings
 from tests.services.summary_gate.helpers import EchoLLM, ParaphraseLLM, counter, group_of, mention, new_session, pipeline
 from tests.services.turn_detector.helpers import read_all, wait_for
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from schemas import ChatMessage, Episode, ScopeKeys, SessionClosed, subjects
+from engram.schemas import ChatMessage, Episode, ScopeKeys, SessionClosed, subjects
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

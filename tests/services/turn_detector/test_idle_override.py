@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from schemas import ChatMessage
-from services.turn_detector import app as td_app
-from services.turn_detector.pairing import (
+from engram.schemas import ChatMessage
+from engram.services.turn_detector import app as td_app
+from engram.services.turn_detector.pairing import (
     SessionState,
     TurnPart,
     apply_idle,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.turn_detector.noise import (
+from engram.services.turn_detector.noise import (
     REDUCTION_KINDS,
     NoiseResult,
     NoiseSettings,
@@ -384,7 +384,7 @@ def test_one_megabyte_adversarial_input_is_linear(name: str, role: str) -> None:
 @settings(max_examples=400, deadline=None)
 @given(st.text(max_size=3000).map(lambda t: t.replace("\n", " ")), st.sampled_from(["user", "assistant", "tool"]))
 def test_single_line_shortcut_never_changes_the_result(text: str, role: str) -> None:
-    from services.turn_detector.noise import _apply_all_rules
+    from engram.services.turn_detector.noise import _apply_all_rules
 
     small = NoiseSettings(max_tool_output_chars=100, max_chars=2000)
     assert filter_noise(text, role=role, settings=small) == _apply_all_rules(text, role, small)

@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ExtractionOverride, ScopeKeys
-from services.turn_detector.pairing import (
+from engram.schemas import ExtractionOverride, ScopeKeys
+from engram.services.turn_detector.pairing import (
     SessionState,
     TurnPart,
     apply_close,
@@ -19,8 +19,8 @@ from services.turn_detector.pairing import (
     plan_idle,
     render_turn,
 )
-from services.turn_detector.intake import prepare_part
-from services.turn_detector.noise import NoiseSettings
+from engram.services.turn_detector.intake import prepare_part
+from engram.services.turn_detector.noise import NoiseSettings
 from tests.services.turn_detector.helpers import msg
 
 
@@ -188,8 +188,8 @@ def test_apply_functions_never_change_their_input(events: list[str]) -> None:
 
 
 def test_an_explicit_group_replaces_the_derived_scope_groups() -> None:
-    from schemas import ScopeKeys
-    from services.turn_detector.pairing import scope_groups
+    from engram.schemas import ScopeKeys
+    from engram.services.turn_detector.pairing import scope_groups
 
     assert scope_groups("engram", "s1", ScopeKeys(group="cc_session_abc", workspace="w")) == [("session", "cc_session_abc")]
     assert scope_groups("engram", "s1", ScopeKeys(group="cc_workspace_9f")) == [("workspace", "cc_workspace_9f")]
@@ -197,8 +197,8 @@ def test_an_explicit_group_replaces_the_derived_scope_groups() -> None:
 
 
 def test_an_explicit_group_survives_scope_merging() -> None:
-    from schemas import ScopeKeys
-    from services.turn_detector.pairing import _merge_scopes
+    from engram.schemas import ScopeKeys
+    from engram.services.turn_detector.pairing import _merge_scopes
 
     merged = _merge_scopes(ScopeKeys(), ScopeKeys(group="cc_session_abc"))
     assert merged.group == "cc_session_abc"
@@ -215,7 +215,7 @@ def test_episodes_built_without_validation_are_valid_episodes(roles: list[str], 
     """Whatever episodes_for builds is exactly what validation accepts and yields, also after a
     JSON round trip (a guard for building them without validation, which was tried and measured
     no faster: pydantic's model_construct is Python, validation is Rust)."""
-    from schemas import Episode
+    from engram.schemas import Episode
 
     _, done = feed([(f"m{i}", r) for i, r in enumerate(roles)])
     state, _ = feed([(f"m{i}", r) for i, r in enumerate(roles)])

@@ -13,9 +13,9 @@ from pathlib import Path
 import nats
 
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import SessionClosed, subjects
-from services.turn_detector import app as td_app
-from services.turn_detector.pairing import SessionState
+from engram.schemas import SessionClosed, subjects
+from engram.services.turn_detector import app as td_app
+from engram.services.turn_detector.pairing import SessionState
 from tests.services.turn_detector.helpers import T0, episodes, msg, publish, read_all, wait_for
 
 MESSAGES = 100  # more than the 64 ids the detector used to remember per session

@@ -4,8 +4,8 @@ person's words into another's memory. End to end in tests/services/test_isolatio
 
 from __future__ import annotations
 
-from schemas import ScopeKeys
-from services.turn_detector.pairing import SessionState, TurnPart, apply_message, scope_groups, scopes_conflict
+from engram.schemas import ScopeKeys
+from engram.services.turn_detector.pairing import SessionState, TurnPart, apply_message, scope_groups, scopes_conflict
 from tests.services.turn_detector.helpers import msg
 
 

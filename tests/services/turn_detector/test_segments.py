@@ -10,9 +10,9 @@ import nats
 import pytest
 
 from engram.settings import EngramSettings, SessionSettings, TurnDetectorSettings
-from schemas import SessionSegmentClosed, subjects
-from services.turn_detector import app as td_app
-from services.turn_detector.pairing import (
+from engram.schemas import SessionSegmentClosed, subjects
+from engram.services.turn_detector import app as td_app
+from engram.services.turn_detector.pairing import (
     SegmentPolicy,
     SessionState,
     TurnPart,

@@ -12,8 +12,8 @@ import nats
 import pytest
 
 from engram.settings import EngramSettings, TurnDetectorSettings
-from schemas import subjects
-from services.turn_detector import app as td_app
+from engram.schemas import subjects
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import close, episodes, msg, publish, read_all, scopes, wait_for
 
 

@@ -9,9 +9,9 @@ import asyncio
 
 import nats
 
-from schemas import ChatMessage, SessionClosed, subjects
-from services.turn_detector import app as td_app
-from services.turn_detector.pairing import (
+from engram.schemas import ChatMessage, SessionClosed, subjects
+from engram.services.turn_detector import app as td_app
+from engram.services.turn_detector.pairing import (
     SegmentPolicy,
     SessionState,
     TurnPart,

@@ -10,8 +10,8 @@ from pathlib import Path
 import nats
 
 from engram.settings import EngramSettings
-from schemas import SessionClosed, subjects
-from services.turn_detector import app as td_app
+from engram.schemas import SessionClosed, subjects
+from engram.services.turn_detector import app as td_app
 from tests.services.turn_detector.helpers import T0, msg, read_all, wait_for
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -28,11 +28,11 @@ from graphiti_core.utils.text_utils import concatenate_timeline
 from pydantic import BaseModel
 
 from engram.models.rules_llm import RulesExtractorClient, prompts
-from schemas.memory import TranscriptLine
-from services.extractor.extraction_prompt import build_prompt
-from services.sessions.close import HybridSessionSummary, UserFacts, facts_messages, summary_messages
-from services.summary_gate.store import ActiveFact, NodeView
-from services.summary_gate.summarize import EntitySummaries, build_messages
+from engram.schemas.memory import TranscriptLine
+from engram.services.extractor.extraction_prompt import build_prompt
+from engram.services.sessions.close import HybridSessionSummary, UserFacts, facts_messages, summary_messages
+from engram.services.summary_gate.store import ActiveFact, NodeView
+from engram.services.summary_gate.summarize import EntitySummaries, build_messages
 from tests.engram.models.rules_llm.helpers import CHAT_TURN, CHAT_TYPES, REF
 
 PREVIOUS = [{"content": "user (Caroline): Hi Melanie!", "timestamp": REF.isoformat()}]

@@ -6,8 +6,8 @@ from graphiti_core.prompts.models import Message
 
 from engram.models.rules_llm import RulesExtractorClient
 from engram.models.rules_llm.summaries import summarize_entities
-from services.summary_gate.store import ActiveFact, NodeView
-from services.summary_gate.summarize import EntitySummaries, build_messages
+from engram.services.summary_gate.store import ActiveFact, NodeView
+from engram.services.summary_gate.summarize import EntitySummaries, build_messages
 
 
 def test_active_facts_in_order_deduplicated_without_retracted_ones() -> None:

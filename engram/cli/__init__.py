@@ -1,0 +1,1 @@
+"""The `engram` command line: every subcommand and what they share."""

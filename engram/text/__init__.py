@@ -1,0 +1,1 @@
+"""Text handling: secret scrubbing, relative dates, language guess, token counting."""
