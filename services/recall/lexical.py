@@ -483,11 +483,14 @@ class EpisodeIndex:
 def fuse_turns(lexical: list[tuple[Doc, float]], dense: list[tuple[Doc, float]], k: int, rrf_k: int = RRF_K,
                min_cosine: float | None = None) -> list[tuple[Doc, float]]:
     """The keyword and dense rankings of past turns (each best first; dense scored by cosine)
-    fused by reciprocal rank, best ``k`` first; a dense hit below ``min_cosine`` is left out.
+    fused by reciprocal rank, best ``k`` first; a dense hit below ``min_cosine`` that the keyword
+    ranking did not find is left out (the floor is for turns sharing no word with the question: a
+    turn both halves found keeps its dense vote, else a floor demotes the very turns it should keep).
     Without dense hits, the keyword ranking alone, scored as the fusion would (recall's score
     fusion compares them). Shared by the in-memory index and the graph's (services/recall/turns.py)."""
     if min_cosine is not None:
-        dense = [(doc, cos) for doc, cos in dense if cos >= min_cosine]
+        found = {doc.uuid for doc, _ in lexical}
+        dense = [(doc, cos) for doc, cos in dense if cos >= min_cosine or doc.uuid in found]
     if not dense:
         return [(doc, 1.0 / (rrf_k + rank + 1)) for rank, (doc, _) in enumerate(lexical[:k])]
     fused: dict[str, float] = {}

@@ -26,11 +26,13 @@ from graphiti_core.search.search_config import EpisodeReranker, EpisodeSearchCon
 from graphiti_core.search.search_config_recipes import EDGE_HYBRID_SEARCH_RRF
 from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, SearchFilters
 
+from engram.compat import falkor_graph
 from engram.graph.drivers import as_utc, query_rows
 from engram.schemas import Provenance, RecallItem
 from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from engram.schemas.relations import canonical_relation
 from engram.services.recall.entities import entity_fact_ranking
+from engram.services.recall.fact_keywords import bm25_fact_ranking
 from engram.services.recall.lexical import LexicalEpisodes, resolved
 from engram.services.recall.time_window import OVERFETCH, TimeWindow
 from engram.services.recall.turns import GraphTurns
@@ -124,6 +126,7 @@ async def search_group(
     fact_rrf_k: int = 1,
     speaker_names: bool = False,
     entity_weight: float = 1.0,
+    fact_rescore: bool = False,
 ) -> list[RecallItem]:
     """The group's best ``limit`` current facts and past turns for ``query``, best first.
     ``query_vector`` may still be being computed (an awaitable, shared by the request's groups):
@@ -146,7 +149,9 @@ async def search_group(
     the rank constant of the facts' own fusion (their keyword, vector and entity rankings) with
     ``fusion`` ``ranks``: 1/(k + rank), rank from 0 (graphiti's 1; ``scores`` always uses 61).
     ``speaker_names``: :func:`shorten`'s. ``entity_weight``: the entity ranking's weight in the
-    facts' fusion (their keyword and vector halves weigh 1)."""
+    facts' fusion (their keyword and vector halves weigh 1). ``fact_rescore``: without
+    ``fact_lexical``, the graph's fulltext candidates ranked by BM25 (services/recall/fact_keywords.py)
+    instead of by the index's TF-IDF (FalkorDB only)."""
     # one scale for both rankings: the facts' RRF (vector index path) and the turns' (lexical hybrid)
     by_score = fusion == "scores" and query_vector is not None and lexical is not None and dense_episodes
     config = FACTS_AND_EPISODES if episodes and lexical is None else EDGE_HYBRID_SEARCH_RRF
@@ -171,6 +176,8 @@ async def search_group(
                 if fact_lexical is None:  # the graph's fulltext half, read while the question is embedded
                     if getattr(clients.driver, "provider", None) != GraphProvider.FALKORDB:
                         return None  # in hybrid_fact_search_scored
+                    if fact_rescore:
+                        return await bm25_fact_ranking(falkor_graph(clients.driver), group_id, query, 2 * limit)
                     return await fulltext_fact_search(clients.driver, group_id, query, 2 * limit)
                 return [d.uuid for d, _ in await fact_lexical.search(clients.driver, group_id, query, 2 * limit)]
 

@@ -167,6 +167,17 @@ def weighted_rrf(rankings: Sequence[Sequence[str]], weights: Sequence[float],
     return [u for u, _ in ordered], [s for _, s in ordered]
 
 
+def above_floor(nearest: list[tuple[str, float]], min_cosine: float | None,
+                others: Sequence[Sequence[str]]) -> list[tuple[str, float]]:
+    """The vector half's hits at ``min_cosine`` (the relevance floor) or above, and those below it
+    that another ranking (keyword, entity) found too: the floor is for facts sharing no word with
+    the question, and taking a found fact's vector vote away would demote what it should keep."""
+    if min_cosine is None or min_cosine <= GRAPHITI_MIN_COSINE:
+        return nearest
+    found = {uuid for ranking in others for uuid in ranking}
+    return [(uuid, sim) for uuid, sim in nearest if sim >= min_cosine or uuid in found]
+
+
 async def hybrid_fact_search_scored(
     clients: Any, group_id: str, query: str, vector: list[float], limit: int,
     *, extra: Sequence[list[str]] = (), min_cosine: float | None = None, keyword: list[str] | None = None,
@@ -185,16 +196,16 @@ async def hybrid_fact_search_scored(
     driver = clients.driver
     if getattr(driver, "provider", None) != GraphProvider.FALKORDB:
         return None
-    floor = GRAPHITI_MIN_COSINE if min_cosine is None else max(GRAPHITI_MIN_COSINE, min_cosine)
     if keyword is None:
         keyword, nearest = await asyncio.gather(
             fulltext_fact_search(driver, group_id, query, 2 * limit),
-            vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor),
+            vector_fact_search(driver, group_id, vector, 2 * limit, min_score=GRAPHITI_MIN_COSINE),
         )
     else:
-        nearest = await vector_fact_search(driver, group_id, vector, 2 * limit, min_score=floor)
+        nearest = await vector_fact_search(driver, group_id, vector, 2 * limit, min_score=GRAPHITI_MIN_COSINE)
     if nearest is None:
         return None
+    nearest = above_floor(nearest, min_cosine, [keyword, *extra])
     rankings = [keyword, [u for u, _ in nearest], *extra]
     uuids, scores = weighted_rrf(rankings, [1.0, 1.0] + [extra_weight] * len(extra), rank_const) \
         if extra_weight != 1.0 else rrf(rankings, rank_const=rank_const)

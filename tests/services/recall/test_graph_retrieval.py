@@ -63,6 +63,27 @@ def test_the_floor_keeps_dense_only_turns_at_or_above_it_and_words_always_count(
     assert floored == {"shares-a-word", "similar"}
 
 
+def test_the_floor_takes_no_dense_vote_from_a_turn_the_keywords_found() -> None:
+    from engram.services.recall.lexical import Doc, fuse_turns
+
+    a, b, c = Doc("a", ""), Doc("b", ""), Doc("c", "")
+    keyword = [(b, 0.0), (a, 0.0)]
+    dense = [(a, 0.79), (c, 0.78)]
+    # "a" is second by words and first by vector, below the floor: it keeps its vote, so it leads;
+    # "c", found by its vector alone below the floor, stays out
+    assert [d.uuid for d, _ in fuse_turns(keyword, dense, 10, min_cosine=0.8)] == ["a", "b"]
+    assert [d.uuid for d, _ in fuse_turns(keyword, dense, 10)] == ["a", "b", "c"]
+
+
+def test_the_floor_takes_no_vector_vote_from_a_fact_another_ranking_found() -> None:
+    from engram.services.recall.vector import above_floor
+
+    nearest = [("f1", 0.79), ("f2", 0.85), ("f3", 0.5)]
+    assert above_floor(nearest, 0.8, [["f1"], []]) == [("f1", 0.79), ("f2", 0.85)]
+    assert above_floor(nearest, 0.8, [[], ["f3"]]) == [("f2", 0.85), ("f3", 0.5)]  # the entity ranking's
+    assert above_floor(nearest, None, [[]]) == nearest
+
+
 async def test_entities_named_in_the_question_bring_their_facts_and_turns_are_found_by_facts(
     clean_nats, falkordb_server, tmp_path  # noqa: ANN001
 ) -> None:

@@ -156,8 +156,8 @@ def test_the_by_day_layout_says_each_day_once_newest_first_and_keeps_the_most_re
     section = render_section(items, "by_day")
     assert section == (
         HEADER_BY_DAY
-        + "2024-05-04:\n- The billing service uses SQLite.\n- user: we moved billing to SQLite\n"
-        + "2024-05-01:\n- The billing service uses Postgres 15. (superseded 2024-05-04)\n"
+        + "4 May 2024:\n- The billing service uses SQLite.\n- user: we moved billing to SQLite\n"
+        + "1 May 2024:\n- The billing service uses Postgres 15. (superseded 2024-05-04)\n"
         + "undated:\n- No date known.\n"
         + FOOTER
     )
@@ -171,3 +171,12 @@ def test_the_by_day_layout_says_each_day_once_newest_first_and_keeps_the_most_re
         assert kept == items[: len(kept)]
         assert COUNT(fitted) <= budget if kept else fitted == ""
     assert fit_budget(items, 10_000, COUNT, "by_day") == (items, section)
+
+
+def test_a_day_heading_names_the_month_and_costs_less_than_the_iso_date() -> None:
+    from engram.services.recall.merge import _heading
+
+    assert _heading("2023-05-08") == "8 May 2023:\n"
+    assert _heading("2024-12-31") == "31 Dec 2024:\n"
+    assert _heading("undated") == "undated:\n"
+    assert COUNT(_heading("2023-05-08")) < COUNT("2023-05-08:\n")
