@@ -23,19 +23,18 @@ $(CORE_STAMP): pyproject.toml requirements.lock
 	touch $(CORE_STAMP)
 
 # torch's CPU build comes from PyTorch's own index, on every supported Python: PyPI's torch is a
-# CUDA build (several GB of nvidia-* wheels). Only torch is asked there (one lookup), before the
-# rest; where the index is not reachable pip falls back to its configured indexes and this says which
-# build it got.
+# CUDA build (several GB of nvidia-* wheels). torch alone is installed from that index (which also
+# serves torch's own dependencies), before the rest; where the index is not reachable pip falls
+# back to its configured indexes for the rest, and the last line says which build it got.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(STAMP): $(CORE_STAMP)
 	@echo "installing the test extras into $(VENV): pytest, playwright, and torch (CPU) with sentence-transformers for the MiniLM tests: ~1.3 GB more, a few minutes ..."
 	@$(BIN)/python -c 'import torch' 2>/dev/null || \
-		$(BIN)/python -m pip install --quiet -c requirements.lock --index-url $(TORCH_CPU_INDEX) torch 2>/dev/null || true
-	@$(BIN)/python -c 'import torch' 2>/dev/null && $(BIN)/python -c 'import torch; v = torch.__version__; \
-		print(f"torch {v}: " + ("the CPU build" if v.endswith("+cpu") else "not the CPU build ($(TORCH_CPU_INDEX) not reachable?)"))' || \
+		$(BIN)/python -m pip install --quiet -c requirements.lock --index-url $(TORCH_CPU_INDEX) torch 2>/dev/null || \
 		echo "torch: $(TORCH_CPU_INDEX) not reachable; pip takes torch from its own indexes (PyPI's is a CUDA build, several GB)"
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,local-models]"
+	@$(BIN)/python -c 'import torch; v = torch.__version__; print(f"torch {v}: " + ("the CPU build" if v.endswith("+cpu") else "not the CPU build"))'
 	touch $(STAMP)
 
 install: $(STAMP)
