@@ -35,15 +35,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engram.models.factory import EmbedderSettings, build_embedder, embedder_kind  # noqa: E402
+from engram.services.extractor.restatement import cosine  # noqa: E402
 from engram.services.extractor.local_answers import DEDUPE_COSINE, DEDUPE_SIMILARITY, fact_similarity  # noqa: E402
 
 PAIRS = Path(__file__).resolve().parent / "data" / "fact_changes.jsonl"
 NEEDED = ("change", "restatement")
-
-
-def _cosine(a: list[float], b: list[float]) -> float:
-    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
-    return sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
 
 
 def report(rows: list[dict], name: str, asks: Callable[[dict], bool]) -> None:
@@ -65,7 +61,7 @@ async def cosine_gate(rows: list[dict], provider: str) -> int:
     texts = sorted({t for r in rows for t in (r["earlier"], r["later"])})
     vectors = dict(zip(texts, await embedder.create_batch(texts), strict=True))
     for row in rows:
-        row["cosine"] = _cosine(vectors[row["earlier"]], vectors[row["later"]])
+        row["cosine"] = cosine(vectors[row["earlier"]], vectors[row["later"]]) or 0.0
     lowest = min(r["cosine"] for r in rows if r["split"] == "tuning" and r["label"] in NEEDED)
     chosen = math.floor(lowest * 100) / 100
     shipped = DEDUPE_COSINE.get(embedder_kind(embedder))

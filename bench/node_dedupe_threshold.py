@@ -32,14 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engram.models.factory import EmbedderSettings, build_embedder, embedder_kind  # noqa: E402
+from engram.services.extractor.restatement import cosine  # noqa: E402
 from engram.services.extractor.local_answers import NAME_SIMILARITY, names_may_match, possessive_of  # noqa: E402
 
 PAIRS = Path(__file__).resolve().parent / "data" / "entity_pairs.jsonl"
-
-
-def _cosine(a: list[float], b: list[float]) -> float:
-    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
-    return sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
 
 
 def asks(row: dict, threshold: float) -> bool:
@@ -61,7 +57,7 @@ async def main(provider: str) -> int:
     names = sorted({n for r in rows for n in (r["entity"], r["candidate"])})
     vectors = dict(zip(names, await embedder.create_batch(names), strict=True))
     for r in rows:
-        r["cosine"] = _cosine(vectors[r["entity"]], vectors[r["candidate"]])
+        r["cosine"] = cosine(vectors[r["entity"]], vectors[r["candidate"]]) or 0.0
         r["lexical"] = names_may_match(r["entity"], r["candidate"])
     chosen = choose([r for r in rows if r["split"] == "tuning"])
     shipped = NAME_SIMILARITY.get(embedder_kind(embedder))

@@ -51,7 +51,6 @@ import ast
 import asyncio
 import json
 import logging
-import math
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -63,6 +62,7 @@ from prometheus_client import Counter
 
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
+from engram.services.extractor.restatement import cosine
 
 log = logging.getLogger("engram.extractor")
 
@@ -286,12 +286,6 @@ def names_may_match(a: str, b: str) -> bool:
     return _abbreviates(a, b) or _abbreviates(b, a)
 
 
-def _cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=False))
-    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
-    return dot / norm if norm else 0.0
-
-
 #: Node dedupe is asked when two names' embedding cosine reaches this, for the embedders it was
 #: chosen for (bench/node_dedupe_threshold.py on bench/data/entity_pairs.jsonl, tuning split:
 #: the lowest cosine of a same-entity pair the lexical signs miss, rounded down to 0.01). The
@@ -387,7 +381,7 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         except Exception as exc:  # noqa: BLE001 - the model decides, as it would without the gate
             log.warning("texts not embedded for a dedupe gate (%s); asking the model", type(exc).__name__)
             return None
-        return [_cosine(vectors[a], vectors[b]) for a, b in pairs]
+        return [cosine(vectors[a], vectors[b]) or 0.0 for a, b in pairs]
 
     async def _facts_close(self, new: str, candidates: list[str]) -> bool:
         """Whether a candidate's fact embedding is at least ``dedupe_cosine`` close to the new fact's.
