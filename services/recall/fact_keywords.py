@@ -9,15 +9,15 @@ rescored for that reason; the facts' half kept the index's order, and ``fact_bm2
 nothing is listed or kept: the index's best ``RESCORE_DEPTH x depth`` current facts for an OR of
 the question's words come back with their text, each word's document frequency is counted by
 the index (over the graph, which on FalkorDB is the group: expired facts counted too, an
-estimate) and the facts are ranked again by :func:`engram.services.recall.turns.bm25_rescored`.
+estimate) and the facts are ranked again by BM25, the same code as turns
+(:func:`engram.services.recall.turns.rescored_keyword_ranking`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from engram.services.recall.turns import RESCORE_DEPTH, bm25_rescored, doc_freq_words, keyword_query
+from engram.services.recall.turns import rescored_keyword_ranking
 
 Q_FACT_TEXT = (
     "CALL db.idx.fulltext.queryRelationships('RELATES_TO', $query) YIELD relationship AS e, score "
@@ -34,15 +34,4 @@ Q_FACT_COUNT = "MATCH ()-[e:RELATES_TO]->() RETURN count(e) AS n"
 async def bm25_fact_ranking(graph: Any, group_id: str, query: str, depth: int) -> list[str]:
     """The group's current facts holding a word of ``query``, best ``depth`` edge uuids first
     by BM25 over their text. ``graph``: the raw FalkorDB graph (``engram.compat.falkor_graph``)."""
-    words_query = keyword_query(query)
-    if not words_query or depth <= 0:
-        return []
-    candidates, freqs, count = await asyncio.gather(
-        graph.ro_query(Q_FACT_TEXT, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth}),
-        graph.ro_query(Q_FACT_DOC_FREQ, {"words": doc_freq_words(query)}),
-        graph.ro_query(Q_FACT_COUNT))
-    rows = [(uuid, fact or "") for uuid, fact in candidates.result_set]
-    doc_freq = {w: int(df) for w, df in freqs.result_set}
-    facts = int(count.result_set[0][0]) if count.result_set else 0
-    prefixed = "*" in words_query  # a non-ASCII question: its words also matched by prefix
-    return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, facts, depth, keep_unscored=prefixed)]
+    return await rescored_keyword_ranking(graph, (Q_FACT_TEXT, Q_FACT_DOC_FREQ, Q_FACT_COUNT), group_id, query, depth)

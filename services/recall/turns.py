@@ -223,23 +223,30 @@ def bm25_rescored(query: str, candidates: list[tuple[str, str]], doc_freq: dict[
     return ranked
 
 
-async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> list[str]:
-    """The keyword half: the fulltext index's best ``RESCORE_DEPTH x depth`` turns for the OR of
-    the question's words, rescored by BM25 (:func:`bm25_rescored`), best ``depth`` uuids first.
-    Three reads side by side: the candidates with their text, each word's document frequency and
-    the group's turn count."""
+async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], group_id: str, query: str,
+                                   depth: int) -> list[str]:
+    """A fulltext index's best ``RESCORE_DEPTH x depth`` hits for the OR of the question's words,
+    rescored by BM25 (:func:`bm25_rescored`), best ``depth`` uuids first. ``queries``: the
+    candidates with their text, each word's document frequency and the document count, read side
+    by side (turns here; facts in :mod:`engram.services.recall.fact_keywords`)."""
     words_query = keyword_query(query)
-    if not words_query:
+    if not words_query or depth <= 0:
         return []
+    q_text, q_doc_freq, q_count = queries
     candidates, freqs, count = await asyncio.gather(
-        graph.ro_query(Q_KEYWORD_TEXT, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth}),
-        graph.ro_query(Q_DOC_FREQ, {"words": doc_freq_words(query)}),
-        graph.ro_query(Q_TURN_COUNT))
-    rows = [(uuid, content or "") for uuid, content in candidates.result_set]
+        graph.ro_query(q_text, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth}),
+        graph.ro_query(q_doc_freq, {"words": doc_freq_words(query)}),
+        graph.ro_query(q_count))
+    rows = [(uuid, text or "") for uuid, text in candidates.result_set]
     doc_freq = {w: int(df) for w, df in freqs.result_set}
-    turns = int(count.result_set[0][0]) if count.result_set else 0
+    documents = int(count.result_set[0][0]) if count.result_set else 0
     prefixed = "*" in words_query  # a non-ASCII question: its words also matched by prefix
-    return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, turns, depth, keep_unscored=prefixed)]
+    return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, documents, depth, keep_unscored=prefixed)]
+
+
+async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> list[str]:
+    """The keyword half of past-turn search: the turns' fulltext index rescored by BM25."""
+    return await rescored_keyword_ranking(graph, (Q_KEYWORD_TEXT, Q_DOC_FREQ, Q_TURN_COUNT), group_id, query, depth)
 
 
 def _order_key(doc: Doc) -> tuple[str, str, str]:
