@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engram.stack.embedded import free_port
 from engram.stack.supervisor import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,12 +72,6 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
     assert alerts - quiet == set(), "alerts never checked quiet"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _api(base: str, path: str, **params: str) -> dict:
     url = f"{base}/api/v1/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
     with urllib.request.urlopen(url, timeout=10) as answer:  # noqa: S310 - loopback, test-owned
@@ -112,7 +106,7 @@ def test_a_real_prometheus_scrapes_engram_up(tmp_path: Path) -> None:
         assert set(services) == set(SERVICES)
         config = tmp_path / "prometheus.yml"
         config.write_text(yaml.safe_dump(_scrape_config(services, RULES)), encoding="utf-8")
-        port = _free_port()
+        port = free_port()
         base = f"http://127.0.0.1:{port}"
         log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
         prometheus = subprocess.Popen(
