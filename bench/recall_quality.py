@@ -188,6 +188,7 @@ from engram.services.extractor.chunking import token_counter  # noqa: E402
 from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY  # noqa: E402
 from engram.services.recall import app as rc_app  # noqa: E402
 from engram.services.recall.merge import Layout, fit_budget, line_costs, render_line, render_section  # noqa: E402
+from engram.services.recall.temporal import layout_for  # noqa: E402
 from engram.services.turn_detector import app as td_app  # noqa: E402
 
 BUDGETS = (500, 1000, 2000)
@@ -515,9 +516,9 @@ async def ask_all(run: EngramRun, nc, corpora: list[Corpus], concurrency: int, b
                   count_tokens: Callable[[str], int], said: dict[str, str]) -> None:
     """Ask every question of ``corpora`` once, recording each budget's outcome in ``run``."""
     gate = asyncio.Semaphore(concurrency)
-    layout = run.layout
 
     async def one(q: Question) -> None:
+        layout = layout_for(run.layout, q.text)  # as the service resolves "auto" for this question
         async with gate:
             response = await ask(nc, RecallRequest(query=q.text, scopes=RecallScopes(user=q.sample),
                                                    max_facts=MAX_ITEMS, token_budget=max(budgets), timeout_ms=60_000))

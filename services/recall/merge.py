@@ -131,17 +131,25 @@ HEADER_BY_DAY = (
     "<graphiti_memory>\n"
     "Memory by day, newest first; may be stale: what the user says now wins.\n"
 )
+HEADER_UNDATED = (
+    "<graphiti_memory>\n"
+    "Memory, most relevant first; may be stale: what the user says now wins.\n"
+)
 FOOTER = "</graphiti_memory>"
 UNDATED = "undated"
 # English abbreviations, not strftime's %b: the heading must not follow the process's locale
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-Layout = Literal["ranked", "by_day"]
+Layout = Literal["ranked", "by_day", "undated", "auto"]
 """How recall's prompt section lays its items out. ``ranked``: one line per item, most relevant
 first, each line with its date ("said 2023-05-08", "since ..."). ``by_day``: the same items (the
 budget still keeps the most relevant ones), grouped under a heading per day, newest day first,
 each day's items most relevant first; a line keeps only its end mark ("superseded ...",
 "until ..."). A date costs ~10 cl100k tokens a line, more than a short fact itself: said once
-per day, the same budget holds more of what was said, with every date still in the text."""
+per day, the same budget holds more of what was said, with every date still in the text.
+``undated``: one line per item, most relevant first, no start dates; an end mark keeps its date
+("superseded 2023-05-08"), so what changed still says when. ``auto``: ``by_day`` for a question
+about time, ``undated`` for any other (:func:`services.recall.temporal.layout_for`): a heading
+a day is ~6 tokens that only a question about time reads."""
 
 
 def _date(item: RecallItem, now: datetime | None = None, dated: bool = True) -> str:
@@ -186,15 +194,28 @@ def _heading(day: str) -> str:
     return f"{when.day} {MONTHS[when.month - 1]} {when.year}:\n"
 
 
+_HEADERS = {"ranked": HEADER, "by_day": HEADER_BY_DAY, "undated": HEADER_UNDATED}
+
+
+def _concrete(layout: Layout) -> Layout:
+    if layout == "auto":
+        # no question to read here: the caller resolves auto first (temporal.layout_for); dated is the safe side
+        return "by_day"
+    return layout
+
+
 def render_section(items: Sequence[RecallItem], layout: Layout = "ranked", show_scope: bool | None = None,
                    now: datetime | None = None) -> str:
     """The prompt section of ``items`` (in their order of relevance) in ``layout``; "" for none."""
+    layout = _concrete(layout)
     if not items:
         return ""
     if show_scope is None:
         show_scope = len({item.scope for item in items}) > 1
     if layout == "ranked":
         return HEADER + "".join(render_line(i, now, show_scope=show_scope) for i in items) + FOOTER
+    if layout == "undated":
+        return HEADER_UNDATED + "".join(render_line(i, now, show_scope=show_scope, dated=False) for i in items) + FOOTER
     by_day: dict[str, list[str]] = {}
     for item in items:
         by_day.setdefault(day_of(item), []).append(render_line(item, now, show_scope=show_scope, dated=False))
@@ -208,9 +229,10 @@ def line_costs(items: Sequence[RecallItem], count_tokens: Callable[[str], int], 
     """Tokens of the section's frame (header and footer) and what each item adds to it, in
     order: its line, and in the ``by_day`` layout its day's heading when it is the day's first
     item. Sums of counts, not the count of the joined text (``fit_budget`` checks that too)."""
+    layout = _concrete(layout)
     if show_scope is None:
         show_scope = len({item.scope for item in items}) > 1
-    base = count_tokens(HEADER if layout == "ranked" else HEADER_BY_DAY) + count_tokens(FOOTER)
+    base = count_tokens(_HEADERS[layout]) + count_tokens(FOOTER)
     costs: list[int] = []
     days: set[str] = set()
     for item in items:

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from engram.text.temporal import find_relative, mentions_date
 from engram.schemas import RecallItem
+from engram.services.recall.merge import Layout
 
 #: asks for a time: "When did...", "what year/date/month...", "how long ago...", "since when"
 _WHEN = re.compile(
@@ -54,6 +55,36 @@ def is_when_question(query: str) -> bool:
     if not query or _WHEN_CLAUSE.search(query):
         return False
     return bool(_WHEN.search(query))
+
+
+# a question that places itself in time or asks about change: "before/after ...", "still",
+# "anymore", "currently", "these days", "recently", "first/last time", "how old", "yet"
+_TIME_WORDS = re.compile(
+    r"\b(?:ago|before|after|since|until|till|during|still|anymore|any more|currently|nowadays|these days"
+    r"|recent|recently|lately|latest|newest|oldest|earliest|first time|last time|yet|how old|age|anniversary"
+    r"|birthday|today|yesterday|tomorrow|tonight|now|year|years|month|months|week|weeks|weekend|day|days"
+    r"|morning|evening|night|season|summer|winter|spring|autumn|fall|holiday|holidays)\b",
+    re.I,
+)
+
+
+def asks_about_time(query: str) -> bool:
+    """True when ``query`` asks for a time (:func:`is_when_question`), names one (a date, "last
+    Friday", "in 2022") or a time word ("before", "still", "these days", "weekend"). Answers to
+    such a question need the day each line was said; other answers do not."""
+    if not query:
+        return False
+    if is_when_question(query) or mentions_date(query) or _TIME_WORDS.search(query):
+        return True
+    return bool(find_relative(query, datetime(2000, 1, 1)))  # only whether one is found matters
+
+
+def layout_for(layout: Layout, query: str) -> Layout:
+    """``auto`` resolved for ``query``: ``by_day`` (a heading a day) when it asks about time,
+    ``undated`` otherwise; any other layout as it is."""
+    if layout != "auto":
+        return layout
+    return "by_day" if asks_about_time(query) else "undated"
 
 
 def is_dated(item: RecallItem) -> bool:

@@ -180,3 +180,40 @@ def test_a_day_heading_names_the_month_and_costs_less_than_the_iso_date() -> Non
     assert _heading("2024-12-31") == "31 Dec 2024:\n"
     assert _heading("undated") == "undated:\n"
     assert COUNT(_heading("2023-05-08")) < COUNT("2023-05-08:\n")
+
+
+def test_the_undated_layout_leaves_start_dates_out_but_keeps_when_a_fact_ended() -> None:
+    from datetime import timedelta
+
+    from engram.services.recall.merge import HEADER_UNDATED, line_costs, render_section
+
+    later = T + timedelta(days=3)
+    items = [
+        RecallItem(uuid="s", fact="The billing service uses SQLite.", group_id="g", valid_at=later),
+        RecallItem(uuid="p", fact="The billing service uses Postgres 15.", group_id="g", valid_at=T,
+                   invalid_at=later, expired_at=later),
+        RecallItem(uuid="t", fact="user: we moved billing to SQLite", kind="episode", group_id="g", valid_at=later),
+    ]
+    section = render_section(items, "undated")
+    assert section == (
+        HEADER_UNDATED
+        + "- The billing service uses SQLite.\n"
+        + "- The billing service uses Postgres 15. (superseded 2024-05-04)\n"
+        + "- user: we moved billing to SQLite\n"
+        + FOOTER
+    )
+    # cheaper than either dated layout for the same items, and the budget keeps the most relevant prefix
+    assert COUNT(section) < COUNT(render_section(items, "by_day")) < COUNT(render_section(items, "ranked"))
+    base, costs = line_costs(items, COUNT, "undated")
+    assert base + sum(costs) >= COUNT(section) - 2
+    for budget in range(COUNT(HEADER_UNDATED + FOOTER), COUNT(section) + 5):
+        kept, fitted = fit_budget(items, budget, COUNT, "undated")
+        assert kept == items[: len(kept)]
+        assert COUNT(fitted) <= budget if kept else fitted == ""
+
+
+def test_auto_left_unresolved_renders_dated() -> None:
+    from engram.services.recall.merge import render_section
+
+    items = [item("a", "Caroline paints.")]
+    assert render_section(items, "auto") == render_section(items, "by_day")

@@ -125,3 +125,33 @@ def test_prefer_dated_is_a_stable_bounded_permutation(flags: list[bool], lift: i
         assert i - lift <= out.index(i) <= i  # up, by at most lift places
     for i in undated:
         assert out.index(i) >= i  # undated items only move down
+
+
+def test_auto_layout_dates_the_section_only_for_a_question_about_time() -> None:
+    from engram.services.recall.temporal import asks_about_time, layout_for
+
+    about_time = [
+        "When did Caroline go to the LGBTQ support group?",
+        "What did Joanna watch on 1 May, 2022?",  # names a date: the lines of that day are the answer
+        "What did Melanie do last weekend?",
+        "Are we still on Postgres for billing?",
+        "What did Jon do before opening his studio?",
+        "How long has Melanie been painting?",
+        "Where did Caroline move from 4 years ago?",
+    ]
+    not_about_time = [
+        "What is Caroline's identity?",
+        "What activities does Melanie partake in?",
+        "Which database does the billing service use?",
+        "Would Caroline pursue writing as a career?",
+    ]
+    for q in about_time:
+        assert asks_about_time(q), q
+        assert layout_for("auto", q) == "by_day", q
+    for q in not_about_time:
+        assert not asks_about_time(q), q
+        assert layout_for("auto", q) == "undated", q
+    # any other layout is left as it is, whatever the question
+    assert layout_for("ranked", about_time[0]) == "ranked"
+    assert layout_for("by_day", not_about_time[0]) == "by_day"
+    assert not asks_about_time("")
