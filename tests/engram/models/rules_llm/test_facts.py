@@ -7,7 +7,7 @@ import pytest
 from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction
 
 from engram.models.rules_llm import RulesExtractorClient, contradicts, third_person
-from engram.models.rules_llm.facts import _Mention, _vocative
+from engram.models.rules_llm.facts import _Mention, _vocative, reaction_to_listener, statement_before_question
 from tests.engram.models.rules_llm.helpers import CHAT_TYPES, combined_messages, triples
 
 
@@ -101,3 +101,46 @@ async def test_lines_of_tool_output_are_not_facts() -> None:
     facts = [e["fact"] for e in response["edges"]]
     assert not [f for f in facts if "test_mod" in f], facts
     assert any("pydantic" in f for f in facts), facts
+
+
+@pytest.mark.parametrize(
+    ("text", "statement"),
+    [
+        ("What type of movies do you like best?", None),
+        ("Is Pepper adjusting well to her?", None),
+        ("Who supports you, Mel?", None),
+        ("Got any other objects that you treasure, like that necklace?", None),
+        ("What do you think, should I switch to SQLite?", None),
+        ("I'm on Python 3.12 - why does this fail?", "I'm on Python 3.12"),
+        ("We switched to SQLite last week, can you update the config?", "We switched to SQLite last week"),
+        ("The blog is on WordPress, right?", "The blog is on WordPress"),
+        ("I moved to Berlin.", "I moved to Berlin."),
+    ],
+)
+def test_a_question_states_nothing_but_a_statement_before_it_does(text: str, statement: str | None) -> None:
+    end = statement_before_question(text)
+    assert (None if end is None else text[:end]) == statement
+
+
+def test_a_reaction_to_the_listener_states_nothing() -> None:
+    assert reaction_to_listener("Wow, love that painting!")
+    assert reaction_to_listener("Sorry about your job Jon, but starting your own business sounds awesome!")
+    assert not reaction_to_listener("Wow, I love that painting too!")  # the speaker's own taste
+    assert not reaction_to_listener("Oh, Pepper got adopted last week!")  # news, not a reaction
+    assert not reaction_to_listener("Ok, that fixed the flaky test.")
+
+
+async def test_questions_and_reactions_give_no_fact_but_the_facts_beside_them_stay() -> None:
+    """Issue 24 item 6's junk: questions and remarks to the listener are not facts; a fact in the
+    same message, before the question or in its own sentence, still is."""
+    turn = ("user (Caroline): Wow, love that painting! Is Pepper adjusting well to her? "
+            "I adopted a dog named Pepper last week, have you met her?\n\n"
+            "assistant (Melanie): What type of movies do you like best? I love pottery.")
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    facts = [e["fact"] for e in response["edges"]]
+    assert not [f for f in facts if "?" in f or f.startswith("Wow")], facts
+    assert any("Pepper" in f and "adopted" in f for f in facts), facts
+    assert any("pottery" in f for f in facts), facts
