@@ -11,6 +11,15 @@ from engram.models.rules_llm.facts import _Mention, _vocative, reaction_to_liste
 from tests.engram.models.rules_llm.helpers import CHAT_TYPES, combined_messages, triples
 
 
+async def _facts(turn: str) -> list[str]:
+    """The facts the rules model extracts from one chat turn."""
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    return [e["fact"] for e in response["edges"]]
+
+
 def test_third_person_rewrite() -> None:
     assert third_person("I love painting and my kids love pottery.", "Melanie") == "Melanie loves painting and Melanie's kids love pottery."
     assert third_person("I'm swamped, I've been busy and I fixed it for me.", "Bob") == "Bob is swamped, Bob has been busy and Bob fixed it for Bob."
@@ -21,11 +30,7 @@ def test_third_person_rewrite() -> None:
 async def test_greetings_with_a_name_are_not_facts() -> None:
     turn = ("user (Caroline): Wow, Melanie! Thanks, Melanie! I went to a LGBTQ support group yesterday "
             "and it was so powerful.\n\nassistant (Melanie): Hey Caroline! Totally agree, Caroline.")
-    response = await RulesExtractorClient().generate_response(
-        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
-        prompt_name="extract_nodes_and_edges.extract_message",
-    )
-    facts = [e["fact"] for e in response["edges"]]
+    facts = await _facts(turn)
     assert facts, "the support-group sentence should still give a fact"
     assert any("support group" in f for f in facts)
     assert not [f for f in facts if f.rstrip("!.").split(",")[0].strip().lower() in {"wow", "thanks", "hey", "totally agree"}], facts
@@ -94,11 +99,7 @@ async def test_lines_of_tool_output_are_not_facts() -> None:
     turn = ("tool (pytest): $ pytest -q\ntests/test_mod1.py ....  [5%]\ntests/test_mod19.py ....  [95%]\n"
             "========== 212 passed, 3 skipped in 41.2s ==========\n\n"
             "user (Ada): Bumped pydantic==2.14 in pyproject.toml.")
-    response = await RulesExtractorClient().generate_response(
-        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
-        prompt_name="extract_nodes_and_edges.extract_message",
-    )
-    facts = [e["fact"] for e in response["edges"]]
+    facts = await _facts(turn)
     assert not [f for f in facts if "test_mod" in f], facts
     assert any("pydantic" in f for f in facts), facts
 
@@ -136,11 +137,7 @@ async def test_questions_and_reactions_give_no_fact_but_the_facts_beside_them_st
     turn = ("user (Caroline): Wow, love that painting! Is Pepper adjusting well to her? "
             "I adopted a dog named Pepper last week, have you met her?\n\n"
             "assistant (Melanie): What type of movies do you like best? I love pottery.")
-    response = await RulesExtractorClient().generate_response(
-        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
-        prompt_name="extract_nodes_and_edges.extract_message",
-    )
-    facts = [e["fact"] for e in response["edges"]]
+    facts = await _facts(turn)
     assert not [f for f in facts if "?" in f or f.startswith("Wow")], facts
     assert any("Pepper" in f and "adopted" in f for f in facts), facts
     assert any("pottery" in f for f in facts), facts
