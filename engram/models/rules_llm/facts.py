@@ -13,17 +13,21 @@ LIKES, ATTENDED, CREATED, USES_VERSION, INSTALLED, RAISES, RUNS, IMPORTS, DOES, 
 "not ... any more", or for the old side of "switched from X to Y" / "Y instead of X"; else
 RELATES_TO. The fact text is the sentence with "I", "my", "me" replaced by the speaker's name
 (with a crude third-person verb fix: "I love" -> "Caroline loves"), cut to ``max_fact_chars``
-(300). A traceback in a code block gives ``<error> OCCURRED_IN <file>``.
+(300). A traceback in a code block gives ``<error> OCCURRED_IN <file>``. A question gives no
+fact ("Is Pepper adjusting well to her?"), only a statement before it does ("We moved to Porto,
+have you been?" -> "We moved to Porto"); neither does a reaction to the listener ("Wow, love that
+painting!", "Sorry about your job, Jon"): :func:`statement_before_question`,
+:func:`reaction_to_listener`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from engram.models.rules_llm.coreference import Reference, annotate
-from engram.models.rules_llm.episodes import _CLAUSE_SPLIT, _Sentence
+from engram.models.rules_llm.episodes import _CLAUSE_SPLIT, _FIRST_PERSON, _Sentence
 from engram.models.rules_llm.relations import _ANY_MORE, _NEG_NOT, _NEG_STOP, _SWITCH_RES, _VerbHit, _find_verbs
 from engram.models.rules_llm.text import MAX_FACTS, MAX_TARGETS_PER_CLAUSE, _content_stems, _mask, _stem
 from engram.models.rules_llm.vocabulary import IRREGULAR_PREFIXES, ROLE_WORDS, STOPWORDS, _IRREGULAR_PAST
@@ -198,6 +202,52 @@ def _prose(text: str) -> bool:
     return sum(1 for token in text.split() if _PLAIN_WORD.match(token)) >= MIN_PLAIN_WORDS
 
 
+# A question asks; it states nothing (issue 24 item 6: "What type of movies do you like best?",
+# "Is Pepper adjusting well to her?"). A statement before it, at a comma or dash, is kept: "I'm on
+# Python 3.12 - why does this fail?" states "I'm on Python 3.12".
+_QUESTION_END = re.compile(r"\?[\s\"'”’)\]]*$")
+_AUXILIARIES = (
+    r"do|does|did|is|are|was|were|am|can|could|would|will|should|shall|may|might|must|have|has|had|"
+    r"don't|doesn't|didn't|isn't|aren't|wasn't|weren't|can't|couldn't|wouldn't|won't|shouldn't|haven't|hasn't"
+)
+_QUESTION_OPENER = re.compile(rf"^\W*(?:who|whom|whose|what|which|when|where|why|how|{_AUXILIARIES})\b", re.I)
+_QUESTION_AFTER = re.compile(
+    rf"(?:,|;|:|\s[-–—])\s+(?=(?:who|whom|whose|what|which|when|where|why|how|{_AUXILIARIES}|right|ok|okay|eh|"
+    r"any|anything|anyone|got|you)\b)",
+    re.I,
+)
+
+
+def statement_before_question(text: str) -> int | None:
+    """Where the statement part of ``text`` ends: ``len(text)`` for a sentence that is no
+    question, the end of the statement before a question asked after a comma, dash, colon or
+    semicolon ("We moved to Porto, have you been?" -> the end of "We moved to Porto"), None for
+    a question with no statement before it ("Who supports you, Mel?", "Did you go?")."""
+    if not _QUESTION_END.search(text):
+        return len(text)
+    cuts = list(_QUESTION_AFTER.finditer(text))
+    if not cuts or _QUESTION_OPENER.match(text):
+        return None
+    head = text[: cuts[-1].start()].rstrip()
+    return len(head) if head and not _QUESTION_OPENER.match(head) else None
+
+
+# A reaction to what the listener said or shared: an exclamation ("Wow", "Aww", "Sorry",
+# "Congrats") about "you"/"your" or "that"/"this" with nothing of the speaker in it ("Wow, love
+# that painting!", "Sorry about your job Jon, but ..."): no lasting fact. With a first-person
+# pronoun it may state one ("Wow, I love that painting too") and goes on as any sentence.
+_REACTION_OPENER = re.compile(
+    r"^\W*(?:wow+|whoa|woah|aw+|omg|ooh+|yay|sorry|congrats|congratulations|haha|lol)\b", re.I
+)
+_LISTENER_OR_THAT = re.compile(r"(?<![\w'’-])(?:you|your|yours|you're|you’re|that|this|those|these|that's|that’s)(?![\w'’-])", re.I)
+
+
+def reaction_to_listener(text: str) -> bool:
+    """True for an exclamation about the listener's news or things with nothing of the speaker
+    in it (see :data:`_REACTION_OPENER`)."""
+    return bool(_REACTION_OPENER.match(text)) and not _FIRST_PERSON.search(text) and bool(_LISTENER_OR_THAT.search(text))
+
+
 _VOCATIVE_BEFORE = re.compile(
     r"(?:^|[,;:!?.]|\b(?:hey|hi|hello|thanks|thank you|wow|oh|yes|yeah|yep|congrats|congratulations|dear|sorry|"
     r"bye|great|awesome|absolutely|sure|okay|ok|aw|aww|haha|lol|omg))\W*$",
@@ -266,8 +316,15 @@ class _FactBuilder:
 
     def sentence(self, sent: _Sentence, mentions: list[_Mention], speaker_key: str | None) -> None:
         text = sent.text
-        if sent.code or not _prose(text):
+        if sent.code or not _prose(text) or reaction_to_listener(text):
             return
+        end = statement_before_question(text)
+        if end is None:
+            return  # a question states nothing
+        if end < len(text):  # the statement before a question
+            sent = replace(sent, text=text[:end])
+            text = sent.text
+            mentions = [m for m in mentions if m.end <= end]
         references = [Reference(m.start, m.end, m.key) for m in mentions if m.refers]
         if references:
             # the fact names what "it" is: "Audrey got it (tattoo) a while ago."

@@ -344,3 +344,57 @@ async def test_an_undated_timestamp_batch_counts_its_local_answers() -> None:
     before = _counted("fact_dated")
     await _ask_timestamps(LocalAnswersLLMClient(Recording()), "Melanie's kids are so excited about summer break!")
     assert _counted("fact_dated") == before + 1
+
+
+async def _ask_nodes_in_turn(client: LocalAnswersLLMClient, entities: list[str], candidates: list[str],
+                             turn: str) -> dict:
+    context = {
+        "extracted_nodes": [{"id": i, "name": e, "entity_type": ["Entity"], "entity_type_description": "x"}
+                            for i, e in enumerate(entities)],
+        "existing_nodes": [{"candidate_id": i, "name": c, "entity_types": ["Entity"], "summary": ""}
+                           for i, c in enumerate(candidates)],
+        "episode_content": turn, "previous_episodes": [],
+    }
+    messages = prompt_library.dedupe_nodes.nodes(context)
+    return await client.generate_response(messages, response_model=NodeResolutions, prompt_name=NODE_DEDUPE_PROMPT)
+
+
+MEL_TURN = "user (Caroline): Hey Mel! Good to see you! How have you been?\n\nassistant (Melanie): Hey Caroline! Swamped."
+
+
+async def test_a_speakers_short_name_is_that_speaker_without_a_call() -> None:
+    """"Mel" in a turn where Melanie speaks and Caroline calls her "Mel": Melanie's entity."""
+    inner = Recording()
+    before = _counted("node_dedupe_speaker")
+    answer = await _ask_nodes_in_turn(LocalAnswersLLMClient(inner), ["Mel"], ["Caroline", "Melanie's kids", "Melanie"],
+                                      MEL_TURN)
+    assert inner.prompts == []
+    assert answer["entity_resolutions"] == [{"id": 0, "name": "Melanie", "duplicate_candidate_id": 2}]
+    assert _counted("node_dedupe_speaker") == before + 1
+    # with another entity that may be a duplicate, the whole question goes to the model
+    await _ask_nodes_in_turn(LocalAnswersLLMClient(inner), ["Mel", "NYC"], ["Melanie", "New York City"], MEL_TURN)
+    assert len(inner.prompts) == 1
+
+
+@pytest.mark.parametrize(
+    ("entity", "candidates", "turn"),
+    [
+        # a prefix of a place, no speaker: the model decides
+        ("Al", ["Alberta"], "user (Caroline): Hey Al! I moved to Alberta.\n\nassistant (Al): Nice!"),
+        ("Alb", ["Alberta"], "user (Caroline): Hey Alb! I moved to Alberta.\n\nassistant (Melanie): Nice!"),
+        # someone else who shares the first letters, mentioned, not addressed
+        ("Dan", ["Danielle"], "user (Caroline): Dan told me about the race.\n\nassistant (Danielle): Nice!"),
+        # the short name is a speaker of its own
+        ("Mel", ["Melanie"], "user (Mel): Hi Melanie!\n\nassistant (Melanie): Thanks, Mel!"),
+        # two speakers it could be
+        ("Mel", ["Melanie"], "user (Melvin): Thanks, Mel!\n\nassistant (Melanie): Hi!"),
+        # two candidates it could be
+        ("Mel", ["Melanie", "Melbourne"], MEL_TURN),
+        # no named speakers
+        ("Mel", ["Melanie"], "user: Hey Mel!\n\nassistant: Hi!"),
+    ],
+)
+async def test_a_short_name_that_is_not_surely_the_speaker_is_asked(entity: str, candidates: list[str], turn: str) -> None:
+    inner = Recording()
+    await _ask_nodes_in_turn(LocalAnswersLLMClient(inner), [entity], candidates, turn)
+    assert len(inner.prompts) == 1

@@ -7,8 +7,17 @@ import pytest
 from graphiti_core.prompts.extract_nodes_and_edges import CombinedExtraction
 
 from engram.models.rules_llm import RulesExtractorClient, contradicts, third_person
-from engram.models.rules_llm.facts import _Mention, _vocative
+from engram.models.rules_llm.facts import _Mention, _vocative, reaction_to_listener, statement_before_question
 from tests.engram.models.rules_llm.helpers import CHAT_TYPES, combined_messages, triples
+
+
+async def _facts(turn: str) -> list[str]:
+    """The facts the rules model extracts from one chat turn."""
+    response = await RulesExtractorClient().generate_response(
+        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
+        prompt_name="extract_nodes_and_edges.extract_message",
+    )
+    return [e["fact"] for e in response["edges"]]
 
 
 def test_third_person_rewrite() -> None:
@@ -21,11 +30,7 @@ def test_third_person_rewrite() -> None:
 async def test_greetings_with_a_name_are_not_facts() -> None:
     turn = ("user (Caroline): Wow, Melanie! Thanks, Melanie! I went to a LGBTQ support group yesterday "
             "and it was so powerful.\n\nassistant (Melanie): Hey Caroline! Totally agree, Caroline.")
-    response = await RulesExtractorClient().generate_response(
-        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
-        prompt_name="extract_nodes_and_edges.extract_message",
-    )
-    facts = [e["fact"] for e in response["edges"]]
+    facts = await _facts(turn)
     assert facts, "the support-group sentence should still give a fact"
     assert any("support group" in f for f in facts)
     assert not [f for f in facts if f.rstrip("!.").split(",")[0].strip().lower() in {"wow", "thanks", "hey", "totally agree"}], facts
@@ -94,10 +99,45 @@ async def test_lines_of_tool_output_are_not_facts() -> None:
     turn = ("tool (pytest): $ pytest -q\ntests/test_mod1.py ....  [5%]\ntests/test_mod19.py ....  [95%]\n"
             "========== 212 passed, 3 skipped in 41.2s ==========\n\n"
             "user (Ada): Bumped pydantic==2.14 in pyproject.toml.")
-    response = await RulesExtractorClient().generate_response(
-        combined_messages(turn, CHAT_TYPES), response_model=CombinedExtraction,
-        prompt_name="extract_nodes_and_edges.extract_message",
-    )
-    facts = [e["fact"] for e in response["edges"]]
+    facts = await _facts(turn)
     assert not [f for f in facts if "test_mod" in f], facts
     assert any("pydantic" in f for f in facts), facts
+
+
+@pytest.mark.parametrize(
+    ("text", "statement"),
+    [
+        ("What type of movies do you like best?", None),
+        ("Is Pepper adjusting well to her?", None),
+        ("Who supports you, Mel?", None),
+        ("Got any other objects that you treasure, like that necklace?", None),
+        ("What do you think, should I switch to SQLite?", None),
+        ("I'm on Python 3.12 - why does this fail?", "I'm on Python 3.12"),
+        ("We switched to SQLite last week, can you update the config?", "We switched to SQLite last week"),
+        ("The blog is on WordPress, right?", "The blog is on WordPress"),
+        ("I moved to Berlin.", "I moved to Berlin."),
+    ],
+)
+def test_a_question_states_nothing_but_a_statement_before_it_does(text: str, statement: str | None) -> None:
+    end = statement_before_question(text)
+    assert (None if end is None else text[:end]) == statement
+
+
+def test_a_reaction_to_the_listener_states_nothing() -> None:
+    assert reaction_to_listener("Wow, love that painting!")
+    assert reaction_to_listener("Sorry about your job Jon, but starting your own business sounds awesome!")
+    assert not reaction_to_listener("Wow, I love that painting too!")  # the speaker's own taste
+    assert not reaction_to_listener("Oh, Pepper got adopted last week!")  # news, not a reaction
+    assert not reaction_to_listener("Ok, that fixed the flaky test.")
+
+
+async def test_questions_and_reactions_give_no_fact_but_the_facts_beside_them_stay() -> None:
+    """Issue 24 item 6's junk: questions and remarks to the listener are not facts; a fact in the
+    same message, before the question or in its own sentence, still is."""
+    turn = ("user (Caroline): Wow, love that painting! Is Pepper adjusting well to her? "
+            "I adopted a dog named Pepper last week, have you met her?\n\n"
+            "assistant (Melanie): What type of movies do you like best? I love pottery.")
+    facts = await _facts(turn)
+    assert not [f for f in facts if "?" in f or f.startswith("Wow")], facts
+    assert any("Pepper" in f and "adopted" in f for f in facts), facts
+    assert any("pottery" in f for f in facts), facts
