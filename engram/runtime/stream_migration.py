@@ -159,22 +159,25 @@ async def first_sequence(js: JetStreamContext, at_least: int = 0) -> int | None:
     ``last_seq`` (a new stream would otherwise restart at 1, and the detector drops a message at
     or below its session's checkpoint as already handled). None when nothing requires more than 1."""
     highest = at_least - 1
+    # The bucket's stream read directly, key by key: a KV watcher (nats-py's watchall) may report
+    # "no more initial values" before it has delivered them, and this answer must see every
+    # checkpoint (a missed one restarts the stream below it: tests/engram/runtime/test_topology.py).
+    stream = f"KV_{subjects.KV_TURN_SESSIONS}"
     try:
-        kv = await js.key_value(subjects.KV_TURN_SESSIONS)
-    except nats.js.errors.BucketNotFoundError:
-        kv = None
-    if kv is not None:
-        watcher = await kv.watchall(ignore_deletes=True)
+        info = await js.stream_info(stream, subjects_filter=">")
+    except nats.js.errors.NotFoundError:
+        info = None
+    for subject in (info.state.subjects or {}) if info is not None else {}:
         try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                try:
-                    last = json.loads(entry.value or b"{}").get("last_seq", 0)
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(last, int) and last > highest:
-                    highest = last
-        finally:
-            await watcher.stop()
+            entry = await js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            continue  # deleted meanwhile
+        if (entry.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            continue
+        try:
+            last = json.loads(entry.data or b"{}").get("last_seq", 0)
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(last, int) and last > highest:
+            highest = last
     return highest + 1 if highest >= 1 else None
