@@ -34,6 +34,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
 from engram.schemas import subjects
+from engram.runtime.kv import current_entries
 
 log = logging.getLogger(__name__)
 
@@ -159,23 +160,9 @@ async def first_sequence(js: JetStreamContext, at_least: int = 0) -> int | None:
     ``last_seq`` (a new stream would otherwise restart at 1, and the detector drops a message at
     or below its session's checkpoint as already handled). None when nothing requires more than 1."""
     highest = at_least - 1
-    # The bucket's stream read directly, key by key: a KV watcher (nats-py's watchall) may report
-    # "no more initial values" before it has delivered them, and this answer must see every
-    # checkpoint (a missed one restarts the stream below it: tests/engram/runtime/test_topology.py).
-    stream = f"KV_{subjects.KV_TURN_SESSIONS}"
-    try:
-        info = await js.stream_info(stream, subjects_filter=">")
-    except nats.js.errors.NotFoundError:
-        info = None
-    for subject in (info.state.subjects or {}) if info is not None else {}:
+    async for _key, value in current_entries(js, subjects.KV_TURN_SESSIONS):
         try:
-            entry = await js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
-            continue  # deleted meanwhile
-        if (entry.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-            continue
-        try:
-            last = json.loads(entry.data or b"{}").get("last_seq", 0)
+            last = json.loads(value or b"{}").get("last_seq", 0)
         except (ValueError, AttributeError):
             continue
         if isinstance(last, int) and last > highest:

@@ -27,13 +27,13 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from pydantic import ValidationError
 
 from engram.runtime.epochs import SessionEpochs
 from engram.runtime.erase import erase_where
+from engram.runtime.kv import current_entries
 from engram.schemas import ChatMessage, subjects
 from engram.services.turn_detector.pairing import SessionState, scope_groups
 from engram.services.turn_detector.retention import KV_STREAM
@@ -94,19 +94,13 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
         report.erased += (await erase_where(js, stream, subject)).erased
 
     # Sessions whose checkpoints say they fed the group.
-    kv = await js.key_value(subjects.KV_TURN_SESSIONS)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        keys = []
-    for key in keys:
+    async for key, value in current_entries(js, subjects.KV_TURN_SESSIONS):  # every one: nats-py's keys() may stop short
         if key in sessions:
             continue
         try:
-            entry = await kv.get(key)
-            if entry.value and group_id in _state_groups(prefix, SessionState.model_validate_json(entry.value)):
+            if value and group_id in _state_groups(prefix, SessionState.model_validate_json(value)):
                 sessions.add(key)
-        except (nats.js.errors.KeyNotFoundError, ValidationError):
+        except ValidationError:
             continue
 
     # Raw input still in the stream (unprocessed, or inside the retention period).
