@@ -15,6 +15,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from engram.stack.embedded import http_ok, redacted_url, redis_ping
+from engram.runtime.kv import last_values
 from engram.runtime.nats_client import quick_connect_options, server_version
 from engram.settings import EngramSettings
 from engram.schemas import subjects
@@ -125,44 +126,19 @@ COUNT_MEANINGS: dict[str, str] = {
 async def _turn_totals(js) -> dict[str, int]:  # noqa: ANN001
     """Sum per-session counters from the turn-detector's KV checkpoints.
 
-    Reads the bucket's backing stream (last value per key) until every key was seen, rather than
-    KeyValue.keys(), whose end-of-listing detection can return early on a loaded server.
+    Every key, through engram.runtime.kv.last_values (not KeyValue.keys(), whose end-of-listing
+    detection can return early on a loaded server).
     """
-    stream = f"KV_{subjects.KV_TURN_SESSIONS}"
     totals = {"sessions": 0, "turns": 0, "open_turns": 0}
-    try:
-        await js.stream_info(stream)
-    except nats.js.errors.NotFoundError:
-        return totals
-    # An ephemeral pull consumer over the last value of every key: its num_pending before the
-    # first fetch is exactly the number of keys, so the read knows when it has seen them all.
-    psub = await js.pull_subscribe(
-        f"$KV.{subjects.KV_TURN_SESSIONS}.>",
-        stream=stream,
-        config=ConsumerConfig(
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-        ),
-    )
-    try:
-        expected = (await psub.consumer_info()).num_pending
+    async with last_values(js, subjects.KV_TURN_SESSIONS) as (expected, entries):
         totals["sessions"] = expected
         if expected > MAX_SESSIONS_SCANNED:
             totals["turns"] = totals["open_turns"] = -1  # too many sessions to sum on demand
             return totals
-        seen = 0
-        while seen < expected:
-            for msg in await psub.fetch(min(500, expected - seen), timeout=10):
-                seen += 1
-                if not msg.data:
-                    continue
-                state = json.loads(msg.data)
-                totals["turns"] += int(state.get("turns_completed", 0))
-                totals["open_turns"] += 1 if state.get("open_turn") else 0
-    finally:
-        await psub.unsubscribe()
+        async for _session, value in entries:
+            state = json.loads(value)
+            totals["turns"] += int(state.get("turns_completed", 0))
+            totals["open_turns"] += 1 if state.get("open_turn") else 0
     return totals
 
 

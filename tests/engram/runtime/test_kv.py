@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,3 +40,15 @@ async def test_every_current_entry_and_none_removed(js: Any) -> None:
 
 async def test_a_missing_bucket_has_no_entries(js: Any) -> None:
     assert await entries(js, "engram_no_such_bucket") == {}
+
+
+async def test_more_keys_than_a_fetch_and_the_count_is_known_first(js: Any) -> None:
+    from engram.runtime.kv import FETCH_BATCH, last_values
+
+    kv = await js.create_key_value(bucket="engram_test_many", history=1)
+    n = FETCH_BATCH * 2 + 37
+    await asyncio.gather(*(kv.put(f"k{i}", b"x") for i in range(n)))
+    await kv.delete("k0")
+    async with last_values(js, "engram_test_many") as (keys, found):
+        assert keys == n  # the deleted key's marker counts
+        assert {k async for k, _ in found} == {f"k{i}" for i in range(1, n)}
