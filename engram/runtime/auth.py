@@ -119,10 +119,12 @@ def _kv_write(bucket: str) -> list[str]:
 
 
 def _kv_list(bucket: str) -> list[str]:
-    """kv.keys(): an ephemeral ordered consumer on the bucket's stream, pushed to an inbox."""
+    """Every key of a bucket (engram/runtime/kv.py): an ephemeral pull consumer on the bucket's
+    stream, its info (the key count), pull requests, and its deletion."""
     stream = f"KV_{bucket}"
-    return [f"{JS_API}.CONSUMER.CREATE.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}.>",
-            f"{JS_API}.CONSUMER.INFO.{stream}.*", f"{JS_API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
+    return [*_stream_info(stream), f"{JS_API}.CONSUMER.CREATE.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}.>",
+            f"{JS_API}.CONSUMER.INFO.{stream}.*", f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.*",
+            f"{JS_API}.CONSUMER.DELETE.{stream}.*"]
 
 
 def _dlq(stage: str) -> list[str]:
