@@ -66,6 +66,7 @@ from prometheus_client import Counter
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
 from engram.services.extractor.restatement import cosine
+from engram.services.turn_detector.pairing import NAMED_SPEAKER
 
 log = logging.getLogger("engram.extractor")
 
@@ -316,15 +317,13 @@ def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], lis
     return entities, existing, current.group(1) if current else ""
 
 
-# a turn's speaker label as the turn-detector writes it (pairing.render_turn): "user (Melanie): "
-_SPEAKER_LABEL = re.compile(r"(?m)^(?:user|assistant|system|tool) \(([^()\n]{1,100})\): ")
 _SHORT_NAME = re.compile(r"^[^\W\d_]{3,}$")
 
 
 def turn_speakers(turn: str) -> list[tuple[str, str]]:
     """(speaker, what they said) of each block of a turn that names its speaker
     ("user (Melanie): ..."); nothing for "user: ..."."""
-    labels = list(_SPEAKER_LABEL.finditer(turn))
+    labels = list(NAMED_SPEAKER.finditer(turn))
     return [(m.group(1).strip(), turn[m.end(): nxt.start() if nxt else len(turn)])
             for m, nxt in zip(labels, [*labels[1:], None], strict=False)]
 

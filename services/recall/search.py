@@ -32,6 +32,7 @@ from engram.schemas import Provenance, RecallItem
 from engram.services.extractor.pipeline import MESSAGE_IDS_PROPERTY
 from engram.schemas.relations import canonical_relation
 from engram.services.recall.entities import entity_fact_ranking
+from engram.services.turn_detector.pairing import NAMED_SPEAKER
 from engram.services.recall.fact_keywords import bm25_fact_ranking
 from engram.services.recall.lexical import LexicalEpisodes, resolved
 from engram.services.recall.time_window import OVERFETCH, TimeWindow
@@ -56,8 +57,6 @@ class _Turn:
     created_at: Any
 
 
-# a turn's speaker label as the turn-detector writes it (pairing.render_turn): "user (Caroline): "
-_NAMED_SPEAKER = re.compile(r"(?m)^(?:user|assistant|system|tool) \(([^()\n]{1,100})\): ")
 
 
 def shorten(text: str, limit: int = EPISODE_CHARS, speaker_names: bool = False) -> str:
@@ -65,7 +64,7 @@ def shorten(text: str, limit: int = EPISODE_CHARS, speaker_names: bool = False) 
     ``speaker_names``: a speaker the turn names is labelled by the name alone ("Caroline: ",
     not "user (Caroline): "); an unnamed one keeps its role ("user: ")."""
     if speaker_names:
-        text = _NAMED_SPEAKER.sub(r"\1: ", text)
+        text = NAMED_SPEAKER.sub(r"\1: ", text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 

@@ -31,6 +31,7 @@ the result, so every rule is testable without a broker.
 from __future__ import annotations
 
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable, Literal
@@ -486,6 +487,11 @@ def plan_idle(state: SessionState, idle_timeout_s: float,
 
 
 # --- completed turn -> episodes ----------------------------------------------------------
+# the label render_turn gives a named speaker, "user (Caroline): ", for readers of a turn's text
+# (recall shortens it to "Caroline: ", the extractor finds the turn's speakers)
+NAMED_SPEAKER = re.compile(r"(?m)^(?:user|assistant|system|tool) \(([^()\n]{1,100})\): ")
+
+
 def render_turn(parts: tuple[TurnPart, ...] | list[TurnPart], max_chars: int) -> str:
     """Render parts as '<role> (<name>): text' blocks, merging runs of one role."""
     blocks: list[str] = []
