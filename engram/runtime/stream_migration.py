@@ -162,7 +162,7 @@ async def first_sequence(js: JetStreamContext, at_least: int = 0) -> int | None:
     highest = at_least - 1
     async for _key, value in current_entries(js, subjects.KV_TURN_SESSIONS):
         try:
-            last = json.loads(value or b"{}").get("last_seq", 0)
+            last = json.loads(value).get("last_seq", 0)
         except (ValueError, AttributeError):
             continue
         if isinstance(last, int) and last > highest:

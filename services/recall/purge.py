@@ -98,7 +98,7 @@ async def erase_group(js: JetStreamContext, prefix: str, group_id: str) -> Purge
         if key in sessions:
             continue
         try:
-            if value and group_id in _state_groups(prefix, SessionState.model_validate_json(value)):
+            if group_id in _state_groups(prefix, SessionState.model_validate_json(value)):
                 sessions.add(key)
         except ValidationError:
             continue
