@@ -102,7 +102,8 @@ class EngramFalkorDriver(FalkorDriver):
     * :meth:`build_fulltext_query` (what graphiti's ``search_utils.fulltext_query`` calls for
       every fact, node, episode and community fulltext search, and recall's BM25 half) builds
       graphiti's query from :func:`fulltext_words` of the text, so no operator or stray
-      character reaches RediSearch's syntax;
+      character reaches RediSearch's syntax, and leaves out the filter on the graph's own group,
+      which RediSearch cannot match for a group id with a hyphen;
     * :meth:`execute_query` answers a fulltext procedure call that FalkorDB still rejects with a
       RediSearch error as an empty result (``[], [], None``: graphiti's shape) and counts it.
       graphiti's fulltext searches each run alone, so only that lookup is lost (its search's
@@ -114,6 +115,12 @@ class EngramFalkorDriver(FalkorDriver):
         return fulltext_words(query)
 
     def build_fulltext_query(self, query: str, group_ids: list[str] | None = None, max_query_length: int = 128) -> str:
+        # One FalkorDB graph holds one group (database = group_id), so a filter on this graph's
+        # own group adds nothing -- and RediSearch never matches the escaped group id graphiti
+        # writes for an id with a hyphen (``@group_id:"a\-b"``): every fulltext lookup of such a
+        # group (a session uuid's) found nothing. The Cypher around the call still filters on group_id.
+        if group_ids and set(group_ids) == {driver_database(self)}:
+            group_ids = None
         return build_falkor_fulltext_query(fulltext_words(query), group_ids, max_query_length)
 
     def clone(self, database: str) -> GraphDriver:

@@ -93,9 +93,9 @@ class Graph:
                                      custom_instructions="", previous_window=2)
 
 
-async def _graph(falkordb_server, driver_class: type[FalkorDriver]) -> Graph:  # noqa: ANN001
+async def _graph(falkordb_server, driver_class: type[FalkorDriver], group_id: str | None = None) -> Graph:  # noqa: ANN001
     host, port = _host_port(falkordb_server.url)
-    group_id = f"ft_{uuid.uuid4().hex[:12]}"
+    group_id = group_id or f"ft_{uuid.uuid4().hex[:12]}"
     driver = driver_class(host=host, port=port, database=group_id)
     if driver._init_task is not None:  # noqa: SLF001 - index creation scheduled by the constructor
         await driver._init_task  # noqa: SLF001
@@ -151,6 +151,23 @@ async def test_bridge_turn_is_extracted_and_its_fact_found_by_fulltext(engram_gr
     hits = await edge_fulltext_search(g.driver, BRIDGE, SearchFilters(), [g.group_id])
     assert blank[0].uuid in {e.uuid for e in hits}  # sanitised, the lookup still finds the fact
     assert _rejected() == rejected  # sanitising alone was enough: the fallback was not needed
+
+
+@pytest.mark.parametrize("driver_class", [FalkorDriver, EngramFalkorDriver])
+async def test_a_group_id_with_a_hyphen_is_found_by_fulltext_with_engrams_driver(falkordb_server,  # noqa: ANN001
+                                                                                  driver_class: type[FalkorDriver]) -> None:
+    """Session ids are often uuids: graphiti's group filter (``@group_id:"session\\-..."``) never
+    matches such a group in RediSearch, so graphiti's own driver finds none of its facts by words
+    (graphiti's dedupe searches and its BM25 halves lost their keyword side); engram's finds them."""
+    g = await _graph(falkordb_server, driver_class, group_id=f"session_{uuid.uuid4()}")
+    try:
+        result = await g.extract("s1:t1", "user (Alice): I work at Globex in London.")
+        assert result.resolved_edges
+        hits = await edge_fulltext_search(g.driver, "Globex London", SearchFilters(), [g.group_id])
+        assert ({e.uuid for e in hits} == {e.uuid for e in result.resolved_edges}) == (driver_class is EngramFalkorDriver)
+        assert (await edge_fulltext_search(g.driver, "Globex", SearchFilters(), ["another_group"])) == []
+    finally:
+        await _drop(g)
 
 
 def test_fulltext_words_keeps_words_and_drops_every_operator() -> None:
