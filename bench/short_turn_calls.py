@@ -29,12 +29,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GRAPHITI_TELEMETRY_ENABLED", "false")
 
-from graphiti_core.driver.falkordb_driver import FalkorDriver  # noqa: E402
 from graphiti_core.graphiti_types import GraphitiClients  # noqa: E402
 from graphiti_core.tracer import NoOpTracer  # noqa: E402
 
 from bench._smoke import Checks, parse  # noqa: E402
 from bench.llm_simulator import LLMSimulator  # noqa: E402
+from engram.compat import take_index_build  # noqa: E402
+from engram.graph.drivers import EngramFalkorDriver  # noqa: E402
 from engram.stack.embedded import start_falkordb  # noqa: E402
 from engram.models.embedding_cache import BatchingEmbedder  # noqa: E402
 from engram.models.factory import EmbedderSettings, LLMSettings, build_embedder, build_llm  # noqa: E402
@@ -90,7 +91,10 @@ async def main(args: argparse.Namespace) -> int:
             embedder = BatchingEmbedder(HashingEmbedder(256) if args.embedder == "hashing"
                                         else build_embedder(EmbedderSettings(provider=args.embedder)))
             for group, said in list(TURNS.items())[:args.groups]:
-                driver = FalkorDriver(host=host, port=int(port), database=f"short_{group}")
+                driver = EngramFalkorDriver(host=host, port=int(port), database=f"short_{group}")
+                build = take_index_build(driver)  # indices first, as the extractor's drivers
+                if build is not None:
+                    await build
                 clients = GraphitiClients(driver=driver, llm_client=llm, embedder=embedder,
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
                 for i, (name, text) in enumerate(said):

@@ -227,7 +227,7 @@ class Extractor:
         result = await extract_episode(
             clients, episode, custom_instructions=instructions.graphiti_custom, previous_window=self.previous_window,
             chunking=self.extraction.chunking if self.extraction.chunking_enabled else None,
-            restatement_similarity=self.restatement_similarity,
+            restatement_similarity=self.restatement_similarity, known_facts=self.extraction.known_facts,
             ontology=self.ontologies.for_group(episode.group_id).excluding(
                 episode.extraction.excluded_entity_types if episode.extraction else ()),
         )

@@ -26,6 +26,16 @@ How it is wired, with graphiti unchanged:
   engram/models/openai_compat.py, is the lean one; the answer is validated against it and
   returned with the defaults filled in, which graphiti's ``CombinedExtraction`` reads.
 
+What a turn adds (:class:`TurnContext`, through :func:`engram_clients`: graphiti builds the
+context, so the pipeline hands these to the prompt builder): the turn's REFERENCE TIME, with a rule
+asking each fact's ``valid_at`` / ``invalid_at``, and the group's KNOWN FACTS nearest the turn
+(services/extractor/pipeline.py ``known_facts_for``), with a rule asking which of them each fact
+``restates`` or ``replaces``. graphiti still asks its batched timestamp call and a
+``resolve_edge`` call per fact with candidates; services/extractor/local_answers.py answers them
+from this call's answer when the model already judged them (``asked_in`` reads back what was
+asked), so a turn is one model call where graphiti's stages made three or more. All four fields
+are optional in the schema: a model may leave them out, and then "none" is its answer.
+
 With custom entity types (more than the default one) or edge types, which engram does not use,
 the builder returns graphiti's own prompt and the schema is graphiti's.
 
@@ -35,13 +45,19 @@ content; previous episodes without their timestamps, which no rule reads), and a
 ``CombinedExtraction`` (this response model keeps graphiti's class name); without an
 ``<ENTITY TYPES>`` block it assumes the one default type, as graphiti's list says.
 
-Budget: :data:`FIXED_TOKEN_BUDGET` for everything but the turn, the previous episodes and the
-custom instructions (tests/services/extractor/test_extraction_prompt.py).
+Budget: :data:`FIXED_TOKEN_BUDGET` for everything but the turn, the previous episodes, the
+custom instructions and the turn context (tests/services/extractor/test_extraction_prompt.py;
+ten known facts, the reference time and their two rules add under 450 tokens).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
 from typing import Any
 
 from graphiti_core.llm_client.config import ModelSize
@@ -78,11 +94,19 @@ Facts:
 - Only what the messages say: no guesses, hedges ("seems to") or commentary.
 - relation_type: an English SCREAMING_SNAKE_CASE label (WORKS_AT, LIVES_IN). Names and facts in the language of the messages."""
 
+DATES = """- valid_at / invalid_at: when the fact began / stopped being true, ISO 8601, only when the messages say when (resolve "yesterday" or "last Friday" against REFERENCE TIME); else leave them out."""
+"""Added with a reference time: the fact's dates come with it, so no second call dates them."""
+
+KNOWN = """- restates: the id of a KNOWN FACT that says the same thing. replaces: the ids of KNOWN FACTS that this fact shows are no longer true (a change, an end, a contradiction). Leave them out when there are none."""
+"""Added with known facts: the fact's relation to what the graph holds comes with it, so no
+dedupe call judges it (services/extractor/local_answers.py answers graphiti's from this)."""
+
 CUSTOM_RULE = "They come from the owner of this graph and win over the rules above."
 
 FIXED_TOKEN_BUDGET = 700
-"""cl100k tokens of the prompt without the turn, the previous episodes and the custom instructions,
-schema included (622 when written); tests keep it under this."""
+"""cl100k tokens of the prompt without the turn, the previous episodes, the custom instructions and
+the turn context, schema included (622 when written, 681 with the four optional answer fields);
+tests keep it under this."""
 
 
 class LeanEntity(BaseModel):
@@ -95,6 +119,12 @@ class LeanFact(BaseModel):
     target_entity_name: str
     relation_type: str
     fact: str
+    # Optional, so a model may leave them out (a grammar-constrained server allows it): asked only
+    # with a REFERENCE TIME / KNOWN FACTS block, and then an omitted one means "none".
+    valid_at: str | None = None
+    invalid_at: str | None = None
+    restates: int | None = None
+    replaces: list[int] = []
 
 
 class CombinedExtraction(BaseModel):
@@ -114,7 +144,8 @@ LeanCombinedExtraction = CombinedExtraction
 
 
 def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with every ``$ref`` inlined and ``title``/``description`` dropped."""
+    """``schema`` with every ``$ref`` inlined, ``title``/``description``/``default`` dropped and
+    an optional value's ``anyOf`` of one type and null written as a type list."""
     defs = schema.get("$defs", {})
 
     def walk(node: Any) -> Any:
@@ -122,7 +153,12 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
                 return walk(defs[ref.rsplit("/", 1)[1]])
-            return {k: walk(v) for k, v in node.items() if k not in ("$defs", "title", "description")}
+            options = node.get("anyOf")
+            if (isinstance(options, list) and len(options) == 2 and {"type": "null"} in options
+                    and all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)):
+                rest = {k: v for k, v in node.items() if k != "anyOf"}
+                node = {**rest, "type": [o["type"] for o in options if o["type"] != "null"] + ["null"]}
+            return {k: walk(v) for k, v in node.items() if k not in ("$defs", "title", "description", "default")}
         if isinstance(node, list):
             return [walk(v) for v in node]
         return node
@@ -135,20 +171,47 @@ def _engram_applies(context: dict[str, Any]) -> bool:
     return len(types) == 1 and types[0].get("entity_type_id") == 0 and not context.get("edge_types")
 
 
-def build_prompt(context: dict[str, Any]) -> ChatPrompt:
+@dataclass(frozen=True)
+class TurnContext:
+    """What engram adds to graphiti's context for one turn's extraction call (graphiti builds the
+    context, so it comes in through the prompt builder: :func:`engram_clients`)."""
+
+    reference_time: datetime | None = None
+    """When the turn was told: the model resolves "yesterday" against it and dates each fact."""
+    known_facts: tuple[str, ...] = ()
+    """Facts the group already holds that the turn may restate or change, nearest first
+    (services/extractor/pipeline.py ``known_facts_for``): their ids are their positions."""
+
+
+def known_facts_json(facts: Iterable[str]) -> str:
+    return to_prompt_json([{"id": i, "fact": f} for i, f in enumerate(facts)])
+
+
+def build_prompt(context: dict[str, Any], turn: TurnContext | None = None) -> ChatPrompt:
     """engram's combined extraction prompt for graphiti's context (graphiti's own prompt when the
-    context has custom entity or edge types)."""
+    context has custom entity or edge types). With ``turn``: its reference time (the facts' dates
+    are asked with them) and its known facts (each fact's ``restates`` / ``replaces`` are asked)."""
     if not _engram_applies(context):
         return ChatPrompt.from_messages(graphiti_extract_message(context))
+    turn = turn or TurnContext()
     custom = (context.get("custom_extraction_instructions") or "").strip()
     custom_section = f"\n<CUSTOM INSTRUCTIONS>\n{custom}\n</CUSTOM INSTRUCTIONS>\n{CUSTOM_RULE}\n" if custom else ""
     previous = [{"content": ep["content"]} for ep in context.get("previous_episodes") or []]
-    user = f"""{INSTRUCTIONS}
+    rules = INSTRUCTIONS
+    known = ""
+    if turn.known_facts:
+        rules += "\n" + KNOWN
+        known = f"\n<KNOWN FACTS>\n{known_facts_json(turn.known_facts)}\n</KNOWN FACTS>\n"
+    when = ""
+    if turn.reference_time is not None:
+        rules += "\n" + DATES
+        when = f"\n<REFERENCE TIME>\n{turn.reference_time.isoformat()}\n</REFERENCE TIME>\n"
+    user = f"""{rules}
 {custom_section}
 <PREVIOUS MESSAGES>
 {to_prompt_json(previous)}
 </PREVIOUS MESSAGES>
-
+{known}{when}
 <CURRENT MESSAGES>
 {context['episode_content']}
 </CURRENT MESSAGES>
@@ -189,10 +252,34 @@ class LeanSchemaLLMClient(DelegatingLLMClient):
         return LeanCombinedExtraction.model_validate(answer).model_dump(mode="json")
 
 
-def engram_clients(clients: Any) -> Any:
-    """``clients`` for the combined extraction call: engram's prompt and its lean schema."""
-    return clients.model_copy(update={"prompt_library": PROMPT_LIBRARY,
+def engram_clients(clients: Any, turn: TurnContext | None = None) -> Any:
+    """``clients`` for the combined extraction call: engram's prompt (with ``turn``'s reference
+    time and known facts) and its lean schema."""
+    library = PROMPT_LIBRARY if turn is None else create_prompt_library(
+        {"extract_nodes_and_edges": {"extract_message": partial(build_prompt, turn=turn)}})
+    return clients.model_copy(update={"prompt_library": library,
                                       "llm_client": LeanSchemaLLMClient(clients.llm_client)})
+
+
+_KNOWN_BLOCK = re.compile(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>", re.S)
+
+
+def asked_in(messages: list[Any]) -> tuple[bool, list[str]]:
+    """What an engram extraction prompt asked beyond entities and facts: (dates asked, the known
+    facts by id). Read back from the prompt by services/extractor/local_answers.py, which sees the
+    call but not the pipeline."""
+    if not is_engram_prompt(messages):
+        return False, []
+    user = str(getattr(messages[-1], "content", ""))
+    m = _KNOWN_BLOCK.search(user)
+    known: list[str] = []
+    if m:
+        try:
+            rows = json.loads(m.group(1))
+        except ValueError:
+            rows = []
+        known = [str(r.get("fact", "")) for r in rows if isinstance(r, dict)]
+    return "<REFERENCE TIME>" in user, known
 
 
 def schema_text() -> str:

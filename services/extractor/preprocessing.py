@@ -99,6 +99,12 @@ class ExtractionSettings(BaseSettings):
     # exchange, so 2 keeps "it"/"that" resolvable across turns at little cost. Its effect on
     # quality needs a real LLM to measure (the rules extractor does not read previous episodes).
     previous_window: int = Field(2, ge=0, le=20, description="Previous episodes shown to extraction.")
+    known_facts: int = Field(
+        10, ge=0, le=50,
+        description="The group's facts in force (those sharing the most words with the turn) shown to the extraction "
+        "call, which says which of them each new fact restates or replaces: graphiti's dedupe question about them then "
+        "needs no call. 0: none (services/extractor/pipeline.py known_facts_for).",
+    )
     chunking_enabled: bool = Field(True, description="Chunk large entity-dense episodes (seed 002).")
     restatement_similarity: float | None = Field(
         None, ge=0.0, le=1.0,

@@ -30,7 +30,10 @@ Response models answered (see :data:`.prompts.HANDLERS`):
 * ``CombinedExtraction`` (``extract_nodes_and_edges.extract_message``): entities + facts from
   ``<CURRENT MESSAGES>`` in one pass. ``[CONTEXT EPISODE]`` sections and PREVIOUS MESSAGES are
   never extracted from: previous messages teach speaker names (to type them Person), and the
-  last one is where a referring "it" in the first current message may find its thing.
+  last one is where a referring "it" in the first current message may find its thing. With
+  engram's ``<REFERENCE TIME>`` / ``<KNOWN FACTS>`` blocks each fact also gets its dates and the
+  known facts it restates or replaces, by the timestamp and ``resolve_edge`` rules below
+  (:func:`.prompts.answer_turn_questions`).
 * ``ExtractedEntities`` (``extract_nodes.extract_message`` / ``extract_text`` / ``extract_json``)
   and ``ExtractedEdges`` (``extract_edges.edge``; endpoints are only names from the prompt's
   ``<ENTITIES>`` list, ``valid_at``/``invalid_at`` by the timestamp rules against

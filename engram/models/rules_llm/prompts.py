@@ -129,13 +129,35 @@ def _run(doc: _Doc, types: list[dict[str, Any]], limits: Limits) -> ExtractionRe
     return _extract(doc, present, max_per_message=limits.max_entities_per_message, max_entities=limits.max_entities, max_fact_chars=limits.max_fact_chars)
 
 
+def answer_turn_questions(prompt: str, edges: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``edges`` (combined-extraction answer rows) with what engram's prompt also asks of each
+    fact (services/extractor/extraction_prompt.py): its dates when the prompt gives a REFERENCE
+    TIME, and which KNOWN FACTS it restates or replaces when it lists some. Answered by the same
+    rules as graphiti's separate timestamp and resolve_edge prompts, so one call gives what those
+    gave; graphiti's prompt has neither block and the rows come back as they were."""
+    told = _parse_datetime(_block(prompt, "REFERENCE TIME") or "")
+    known = _literal(_block(prompt, "KNOWN FACTS") or "")
+    rows = [{"idx": r["id"], "fact": str(r.get("fact", ""))} for r in known if isinstance(r, dict)
+            and isinstance(r.get("id"), int)] if isinstance(known, list) else []
+    for edge in edges:
+        fact = str(edge.get("fact", ""))
+        if told is not None:
+            edge["valid_at"], edge["invalid_at"] = fact_timestamps(fact, told)
+        if rows:
+            judged = resolve_edge(fact, rows, [])
+            if judged["duplicate_facts"]:
+                edge["restates"] = judged["duplicate_facts"][0]
+            edge["replaces"] = judged["contradicted_facts"]
+    return edges
+
+
 def combined(prompt: str, limits: Limits) -> dict[str, Any]:
     doc, types, _ = _doc_and_types(prompt, ("CURRENT MESSAGES",))
     result = _run(doc, types, limits)
     names = {_norm_key(e.name): e.name for e in result.entities}
     return {
         "extracted_entities": [{"name": e.name, "entity_type_id": _type_id(e.category, types)} for e in result.entities],
-        "edges": [
+        "edges": answer_turn_questions(prompt, [
             {
                 "source_entity_name": names[f.source],
                 "target_entity_name": names[f.target],
@@ -146,7 +168,7 @@ def combined(prompt: str, limits: Limits) -> dict[str, Any]:
                 "episode_indices": sorted(f.episodes),
             }
             for f in result.facts
-        ],
+        ]),
     }
 
 

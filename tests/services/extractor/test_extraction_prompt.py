@@ -5,6 +5,7 @@ graphiti's prompt."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +23,8 @@ from engram.services.extractor.extraction_prompt import (
     SYSTEM,
     LeanCombinedExtraction,
     LeanSchemaLLMClient,
+    TurnContext,
+    asked_in,
     build_prompt,
     engram_clients,
     is_engram_prompt,
@@ -112,7 +115,12 @@ def test_the_lean_schema_has_no_defs_titles_descriptions_or_unused_fields() -> N
     assert LeanCombinedExtraction.__name__ == "CombinedExtraction"  # the rules model answers by this name
     edge = schema["properties"]["edges"]["items"]
     assert set(edge["required"]) == {"source_entity_name", "target_entity_name", "relation_type", "fact"}
-    assert token_counter()(text) < 200
+    # what the turn context asks is optional (a model may leave it out) and written compactly
+    assert edge["properties"]["valid_at"] == {"type": ["string", "null"]}
+    assert edge["properties"]["restates"] == {"type": ["integer", "null"]}
+    assert edge["properties"]["replaces"] == {"items": {"type": "integer"}, "type": "array"}
+    assert "anyOf" not in text and "default" not in text
+    assert token_counter()(text) < 210
 
 
 class Recording(RulesExtractorClient):
@@ -158,7 +166,10 @@ async def test_the_rules_model_answers_engrams_prompt_as_it_answered_graphitis(t
                                                                GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
     assert after["edges"], "the turn has facts"
     assert after["extracted_entities"] == before["extracted_entities"]
-    assert after["edges"] == [{k: v for k, v in e.items() if k != "episode_indices"} for e in before["edges"]]
+    graphitis = ("source_entity_name", "target_entity_name", "relation_type", "fact")
+    assert [{k: e[k] for k in graphitis} for e in after["edges"]] == [{k: e[k] for k in graphitis} for e in before["edges"]]
+    # nothing more was asked, so nothing more was answered (the lean schema's defaults)
+    assert all(e["valid_at"] is None and e["restates"] is None and e["replaces"] == [] for e in after["edges"])
     assert rules.calls[1].prompt_tokens < 0.6 * rules.calls[0].prompt_tokens
 
 
@@ -182,3 +193,56 @@ def test_engram_clients_route_only_the_combined_prompt() -> None:
     assert [m.content for m in ours] == [m.content for m in theirs.as_messages()]
     legacy = prompt_library.extract_edges.extract_timestamps_batch(timestamps)
     assert [m.content for m in ours] == [m.content for m in legacy]
+
+
+KNOWN = ("Caroline attends an LGBTQ support group.", "Melanie took the kids to the beach.")
+
+
+def test_the_turn_context_asks_dates_and_relations_to_known_facts_only_when_given() -> None:
+    bare = build_prompt(context()).as_messages()
+    assert "REFERENCE TIME" not in bare[1].content and "KNOWN FACTS" not in bare[1].content
+    assert asked_in(bare) == (False, [])
+    told = build_prompt(context(), TurnContext(reference_time=REF)).as_messages()
+    user = told[1].content
+    assert f"<REFERENCE TIME>\n{REF.isoformat()}\n</REFERENCE TIME>" in user and "valid_at / invalid_at" in user
+    assert "KNOWN FACTS" not in user and asked_in(told) == (True, [])
+    full = build_prompt(context(), TurnContext(reference_time=REF, known_facts=KNOWN)).as_messages()
+    user = full[1].content
+    assert json.loads(user.split("<KNOWN FACTS>\n")[1].split("\n</KNOWN FACTS>")[0]) == [
+        {"id": 0, "fact": KNOWN[0]}, {"id": 1, "fact": KNOWN[1]}]
+    assert "restates" in user and "replaces" in user
+    # the blocks sit between the context and the turn; the rules say what to do with them
+    assert user.index("</PREVIOUS MESSAGES>") < user.index("<KNOWN FACTS>") < user.index("<CURRENT MESSAGES>")
+    assert asked_in(full) == (True, list(KNOWN))
+    # graphiti's own prompt (custom types) gets none of it
+    assert asked_in(build_prompt(context(types=CHAT_TYPES), TurnContext(REF, KNOWN)).as_messages()) == (False, [])
+
+
+def test_a_call_with_ten_known_facts_stays_within_0_15x_of_upstream() -> None:
+    template = validate_at_startup(ExtractionSettings()) or ""
+    known = tuple(f"Caroline told Melanie about the support group meeting number {i} in May 2023." for i in range(10))
+    turn = TurnContext(reference_time=REF, known_facts=known)
+    messages = build_prompt(context(custom=template), turn).as_messages()
+    count = token_counter()
+    tokens = sum(count(m.content) for m in messages) + count(SCHEMA_NOTE + json.dumps(LeanCombinedExtraction.model_json_schema()))
+    # upstream graphiti: ~12,250 tokens per LoCoMo turn; 0.15x is ~1,840 for the turn's calls
+    # the dates and known-fact rules, the reference time and ten ~17-token facts with their ids
+    assert tokens <= 1_840 and tokens - call_tokens(context(custom=template)) < 450
+
+
+async def test_the_rules_model_dates_facts_and_names_the_known_facts_they_replace() -> None:
+    turn = "user (Ada): We switched the billing service to SQLite yesterday."
+    known = ("The billing service uses Postgres 15.", "Ada lives in Lisbon.")
+    messages = build_prompt(context(content=turn, previous=[]), TurnContext(reference_time=REF, known_facts=known))
+    answer = await LeanSchemaLLMClient(RulesExtractorClient()).generate_response(
+        messages.as_messages(), GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
+    switched = [e for e in answer["edges"] if "SQLite" in e["fact"]]
+    assert switched and all(e["replaces"] == [0] and e["restates"] is None for e in switched)
+    assert all(e["valid_at"].startswith((REF.date() - timedelta(days=1)).isoformat()) for e in switched)
+    # the same fact told again restates the known one and replaces nothing
+    again = build_prompt(context(content="user (Ada): The billing service uses Postgres 15.", previous=[]),
+                         TurnContext(reference_time=REF, known_facts=known))
+    answer = await LeanSchemaLLMClient(RulesExtractorClient()).generate_response(
+        again.as_messages(), GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
+    same = [e for e in answer["edges"] if "Postgres" in e["fact"]]
+    assert same and all(e["restates"] == 0 and e["replaces"] == [] for e in same)

@@ -33,6 +33,7 @@ from engram.services.extractor.local_answers import (
     local_timestamps,
     names_may_match,
 )
+from engram.services.extractor.extraction_prompt import PROMPT_NAME, TurnContext, build_prompt, is_engram_prompt
 from engram.services.extractor.pipeline import extract_episode
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
 
@@ -210,24 +211,45 @@ async def test_a_turn_with_no_date_word_and_no_near_duplicate_makes_exactly_one_
     assert world.llm.names() == {"CombinedExtraction": 2}
 
 
-async def test_an_unresolvable_date_is_still_asked(world: Env) -> None:
+async def test_an_unresolvable_date_comes_with_the_extraction_and_needs_no_second_call(world: Env) -> None:
+    before = _counted("fact_dated_by_extraction")
     result = await world.run(world.episode("s1:t1", UNRESOLVED, T1))
-    assert result.llm_calls == {"extract_nodes_and_edges.extract_message": 1, TIMESTAMPS_PROMPT: 1}
-    assert "Saturday" in world.llm.prompts("BatchEdgeTimestamps")[0]
+    assert result.llm_calls == {"extract_nodes_and_edges.extract_message": 1}
+    # the script dates every fact at the turn's REFERENCE TIME, as it answers the timestamp prompt
+    assert [e.valid_at for e in result.new_edges] == [T1]
+    assert "<REFERENCE TIME>" in world.llm.prompts("CombinedExtraction")[0]
+    assert _counted("fact_dated_by_extraction") == before + 1
 
 
-async def test_a_near_duplicate_fact_is_still_deduped(world: Env) -> None:
+async def test_an_unresolvable_date_is_still_asked_when_the_extraction_was_not(world: Env) -> None:
+    result = await world.run(world.episode("s1:t1", UNRESOLVED, T1), mode="separate")
+    assert result.llm_calls.get(TIMESTAMPS_PROMPT, 0) + result.llm_calls.get("extract_edges.extract_timestamps", 0) \
+        + result.llm_calls.get("extract_edges.edge", 0) >= 1, result.llm_calls
+
+
+async def test_a_near_duplicate_fact_is_judged_in_the_extraction_call_that_saw_it(world: Env) -> None:
     await world.run(world.episode("s1:t1", NO_DATE, T1))
+    before = _counted("edge_dedupe_extracted")
     again = await world.run(world.episode("s1:t2", REPEAT, T1 + timedelta(days=1)))
+    assert again.llm_calls == {"extract_nodes_and_edges.extract_message": 1}, again.llm_calls
+    # the stored fact was in the extraction prompt's KNOWN FACTS, so the model judged it there
+    assert "Alice adopted a cat named Tom." in world.llm.prompts("CombinedExtraction")[1].split("<KNOWN FACTS>")[1]
+    assert _counted("edge_dedupe_extracted") == before + 1
+
+
+async def test_a_near_duplicate_fact_is_still_deduped_when_no_known_fact_was_shown(world: Env) -> None:
+    await world.run(world.episode("s1:t1", NO_DATE, T1))
+    again = await world.extract(world.episode("s1:t2", REPEAT, T1 + timedelta(days=1)), known_facts=0)
     assert again.llm_calls.get(EDGE_DEDUPE_PROMPT) == 1, again.llm_calls
     assert "Alice adopted a cat named Tom." in world.llm.prompts("EdgeDuplicate")[0]
+    assert "KNOWN FACTS" not in world.llm.prompts("CombinedExtraction")[1]
 
 
 # --------------------------------------------------------------------------- the OpenAI path
 async def test_short_turns_through_the_openai_path_cost_one_request_each(env: Env, sim: Any) -> None:  # noqa: F811
     """engram's OpenAI client against the simulator (the rules model behind HTTP): a short turn with
-    no date word, and one with a date engram resolves, are one chat request each; a turn restating
-    a stored fact still asks the dedupe prompt (the model must see the near duplicate)."""
+    no date word, one with a date engram resolves, and one restating a stored fact (shown to the
+    model in its extraction prompt's KNOWN FACTS) are one chat request each."""
     from engram.models.factory import LLMSettings, build_llm
 
     llm = build_llm(LLMSettings(provider="openai", base_url=sim.base_url, model="sim", requests_per_second=1000))
@@ -240,10 +262,8 @@ async def test_short_turns_through_the_openai_path_cost_one_request_each(env: En
         result = await extract_episode(clients, env.episode(f"s1:t{i}", text, T1 + timedelta(days=i)),
                                        custom_instructions="", previous_window=2)
         results.append((result, sim.count() - before))
-    for result, requests in results[:3]:
+    for result, requests in results:
         assert requests == result.llm_call_count == 1, result.llm_calls
-    last, requests = results[3]
-    assert last.llm_calls.get(EDGE_DEDUPE_PROMPT, 0) >= 1 and requests == last.llm_call_count, last.llm_calls
 
 
 # --------------------------------------------------------------------------- the embedding gates
@@ -398,3 +418,77 @@ async def test_a_short_name_that_is_not_surely_the_speaker_is_asked(entity: str,
     inner = Recording()
     await _ask_nodes_in_turn(LocalAnswersLLMClient(inner), [entity], candidates, turn)
     assert len(inner.prompts) == 1
+
+
+# --------------------------------------------------------------------------- judged in the extraction call
+KNOWN = ("Maya lives in Lisbon.", "The billing service uses Postgres 15.")
+
+
+class Extracting(Recording):
+    """Recording, and answers engram's extraction prompt with ``answer``."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__()
+        self.answer = answer
+
+    async def _generate_response(self, messages, response_model=None, max_tokens=0, model_size=None, **kw: Any):  # noqa: ANN001
+        if is_engram_prompt(messages):
+            self.prompts.append("\n".join(m.content for m in messages))
+            return self.answer
+        return await super()._generate_response(messages, response_model, max_tokens, model_size, **kw)
+
+
+def _edge(fact: str, **extra: Any) -> dict[str, Any]:
+    return {"source_entity_name": "Maya", "target_entity_name": "Porto", "relation_type": "MOVED_TO", "fact": fact, **extra}
+
+
+async def _extract(client: LocalAnswersLLMClient, known: tuple[str, ...] = KNOWN) -> None:
+    messages = build_prompt({"episode_content": "user (Maya): I moved to Porto last month.", "previous_episodes": [],
+                             "entity_types": [{"entity_type_id": 0, "entity_type_name": "Entity"}], "edge_types": []},
+                            TurnContext(reference_time=REF, known_facts=known)).as_messages()
+    await client.generate_response(messages, response_model=None, prompt_name=PROMPT_NAME)
+
+
+async def test_the_extractions_judgement_answers_graphitis_dedupe_question() -> None:
+    new = "Maya moved to Porto on Friday."
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new, replaces=[0], valid_at="2023-05-05")]})
+    client = LocalAnswersLLMClient(inner)
+    await _extract(client)
+    # graphiti asks about the new fact with the known Lisbon fact among other candidates
+    answer = await _ask_dedupe(client, new, [], ["Maya lives in Lisbon.", "The office printer was replaced."])
+    assert answer == {"duplicate_facts": [], "contradicted_facts": [0]}
+    # and its date: the extraction gave it, though engram cannot resolve "on Friday" itself
+    rows = await _ask_timestamps(client, new, "Caroline adopted a dog.")
+    assert rows == [{"valid_at": "2023-05-05", "invalid_at": None}, {"valid_at": "2023-05-12T10:00:00Z", "invalid_at": None}]
+    assert len(inner.prompts) == 1  # the extraction call only
+
+
+async def test_a_restatement_the_extraction_named_is_a_duplicate_only_on_its_own_pair() -> None:
+    new = "Maya is living in Lisbon."
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new, restates=0)]})
+    client = LocalAnswersLLMClient(inner)
+    await _extract(client)
+    assert await _ask_dedupe(client, new, ["Maya lives in Lisbon."], []) == {"duplicate_facts": [0], "contradicted_facts": []}
+    # the same text on another entity pair: graphiti may not merge it, so it is no duplicate there
+    assert await _ask_dedupe(client, new, [], ["Maya lives in Lisbon."]) == {"duplicate_facts": [], "contradicted_facts": []}
+    assert len(inner.prompts) == 1
+
+
+async def test_a_close_candidate_the_extraction_did_not_see_is_asked() -> None:
+    new = "Maya moved to Porto last month."
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new)]})
+    client = LocalAnswersLLMClient(inner)
+    await _extract(client, known=("The billing service uses Postgres 15.",))
+    answer = await _ask_dedupe(client, new, [], ["Maya lives in Lisbon."])
+    assert len(inner.prompts) == 2 and answer["contradicted_facts"] == [0]  # Recording's answer
+
+
+async def test_without_dates_asked_the_unresolvable_fact_is_still_asked() -> None:
+    inner = Extracting({"extracted_entities": [], "edges": [_edge("Maya moved to Porto on Friday.")]})
+    client = LocalAnswersLLMClient(inner)
+    messages = build_prompt({"episode_content": "user (Maya): I moved to Porto on Friday.", "previous_episodes": [],
+                             "entity_types": [{"entity_type_id": 0, "entity_type_name": "Entity"}],
+                             "edge_types": []}).as_messages()
+    await client.generate_response(messages, response_model=None, prompt_name=PROMPT_NAME)
+    await _ask_timestamps(client, "Maya moved to Porto on Friday.")
+    assert len(inner.prompts) == 2

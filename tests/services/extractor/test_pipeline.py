@@ -84,13 +84,23 @@ class ScriptedLLM(LLMClient):
 
     def _answer_CombinedExtraction(self, text: str) -> dict[str, Any]:
         turn = self._turn(text)
-        return {
-            "extracted_entities": [{"name": n, "entity_type_id": 0} for n in turn.entities],
-            "edges": [
-                {"source_entity_name": s, "target_entity_name": t, "relation_type": r, "fact": f, "episode_indices": [0]}
-                for s, t, r, f in turn.facts
-            ],
-        }
+        edges = [{"source_entity_name": s, "target_entity_name": t, "relation_type": r, "fact": f, "episode_indices": [0]}
+                 for s, t, r, f in turn.facts]
+        # engram's prompt also asks each fact's dates and its relation to the KNOWN FACTS: answered
+        # as this script answers graphiti's separate timestamp and dedupe prompts
+        told = re.search(r"<REFERENCE TIME>\s*(\S+)\s*</REFERENCE TIME>", text)
+        known = re.search(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>", text, re.S)
+        for edge in edges:
+            if told:
+                edge["valid_at"] = told.group(1)
+            if known:
+                rows = json.loads(known.group(1))
+                same = [r["id"] for r in rows if r["fact"] == edge["fact"]]
+                if same:
+                    edge["restates"] = same[0]
+                edge["replaces"] = [r["id"] for r in rows if any(
+                    new in edge["fact"] and old in r["fact"] for new, old in self.contradictions)]
+        return {"extracted_entities": [{"name": n, "entity_type_id": 0} for n in turn.entities], "edges": edges}
 
     def _answer_ExtractedEntities(self, text: str) -> dict[str, Any]:
         return {"extracted_entities": [{"name": n, "entity_type_id": 0} for n in self._turn(text).entities]}
@@ -182,9 +192,10 @@ class Env:
         return make_episode(self.group_id, turn_id, content, at)
 
     async def run(self, episode: Episode, mode: str = "combined") -> ExtractionResult:
-        return await extract_episode(
-            self.clients, episode, custom_instructions=INSTRUCTIONS, previous_window=5, mode=mode  # type: ignore[arg-type]
-        )
+        return await self.extract(episode, mode=mode)
+
+    async def extract(self, episode: Episode, **kwargs: Any) -> ExtractionResult:
+        return await extract_episode(self.clients, episode, custom_instructions=INSTRUCTIONS, previous_window=5, **kwargs)
 
     async def scalar(self, query: str, **params: Any) -> Any:
         records, _, _ = await self.driver.execute_query(query, **params)
@@ -408,3 +419,15 @@ async def test_extraction_cost_is_stored_on_the_episode_and_kept_on_redelivery(e
     await env.driver.execute_query("MATCH (e:Episodic) REMOVE e.engram_message_ids")  # a crash before they were written
     await env.run(ep)
     assert await env.scalar(query, u=ep.episode_id) == first
+
+
+def test_the_known_facts_query_keeps_names_and_long_words_within_graphitis_limit() -> None:
+    from engram.services.extractor.pipeline import KNOWN_FACT_QUERY_WORDS, known_fact_query
+
+    query = known_fact_query("user (Ada): We switched the billing service to SQLite.\n\nassistant: Noted, it is.")
+    assert query.split() == ["SQLite", "Noted", "Ada", "switched", "billing", "service"]  # no roles, stopwords
+    long_turn = "user (Ada): " + " ".join(f"word{i:03d}x" for i in range(200)) + " Postgres"
+    words = known_fact_query(long_turn).split()
+    # graphiti's FalkorDB query refuses 128 terms (words and their "|"): kept under it, names first
+    assert len(words) == KNOWN_FACT_QUERY_WORDS and words[:2] == ["Postgres", "Ada"]
+    assert known_fact_query("user: ok, it is") == ""
