@@ -67,7 +67,8 @@ from engram.models.openai_compat import llm_stats  # noqa: E402
 from engram.models.rules_llm import RulesExtractorClient  # noqa: E402
 from engram.schemas import ChatMessage, Episode, ScopeKeys  # noqa: E402
 from engram.services.extractor.app import NoRerank  # noqa: E402
-from engram.services.extractor.pipeline import KNOWN_FACTS, extract_episode  # noqa: E402
+from engram.services.extractor.extraction_prompt import KNOWN_FACTS  # noqa: E402
+from engram.services.extractor.pipeline import extract_episode  # noqa: E402
 from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup  # noqa: E402
 from engram.services.turn_detector.pairing import SessionState, TurnPart, apply_close, apply_message, episodes_for  # noqa: E402
 

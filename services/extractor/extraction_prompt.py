@@ -109,6 +109,11 @@ the turn context, schema included (622 when written, 681 with the four optional 
 tests keep it under this."""
 
 
+KNOWN_FACTS = 10
+"""Known facts shown to the extraction call by default (``ENGRAM_EXTRACTION_KNOWN_FACTS``; chosen on
+LoCoMo's tuning split, docs/architecture.md "The extraction call judges the facts it sees")."""
+
+
 class LeanEntity(BaseModel):
     name: str
     entity_type_id: SkipJsonSchema[int] = 0

@@ -148,7 +148,7 @@ from engram.services.extractor.chunking import (
     should_chunk,
 )
 from engram.services.extractor.deltas import build_node_deltas
-from engram.services.extractor.extraction_prompt import TurnContext, engram_clients
+from engram.services.extractor.extraction_prompt import KNOWN_FACTS, TurnContext, engram_clients
 from engram.services.extractor.local_answers import DEDUPE_COSINE, DEDUPE_SIMILARITY, NAME_SIMILARITY, LocalAnswersLLMClient
 from engram.services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from engram.services.extractor.told_later import telling
@@ -449,8 +449,6 @@ async def previous_episodes_for(clients: GraphitiClients, episode: Episode, wind
             for ep in found]
 
 
-#: Known facts shown to the combined extraction call by default (``ExtractionSettings.known_facts``).
-KNOWN_FACTS = 10
 #: graphiti's FalkorDB fulltext query is refused above 128 terms (words and their ``|``): the
 #: turn's distinct words beyond this are dropped, names and longer words kept first.
 KNOWN_FACT_QUERY_WORDS = 60

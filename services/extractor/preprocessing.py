@@ -57,6 +57,7 @@ from engram.models.delegating import DelegatingLLMClient
 from engram.text.secrets import scrub_secrets
 from engram.schemas import ExtractionOverride
 from engram.services.extractor.chunking import ChunkingSettings
+from engram.services.extractor.extraction_prompt import KNOWN_FACTS
 
 log = logging.getLogger("engram.extractor")
 
@@ -100,7 +101,7 @@ class ExtractionSettings(BaseSettings):
     # quality needs a real LLM to measure (the rules extractor does not read previous episodes).
     previous_window: int = Field(2, ge=0, le=20, description="Previous episodes shown to extraction.")
     known_facts: int = Field(
-        10, ge=0, le=50,
+        KNOWN_FACTS, ge=0, le=50,
         description="The group's facts in force (those sharing the most words with the turn) shown to the extraction "
         "call, which says which of them each new fact restates or replaces: graphiti's dedupe question about them then "
         "needs no call. 0: none (services/extractor/pipeline.py known_facts_for).",
