@@ -97,6 +97,10 @@ Facts:
 DATES = """- valid_at / invalid_at: when the fact began / stopped being true, ISO 8601, only when the messages say when (resolve "yesterday" or "last Friday" against REFERENCE TIME); else leave them out."""
 """Added with a reference time: the fact's dates come with it, so no second call dates them."""
 
+KNOWN_NAMES = """- An entity that is one of KNOWN ENTITIES: write its known name exactly."""
+"""Added with known entities: an existing entity is named as the graph names it, so graphiti
+resolves it by its exact name and no node dedupe call asks about it."""
+
 KNOWN = """- restates: the id of a KNOWN FACT that says the same thing. replaces: the ids of KNOWN FACTS that this fact shows are no longer true (a change, an end, a contradiction). Leave them out when there are none."""
 """Added with known facts: the fact's relation to what the graph holds comes with it, so no
 dedupe call judges it (services/extractor/local_answers.py answers graphiti's from this)."""
@@ -186,6 +190,8 @@ class TurnContext:
     known_facts: tuple[str, ...] = ()
     """Facts the group already holds that the turn may restate or change, nearest first
     (services/extractor/pipeline.py ``known_facts_for``): their ids are their positions."""
+    known_entities: tuple[str, ...] = ()
+    """The names of those facts' entities, as the graph holds them."""
 
 
 def known_facts_json(facts: Iterable[str]) -> str:
@@ -204,9 +210,13 @@ def build_prompt(context: dict[str, Any], turn: TurnContext | None = None) -> Ch
     previous = [{"content": ep["content"]} for ep in context.get("previous_episodes") or []]
     rules = INSTRUCTIONS
     known = ""
+    if turn.known_entities:
+        # the entity rule goes with the entity rules, before "Facts:"
+        rules = rules.replace("\n\nFacts:", "\n" + KNOWN_NAMES + "\n\nFacts:", 1)
+        known += f"\n<KNOWN ENTITIES>\n{to_prompt_json(list(turn.known_entities))}\n</KNOWN ENTITIES>\n"
     if turn.known_facts:
         rules += "\n" + KNOWN
-        known = f"\n<KNOWN FACTS>\n{known_facts_json(turn.known_facts)}\n</KNOWN FACTS>\n"
+        known += f"\n<KNOWN FACTS>\n{known_facts_json(turn.known_facts)}\n</KNOWN FACTS>\n"
     when = ""
     if turn.reference_time is not None:
         rules += "\n" + DATES
@@ -267,6 +277,16 @@ def engram_clients(clients: Any, turn: TurnContext | None = None) -> Any:
 
 
 _KNOWN_BLOCK = re.compile(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>", re.S)
+_KNOWN_NAMES_BLOCK = re.compile(r"<KNOWN ENTITIES>\s*(.*?)\s*</KNOWN ENTITIES>", re.S)
+
+
+def _json_block(pattern: re.Pattern[str], text: str) -> list[Any]:
+    m = pattern.search(text)
+    try:
+        rows = json.loads(m.group(1)) if m else []
+    except ValueError:
+        return []
+    return rows if isinstance(rows, list) else []
 
 
 def asked_in(messages: list[Any]) -> tuple[bool, list[str]]:
@@ -276,15 +296,15 @@ def asked_in(messages: list[Any]) -> tuple[bool, list[str]]:
     if not is_engram_prompt(messages):
         return False, []
     user = str(getattr(messages[-1], "content", ""))
-    m = _KNOWN_BLOCK.search(user)
-    known: list[str] = []
-    if m:
-        try:
-            rows = json.loads(m.group(1))
-        except ValueError:
-            rows = []
-        known = [str(r.get("fact", "")) for r in rows if isinstance(r, dict)]
+    known = [str(r.get("fact", "")) for r in _json_block(_KNOWN_BLOCK, user) if isinstance(r, dict)]
     return "<REFERENCE TIME>" in user, known
+
+
+def known_entities_in(messages: list[Any]) -> list[str]:
+    """The known entities' names an engram extraction prompt showed (none for any other prompt)."""
+    if not is_engram_prompt(messages):
+        return []
+    return [str(n) for n in _json_block(_KNOWN_NAMES_BLOCK, str(getattr(messages[-1], "content", "")))]
 
 
 def schema_text() -> str:

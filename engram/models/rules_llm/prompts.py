@@ -129,6 +129,27 @@ def _run(doc: _Doc, types: list[dict[str, Any]], limits: Limits) -> ExtractionRe
     return _extract(doc, present, max_per_message=limits.max_entities_per_message, max_entities=limits.max_entities, max_fact_chars=limits.max_fact_chars)
 
 
+def name_known_entities(prompt: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` (a combined-extraction answer) with each entity that is one of the prompt's
+    KNOWN ENTITIES (by the rules of ``resolve_node``, which answered graphiti's node dedupe call)
+    renamed to its known name, in the entity list and the facts' endpoints: engram's prompt asks
+    for an existing entity's name exactly (services/extractor/extraction_prompt.py)."""
+    known = _literal(_block(prompt, "KNOWN ENTITIES") or "")
+    if not isinstance(known, list) or not known:
+        return answer
+    candidates = [{"candidate_id": i, "name": str(n)} for i, n in enumerate(known)]
+    renamed: dict[str, str] = {}
+    for entity in answer.get("extracted_entities", []):
+        i = resolve_node(str(entity.get("name", "")), set(), candidates)
+        if i >= 0 and candidates[i]["name"] != entity["name"]:
+            renamed[entity["name"]] = candidates[i]["name"]
+            entity["name"] = candidates[i]["name"]
+    for edge in answer.get("edges", []):
+        for end in ("source_entity_name", "target_entity_name"):
+            edge[end] = renamed.get(edge.get(end), edge.get(end))
+    return answer
+
+
 def answer_turn_questions(prompt: str, edges: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``edges`` (combined-extraction answer rows) with what engram's prompt also asks of each
     fact (services/extractor/extraction_prompt.py): its dates when the prompt gives a REFERENCE
@@ -155,7 +176,7 @@ def combined(prompt: str, limits: Limits) -> dict[str, Any]:
     doc, types, _ = _doc_and_types(prompt, ("CURRENT MESSAGES",))
     result = _run(doc, types, limits)
     names = {_norm_key(e.name): e.name for e in result.entities}
-    return {
+    return name_known_entities(prompt, {
         "extracted_entities": [{"name": e.name, "entity_type_id": _type_id(e.category, types)} for e in result.entities],
         "edges": answer_turn_questions(prompt, [
             {
@@ -169,7 +190,7 @@ def combined(prompt: str, limits: Limits) -> dict[str, Any]:
             }
             for f in result.facts
         ]),
-    }
+    })
 
 
 def entities(prompt: str, limits: Limits) -> dict[str, Any]:

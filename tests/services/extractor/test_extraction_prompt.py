@@ -246,3 +246,29 @@ async def test_the_rules_model_dates_facts_and_names_the_known_facts_they_replac
         again.as_messages(), GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
     same = [e for e in answer["edges"] if "Postgres" in e["fact"]]
     assert same and all(e["restates"] == 0 and e["replaces"] == [] for e in same)
+
+
+def test_known_entities_are_listed_with_a_rule_to_name_them_exactly() -> None:
+    from engram.services.extractor.extraction_prompt import KNOWN_NAMES, known_entities_in
+
+    bare = build_prompt(context(), TurnContext(reference_time=REF, known_facts=KNOWN)).as_messages()
+    assert "KNOWN ENTITIES" not in bare[1].content and known_entities_in(bare) == []
+    turn = TurnContext(reference_time=REF, known_facts=KNOWN, known_entities=("Caroline", "LGBTQ support group"))
+    messages = build_prompt(context(), turn).as_messages()
+    user = messages[1].content
+    # the rule sits with the entity rules, the block with the known facts
+    assert user.index(KNOWN_NAMES) < user.index("Facts:") and user.index("<KNOWN ENTITIES>") < user.index("<KNOWN FACTS>")
+    assert known_entities_in(messages) == ["Caroline", "LGBTQ support group"]
+
+
+async def test_the_rules_model_names_a_known_entity_as_the_graph_does() -> None:
+    turn = TurnContext(reference_time=REF, known_facts=("Ada's cat loves the garden.",),
+                       known_entities=("Ada", "Ada's cat", "Garden"))
+    messages = build_prompt(context(content="user (Ada): My cats love the garden.", previous=[]), turn)
+    answer = await LeanSchemaLLMClient(RulesExtractorClient()).generate_response(
+        messages.as_messages(), GraphitiCombinedExtraction, prompt_name=PROMPT_NAME)
+    names = [e["name"] for e in answer["extracted_entities"]]
+    # resolve_node's rules (the node dedupe answer): "Ada's cats" is the known "Ada's cat", "garden" "Garden"
+    assert "Ada's cat" in names and "Garden" in names and "Ada's cats" not in names and "garden" not in names
+    ends = {n for e in answer["edges"] for n in (e["source_entity_name"], e["target_entity_name"])}
+    assert ends <= set(names) and "Ada's cat" in ends

@@ -492,3 +492,29 @@ async def test_without_dates_asked_the_unresolvable_fact_is_still_asked() -> Non
     await client.generate_response(messages, response_model=None, prompt_name=PROMPT_NAME)
     await _ask_timestamps(client, "Maya moved to Porto on Friday.")
     assert len(inner.prompts) == 2
+
+
+async def _extract_with_entities(client: LocalAnswersLLMClient, names: tuple[str, ...]) -> None:
+    messages = build_prompt({"episode_content": "user (Maya): I moved to Porto last month.", "previous_episodes": [],
+                             "entity_types": [{"entity_type_id": 0, "entity_type_name": "Entity"}], "edge_types": []},
+                            TurnContext(reference_time=REF, known_facts=KNOWN, known_entities=names)).as_messages()
+    await client.generate_response(messages, response_model=None, prompt_name=PROMPT_NAME)
+
+
+async def test_node_dedupe_against_known_entities_only_makes_no_call() -> None:
+    inner = Extracting({"extracted_entities": [], "edges": []})
+    client = LocalAnswersLLMClient(inner)
+    await _extract_with_entities(client, ("Maya", "Lisbon", "billing service"))
+    before = _counted("node_dedupe_extracted")
+    # "Maya's flat" / "Maya": a shared word, so the gates would ask; the model saw "Maya" by name
+    answer = await _ask_nodes(client, "Maya's flat in Lisbon", ["Lisbon"])
+    assert len(inner.prompts) == 1 and _counted("node_dedupe_extracted") == before + 1
+    assert answer["entity_resolutions"] == [{"id": 0, "name": "Maya's flat in Lisbon", "duplicate_candidate_id": -1}]
+
+
+async def test_node_dedupe_with_a_candidate_the_extraction_did_not_see_is_asked() -> None:
+    inner = Extracting({"extracted_entities": [], "edges": []})
+    client = LocalAnswersLLMClient(inner)
+    await _extract_with_entities(client, ("Maya",))
+    await _ask_nodes(client, "Lisbon flat", ["Lisbon"])
+    assert len(inner.prompts) == 2
