@@ -118,7 +118,8 @@ class EngramFalkorDriver(FalkorDriver):
         # One FalkorDB graph holds one group (database = group_id), so a filter on this graph's
         # own group adds nothing -- and RediSearch never matches the escaped group id graphiti
         # writes for an id with a hyphen (``@group_id:"a\-b"``): every fulltext lookup of such a
-        # group (a session uuid's) found nothing. The Cypher around the call still filters on group_id.
+        # group (a hyphenated ENGRAM_GROUP_PREFIX) found nothing. The Cypher around the call still
+        # filters on group_id.
         if group_ids and set(group_ids) == {driver_database(self)}:
             group_ids = None
         return build_falkor_fulltext_query(fulltext_words(query), group_ids, max_query_length)

@@ -156,9 +156,10 @@ async def test_bridge_turn_is_extracted_and_its_fact_found_by_fulltext(engram_gr
 @pytest.mark.parametrize("driver_class", [FalkorDriver, EngramFalkorDriver])
 async def test_a_group_id_with_a_hyphen_is_found_by_fulltext_with_engrams_driver(falkordb_server,  # noqa: ANN001
                                                                                   driver_class: type[FalkorDriver]) -> None:
-    """Session ids are often uuids: graphiti's group filter (``@group_id:"session\\-..."``) never
-    matches such a group in RediSearch, so graphiti's own driver finds none of its facts by words
-    (graphiti's dedupe searches and its BM25 halves lost their keyword side); engram's finds them."""
+    """A group id may hold a hyphen (ENGRAM_GROUP_PREFIX allows one): graphiti's group filter
+    (``@group_id:"session\\_..."``) never matches such a group in RediSearch, so graphiti's own
+    driver finds none of its facts by words (graphiti's dedupe searches lost their keyword side);
+    engram's finds them."""
     g = await _graph(falkordb_server, driver_class, group_id=f"session_{uuid.uuid4()}")
     try:
         result = await g.extract("s1:t1", "user (Alice): I work at Globex in London.")
