@@ -120,8 +120,8 @@ class EngramFalkorDriver(FalkorDriver):
         # writes for an id with a hyphen (``@group_id:"a\-b"``): every fulltext lookup of such a
         # group (a hyphenated ENGRAM_GROUP_PREFIX) found nothing. The Cypher around the call still
         # filters on group_id.
-        if group_ids and set(group_ids) == {driver_database(self)}:
-            group_ids = None
+        if group_ids and set(group_ids) == {driver_database(self)} and any("-" in g for g in group_ids):
+            group_ids = None  # only then: with the filter, RediSearch's scores (and so its order) differ
         return build_falkor_fulltext_query(fulltext_words(query), group_ids, max_query_length)
 
     def clone(self, database: str) -> GraphDriver:
