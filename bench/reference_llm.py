@@ -20,7 +20,7 @@ Which prompts it answers itself (dispatch on ``response_model.__name__``, as the
 
 The combined answer also carries what engram's prompt asks of each fact (its dates, the known facts
 it restates or replaces) and names a known entity by its known name, answered by the rules model's
-own rules (``answer_turn_questions``, ``name_known_entities``), as
+own rules (``answer_turn_context``), as
 the rules model answered graphiti's separate timestamp and resolve_edge calls for them before.
 
 Everything else (dedupe_nodes, dedupe_edges.resolve_edge, timestamps, the summary gate,
@@ -64,7 +64,7 @@ from pydantic import BaseModel
 from engram.publishing.ingest import locomo_text
 from engram.models.delegating import DelegatingLLMClient
 from engram.models.rules_llm import RulesExtractorClient
-from engram.models.rules_llm.prompts import _block, _literal, answer_turn_questions, name_known_entities
+from engram.models.rules_llm.prompts import _block, _literal, answer_turn_context
 from engram.services.extractor.pipeline import safe_entity_name
 
 _DIA_ID = re.compile(r"D:?(\d+):(\d+)")
@@ -266,8 +266,8 @@ class ReferenceFactsClient(DelegatingLLMClient):
                 edge["episode_indices"].append(index)
         # the facts' dates and their relations to the prompt's known facts, as the rules model
         # answers them (and answered graphiti's separate calls for them before)
-        return name_known_entities(prompt, {"extracted_entities": [{"name": n, "entity_type_id": 0} for n in entities],
-                                            "edges": answer_turn_questions(prompt, list(edges.values()))})
+        return answer_turn_context(prompt, {"extracted_entities": [{"name": n, "entity_type_id": 0} for n in entities],
+                                            "edges": list(edges.values())})
 
     def entities(self, prompt: str) -> dict[str, Any]:
         block = _block(prompt, "CURRENT MESSAGE") or ""

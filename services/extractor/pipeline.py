@@ -102,7 +102,7 @@ import re
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from time import perf_counter
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from graphiti_core.driver.driver import GraphProvider
 from graphiti_core.driver.falkordb import STOPWORDS as FALKOR_FULLTEXT_STOPWORDS
@@ -137,7 +137,7 @@ from engram.models.factory import embedder_kind
 from engram.graph.ontology import Ontology
 from engram.text.tokens import CountTokens, token_counter
 from engram.schemas import Episode, NodeDelta, TripletFact
-from engram.schemas.messages import ExtractionCost
+from engram.schemas.messages import ExtractionCost, Role
 from engram.schemas.relations import canonical_relation
 from engram.services.extractor.chunking import (
     ChunkingSettings,
@@ -454,7 +454,7 @@ async def previous_episodes_for(clients: GraphitiClients, episode: Episode, wind
 #: turn's distinct words beyond this are dropped, names and longer words kept first.
 KNOWN_FACT_QUERY_WORDS = 60
 _QUERY_WORD = re.compile(r"[^\W\d_][\w'’-]*", re.UNICODE)
-_TURN_ROLES = frozenset({"user", "assistant", "system", "tool"})  # the turn text's role labels, not its content
+_TURN_ROLES = frozenset(get_args(Role))  # the turn text's role labels, not its content
 _IN_FORCE = SearchFilters(expired_at=[[DateFilter(comparison_operator=ComparisonOperator.is_null)]])
 
 

@@ -57,8 +57,6 @@ class _Turn:
     created_at: Any
 
 
-
-
 def shorten(text: str, limit: int = EPISODE_CHARS, speaker_names: bool = False) -> str:
     """A past turn as recall shows it: whitespace collapsed, cut to ``limit`` characters.
     ``speaker_names``: a speaker the turn names is labelled by the name alone ("Caroline: ",

@@ -33,7 +33,7 @@ Response models answered (see :data:`.prompts.HANDLERS`):
   last one is where a referring "it" in the first current message may find its thing. With
   engram's ``<REFERENCE TIME>`` / ``<KNOWN FACTS>`` blocks each fact also gets its dates and the
   known facts it restates or replaces, by the timestamp and ``resolve_edge`` rules below
-  (:func:`.prompts.answer_turn_questions`).
+  (:func:`.prompts.answer_turn_context`).
 * ``ExtractedEntities`` (``extract_nodes.extract_message`` / ``extract_text`` / ``extract_json``)
   and ``ExtractedEdges`` (``extract_edges.edge``; endpoints are only names from the prompt's
   ``<ENTITIES>`` list, ``valid_at``/``invalid_at`` by the timestamp rules against

@@ -172,13 +172,22 @@ def answer_turn_questions(prompt: str, edges: list[dict[str, Any]]) -> list[dict
     return edges
 
 
+def answer_turn_context(prompt: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """A combined-extraction ``answer`` completed with what engram's prompt also asks (its
+    REFERENCE TIME, KNOWN FACTS and KNOWN ENTITIES blocks): :func:`answer_turn_questions` for the
+    facts, :func:`name_known_entities` for the entities. The rules model's and the bench's
+    reference client's one way to answer them."""
+    answer["edges"] = answer_turn_questions(prompt, answer.get("edges", []))
+    return name_known_entities(prompt, answer)
+
+
 def combined(prompt: str, limits: Limits) -> dict[str, Any]:
     doc, types, _ = _doc_and_types(prompt, ("CURRENT MESSAGES",))
     result = _run(doc, types, limits)
     names = {_norm_key(e.name): e.name for e in result.entities}
-    return name_known_entities(prompt, {
+    return answer_turn_context(prompt, {
         "extracted_entities": [{"name": e.name, "entity_type_id": _type_id(e.category, types)} for e in result.entities],
-        "edges": answer_turn_questions(prompt, [
+        "edges": [
             {
                 "source_entity_name": names[f.source],
                 "target_entity_name": names[f.target],
@@ -189,7 +198,7 @@ def combined(prompt: str, limits: Limits) -> dict[str, Any]:
                 "episode_indices": sorted(f.episodes),
             }
             for f in result.facts
-        ]),
+        ],
     })
 
 
