@@ -58,7 +58,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphiti_core.llm_client.config import ModelSize
 from graphiti_core.prompts.extract_nodes_and_edges import extract_message as graphiti_extract_message
@@ -289,22 +289,27 @@ def _json_block(pattern: re.Pattern[str], text: str) -> list[Any]:
     return rows if isinstance(rows, list) else []
 
 
-def asked_in(messages: list[Any]) -> tuple[bool, list[str]]:
-    """What an engram extraction prompt asked beyond entities and facts: (dates asked, the known
-    facts by id). Read back from the prompt by services/extractor/local_answers.py, which sees the
-    call but not the pipeline."""
+class Asked(NamedTuple):
+    """What an engram extraction prompt asked beyond entities and facts."""
+
+    dates: bool
+    """Each fact's valid_at / invalid_at (the prompt gave a REFERENCE TIME)."""
+    known_facts: list[str]
+    """The KNOWN FACTS by id, which a new fact may restate or replace."""
+    known_entities: list[str]
+    """The KNOWN ENTITIES' names, which the model was asked to use exactly."""
+
+
+def asked_in(messages: list[Any]) -> Asked:
+    """What an engram extraction prompt asked beyond entities and facts (nothing for any other
+    prompt). Read back from the prompt by services/extractor/local_answers.py, which sees the call
+    but not the pipeline."""
     if not is_engram_prompt(messages):
-        return False, []
+        return Asked(False, [], [])
     user = str(getattr(messages[-1], "content", ""))
     known = [str(r.get("fact", "")) for r in _json_block(_KNOWN_BLOCK, user) if isinstance(r, dict)]
-    return "<REFERENCE TIME>" in user, known
-
-
-def known_entities_in(messages: list[Any]) -> list[str]:
-    """The known entities' names an engram extraction prompt showed (none for any other prompt)."""
-    if not is_engram_prompt(messages):
-        return []
-    return [str(n) for n in _json_block(_KNOWN_NAMES_BLOCK, str(getattr(messages[-1], "content", "")))]
+    names = [str(n) for n in _json_block(_KNOWN_NAMES_BLOCK, user)]
+    return Asked("<REFERENCE TIME>" in user, known, names)
 
 
 def schema_text() -> str:

@@ -79,10 +79,11 @@ from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.prompts import prompt_library
 from prometheus_client import Counter
 
+from engram.compat import normalize_name_exact
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
 from engram.services.extractor.extraction_prompt import PROMPT_NAME as EXTRACTION_PROMPT
-from engram.services.extractor.extraction_prompt import asked_in, known_entities_in
+from engram.services.extractor.extraction_prompt import asked_in
 from engram.services.extractor.restatement import cosine
 from engram.services.turn_detector.pairing import NAMED_SPEAKER
 
@@ -267,9 +268,9 @@ class ExtractionAnswers:
     asks its follow-up questions by fact text."""
 
     def __init__(self, messages: list[Any], answer: Any) -> None:
-        self.dates_asked, known = asked_in(messages)
+        self.dates_asked, known, names = asked_in(messages)
         self.known = set(known)
-        self.known_entities = {_name_key(n) for n in known_entities_in(messages)}
+        self.known_entities = {normalize_name_exact(n) for n in names}
         self.dates: dict[str, dict[str, Any]] = {}
         self.restates: dict[str, set[str]] = {}
         self.replaces: dict[str, set[str]] = {}
@@ -300,10 +301,6 @@ class ExtractionAnswers:
         restated, replaced = self.restates.get(question.new, set()), self.replaces.get(question.new, set())
         return {"duplicate_facts": [i for i, f in question.existing if f in restated],
                 "contradicted_facts": [i for i, f in (*question.existing, *question.others) if f in replaced]}
-
-
-def _name_key(name: str) -> str:
-    return " ".join(name.casefold().split())
 
 
 def _iso_or_none(value: Any) -> str | None:
@@ -530,7 +527,7 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             # the extraction call saw every candidate among its KNOWN ENTITIES and was asked to name
             # an existing entity exactly: a different name is its answer "not that one"
             known = self.extraction.known_entities if self.extraction is not None else set()
-            if not known or any(_name_key(c) not in known for _, c in pairs):
+            if not known or any(normalize_name_exact(c) not in known for _, c in pairs):
                 return None
             kind = "node_dedupe_extracted"
         self._count(kind)

@@ -54,7 +54,12 @@ with a non-ASCII letter reaches turns in other languages by prefix (``veritaban*
 those prefix matches that no stem joins after the scored ones; fact-augmented keys (``fact_keys``) are not available; the facts' keyword half stays the
 graph's fulltext index (TF-IDF, services/recall/search.py). The HNSW index is approximate
 (efRuntime 200). Neo4j, or a FalkorDB graph whose turn vector index cannot answer yet (being built
-after an upgrade), uses the in-memory index (``fallback``) for that request.
+after an upgrade), uses the in-memory index (``fallback``) for that request -- up to
+``FALLBACK_MAX_TURNS`` turns. A larger graph answers with the keyword half alone until its index
+is built: the in-memory index reads every turn with its vector per request, 15-23 s a recall at
+60k turns while FalkorDB built that index (~40 s; a 300k-fact bench graph met the client's 120 s
+read timeout), where the keyword half takes milliseconds
+(``engram_recall_turn_vector_unusable_total{answer}`` counts both answers).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from typing import Any
 from graphiti_core.driver.driver import GraphProvider
 from graphiti_core.driver.falkordb import STOPWORDS as FALKOR_STOPWORDS
 from graphiti_core.driver.falkordb.fulltext import MAX_QUERY_LENGTH
+from prometheus_client import Counter as PromCounter
 from redis.exceptions import ResponseError
 
 from engram.compat import falkor_graph
@@ -97,6 +103,7 @@ FOLLOWER_WINDOW = timedelta(days=1)  # the next turn is looked for this far afte
 PREFIX_CUT, PREFIX_MIN = 4, 4  # keyword_query: non-ASCII questions' words also match by prefix
 RESCORE_DEPTH = 2  # keyword_ranking: fulltext candidates rescored by BM25, per turn it returns
 LANGUAGE_SAMPLE = 64  # bm25_rescored: the candidates whose stopwords vote the language
+FALLBACK_MAX_TURNS = 2_000  # the in-memory index rebuilds ~10k turns a second: ~0.2 s a request at most
 FOLLOWER_ROWS = 16  # turns read from that window (same-time turns are ordered by created_at, uuid)
 
 # The keyword half's candidates with their text, rescored by BM25 here (:func:`bm25_rescored`):
@@ -111,6 +118,13 @@ Q_KEYWORD_TEXT = (
 # is FalkorDB's label count (O(1), no scan) and a frequency reads no node's properties.
 Q_DOC_FREQ = "UNWIND $words AS w CALL db.idx.fulltext.queryNodes('Episodic', w) YIELD node RETURN w, count(node) AS df"
 Q_TURN_COUNT = "MATCH (e:Episodic) RETURN count(e) AS n"
+VECTOR_UNUSABLE = PromCounter(
+    "engram_recall_turn_vector_unusable_total",
+    "Past-turn searches on FalkorDB whose turn vector index could not answer (not built yet, being "
+    "built, another dimension), by how they were answered: in_memory (the in-memory index, up to "
+    "FALLBACK_MAX_TURNS turns) or keywords (the graph's keyword half alone: a larger graph)",
+    ["answer"],
+)
 Q_NEAREST = (
     f"CALL db.idx.vector.queryNodes('{TURN_VECTOR_INDEX.label}', '{TURN_VECTOR_INDEX.property}', $k, vecf32($vector)) "
     "YIELD node, score WHERE node.group_id = $g RETURN node.uuid AS uuid, 1 - score AS similarity ORDER BY score"
@@ -244,6 +258,12 @@ async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], gr
     return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, documents, depth, keep_unscored=prefixed)]
 
 
+async def turn_count(graph: Any) -> int:
+    """The graph's turns (FalkorDB's label count: O(1); one graph holds one group)."""
+    rows = (await graph.ro_query(Q_TURN_COUNT)).result_set
+    return int(rows[0][0]) if rows else 0
+
+
 async def keyword_ranking(graph: Any, group_id: str, query: str, depth: int) -> list[str]:
     """The keyword half of past-turn search: the turns' fulltext index rescored by BM25."""
     return await rescored_keyword_ranking(graph, (Q_KEYWORD_TEXT, Q_DOC_FREQ, Q_TURN_COUNT), group_id, query, depth)
@@ -294,7 +314,12 @@ class GraphTurns:
                                               return_exceptions=True)
         vector = await resolved(vector)  # computed by now
         if dense is None:
-            return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
+            if isinstance(keyword, BaseException) or await turn_count(graph) <= FALLBACK_MAX_TURNS:
+                VECTOR_UNUSABLE.labels("in_memory").inc()
+                return await self.fallback.search(driver, group_id, query, k, vector, followers, min_cosine)
+            # too large to read whole per request (the module docstring): the words alone until built
+            VECTOR_UNUSABLE.labels("keywords").inc()
+            dense = []
         for half in (dense, keyword):
             if isinstance(half, BaseException):
                 raise half

@@ -201,11 +201,11 @@ KNOWN = ("Caroline attends an LGBTQ support group.", "Melanie took the kids to t
 def test_the_turn_context_asks_dates_and_relations_to_known_facts_only_when_given() -> None:
     bare = build_prompt(context()).as_messages()
     assert "REFERENCE TIME" not in bare[1].content and "KNOWN FACTS" not in bare[1].content
-    assert asked_in(bare) == (False, [])
+    assert asked_in(bare) == (False, [], [])
     told = build_prompt(context(), TurnContext(reference_time=REF)).as_messages()
     user = told[1].content
     assert f"<REFERENCE TIME>\n{REF.isoformat()}\n</REFERENCE TIME>" in user and "valid_at / invalid_at" in user
-    assert "KNOWN FACTS" not in user and asked_in(told) == (True, [])
+    assert "KNOWN FACTS" not in user and asked_in(told) == (True, [], [])
     full = build_prompt(context(), TurnContext(reference_time=REF, known_facts=KNOWN)).as_messages()
     user = full[1].content
     assert json.loads(user.split("<KNOWN FACTS>\n")[1].split("\n</KNOWN FACTS>")[0]) == [
@@ -213,9 +213,9 @@ def test_the_turn_context_asks_dates_and_relations_to_known_facts_only_when_give
     assert "restates" in user and "replaces" in user
     # the blocks sit between the context and the turn; the rules say what to do with them
     assert user.index("</PREVIOUS MESSAGES>") < user.index("<KNOWN FACTS>") < user.index("<CURRENT MESSAGES>")
-    assert asked_in(full) == (True, list(KNOWN))
+    assert asked_in(full) == (True, list(KNOWN), [])
     # graphiti's own prompt (custom types) gets none of it
-    assert asked_in(build_prompt(context(types=CHAT_TYPES), TurnContext(REF, KNOWN)).as_messages()) == (False, [])
+    assert asked_in(build_prompt(context(types=CHAT_TYPES), TurnContext(REF, KNOWN)).as_messages()) == (False, [], [])
 
 
 def test_a_call_with_ten_known_facts_stays_within_0_15x_of_upstream() -> None:
@@ -249,16 +249,16 @@ async def test_the_rules_model_dates_facts_and_names_the_known_facts_they_replac
 
 
 def test_known_entities_are_listed_with_a_rule_to_name_them_exactly() -> None:
-    from engram.services.extractor.extraction_prompt import KNOWN_NAMES, known_entities_in
+    from engram.services.extractor.extraction_prompt import KNOWN_NAMES
 
     bare = build_prompt(context(), TurnContext(reference_time=REF, known_facts=KNOWN)).as_messages()
-    assert "KNOWN ENTITIES" not in bare[1].content and known_entities_in(bare) == []
+    assert "KNOWN ENTITIES" not in bare[1].content and asked_in(bare).known_entities == []
     turn = TurnContext(reference_time=REF, known_facts=KNOWN, known_entities=("Caroline", "LGBTQ support group"))
     messages = build_prompt(context(), turn).as_messages()
     user = messages[1].content
     # the rule sits with the entity rules, the block with the known facts
     assert user.index(KNOWN_NAMES) < user.index("Facts:") and user.index("<KNOWN ENTITIES>") < user.index("<KNOWN FACTS>")
-    assert known_entities_in(messages) == ["Caroline", "LGBTQ support group"]
+    assert asked_in(messages).known_entities == ["Caroline", "LGBTQ support group"]
 
 
 async def test_the_rules_model_names_a_known_entity_as_the_graph_does() -> None:

@@ -18,6 +18,7 @@ from engram.settings import EngramSettings
 from engram.schemas import RecallRequest, RecallScopes, subjects
 from engram.services.extractor.pipeline import EMBEDDING_PROPERTY
 from engram.services.recall import lexical as lexical_module
+from engram.services.recall import turns as turns_module
 from engram.services.recall.app import Recall, RecallSettings
 from engram.services.recall.lexical import LexicalEpisodes
 from engram.services.recall.turns import Q_TURN_COUNT, GraphTurns, bm25_rescored, keyword_query, keyword_ranking
@@ -210,6 +211,26 @@ async def test_the_in_memory_index_answers_while_the_vector_index_cannot(group) 
     turns = GraphTurns(fallback)
     assert uuids(await turns.search(driver, name, "nginx", 3, vector=[1.0, 0.0, 0.0])) == ["e0"]
     assert name in fallback.indexes
+    assert await ensure_vector_index(graph, DIM, TURN_VECTOR_INDEX) == "created"
+
+
+async def test_a_large_graph_answers_with_its_words_while_its_vector_index_cannot(group,  # noqa: ANN001
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past FALLBACK_MAX_TURNS the in-memory index is not built per request (15-23 s a recall at
+    60k turns while FalkorDB built the index): the keyword half answers alone."""
+    driver, add, _ = group
+    name = driver._database  # noqa: SLF001
+    await add("k0", "user: we deploy nginx with ansible", 0, [1.0, 0.0, 0.0])
+    await add("k1", "user: my cat likes the garden", 1, [0.0, 1.0, 0.0])
+    graph = driver._get_graph(None)  # noqa: SLF001
+    await graph.query(TURN_VECTOR_INDEX.drop)
+    monkeypatch.setattr(turns_module, "FALLBACK_MAX_TURNS", 1)
+    fallback = LexicalEpisodes()
+    before = turns_module.VECTOR_UNUSABLE.labels("keywords")._value.get()  # noqa: SLF001
+    # the vector points at the cat turn: only the words can have found the nginx one
+    assert uuids(await GraphTurns(fallback).search(driver, name, "nginx", 3, vector=[0.0, 1.0, 0.0])) == ["k0"]
+    assert name not in fallback.indexes
+    assert turns_module.VECTOR_UNUSABLE.labels("keywords")._value.get() == before + 1  # noqa: SLF001
     assert await ensure_vector_index(graph, DIM, TURN_VECTOR_INDEX) == "created"
 
 
