@@ -9,7 +9,7 @@ rescored for that reason; the facts' half kept the index's order, and ``fact_bm2
 nothing is listed or kept: the index's best ``RESCORE_DEPTH x depth`` current facts for an OR of
 the question's words come back with their text, each word's document frequency is counted by
 the index (over the graph, which on FalkorDB is the group: expired facts counted too, an
-estimate) and the facts are ranked again by BM25, the same code as turns
+estimate; reused while the fact count holds within 2%, ``turns.DocFrequencies``) and the facts are ranked again by BM25, the same code as turns
 (:func:`engram.services.recall.turns.rescored_keyword_ranking`).
 """
 
@@ -21,7 +21,7 @@ from engram.services.recall.turns import rescored_keyword_ranking
 
 Q_FACT_TEXT = (
     "CALL db.idx.fulltext.queryRelationships('RELATES_TO', $query) YIELD relationship AS e, score "
-    "WHERE e.group_id = $g AND e.expired_at IS NULL "
+    "WITH e, score ORDER BY score DESC LIMIT $over WHERE e.group_id = $g AND e.expired_at IS NULL "
     "RETURN e.uuid AS uuid, e.fact AS fact ORDER BY score DESC, uuid LIMIT $k"
 )
 Q_FACT_DOC_FREQ = (

@@ -10,9 +10,10 @@ Here nothing about a group is kept in the process: each request sends
 * the keyword half (:func:`keyword_ranking`): the graph's fulltext index on Episodic (graphiti's
   ``episode_content``: RediSearch over an OR of the question's words, English stemming), its best
   ``RESCORE_DEPTH x CANDIDATES_PER_K x k`` turns with their text; beside it each question word's
-  document frequency (one fulltext lookup per word, counted) and the turn count (FalkorDB's label
-  count); the candidates are ranked again by the in-memory index's BM25 (:func:`bm25_rescored`),
-  best ``CANDIDATES_PER_K x k`` kept;
+  document frequency (one fulltext lookup per word, counted; reused while the group's count stays
+  within 2% of what it was, :class:`DocFrequencies`) and the turn count (FalkorDB's label count);
+  the candidates are ranked again by the in-memory index's BM25 (:func:`bm25_rescored`), best
+  ``CANDIDATES_PER_K x k`` kept;
 * the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph/drivers.py,
   ``TURN_VECTOR_INDEX``), the ``CANDIDATES_PER_K x k`` nearest turns to the question's vector;
 * one read of the winners' text and times (by uuid, through the range index);
@@ -67,7 +68,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -108,9 +110,12 @@ FOLLOWER_ROWS = 16  # turns read from that window (same-time turns are ordered b
 
 # The keyword half's candidates with their text, rescored by BM25 here (:func:`bm25_rescored`):
 # the index's own order (its score) only chooses which turns are candidates
+# (the best ``$over`` by score are cut first, then read: reading every match's properties to sort
+# them by uuid too cost ~10 of ~35 ms per query at 300k facts; ties are broken by uuid among those)
 Q_KEYWORD_TEXT = (
     "CALL db.idx.fulltext.queryNodes('Episodic', $query) YIELD node, score "
-    "WHERE node.group_id = $g RETURN node.uuid AS uuid, node.content AS content ORDER BY score DESC, uuid LIMIT $k"
+    "WITH node, score ORDER BY score DESC LIMIT $over WHERE node.group_id = $g "
+    "RETURN node.uuid AS uuid, node.content AS content ORDER BY score DESC, uuid LIMIT $k"
 )
 # Each query word's document frequency (one fulltext lookup per word, counted) and the turn
 # count: the statistics BM25's idf needs, read per request instead of kept. Over the whole graph,
@@ -157,6 +162,60 @@ def keyword_query(query: str) -> str:
             if len(w) > PREFIX_MIN and len(cut) >= PREFIX_MIN:
                 terms.append(cut + "*")
     return "(" + " | ".join(dict.fromkeys(terms)) + ")"
+
+
+class DocFrequencies:
+    """Words' document frequencies per fulltext index (graph and label), as last counted, with the
+    index's document count then: reused while the count has moved by at most ``drift`` of it, for
+    at most ``ttl_s``; an LRU of at most ``max_words`` words (~200 bytes each).
+
+    Why (issue 25, item 3): counting a word is a fulltext lookup of every document holding it
+    (O(postings)), so the words that cost most are the common ones -- a speaker's name in half of a
+    group's facts -- and those are the words questions repeat. At 300k facts the two frequency
+    lookups were ~40 of the ~100 ms FalkorDB spent per recall (p50, bench/recall.py graph). BM25's
+    idf is log(1 + (N - df + 0.5) / (df + 0.5)): a count a few percent old moves it by about as
+    much, which reorders nothing the rescoring decides; the TTL bounds a drift that deletes and
+    writes hide from the count."""
+
+    def __init__(self, max_words: int = 50_000, drift: float = 0.02, ttl_s: float = 600.0) -> None:
+        self.max_words, self.drift, self.ttl_s = max_words, drift, ttl_s
+        self._kept: OrderedDict[tuple[str, str, str], tuple[int, int, float]] = OrderedDict()
+
+    def get(self, index: tuple[str, str], words: list[str]) -> dict[str, tuple[int, int]]:
+        """The kept (frequency, document count then) of ``words`` in ``index``, none past the TTL."""
+        now, out = time.monotonic(), {}
+        for word in words:
+            entry = self._kept.get((*index, word))
+            if entry is not None and now - entry[2] <= self.ttl_s:
+                self._kept.move_to_end((*index, word))
+                out[word] = entry[:2]
+        return out
+
+    def current(self, then: int, now: int) -> bool:
+        """Whether a frequency counted at ``then`` documents still stands at ``now``."""
+        return abs(now - then) <= self.drift * max(then, 1)
+
+    def put(self, index: tuple[str, str], frequencies: dict[str, int], documents: int,
+            counted: int = 0, reused: int = 0) -> None:
+        at = time.monotonic()
+        for word, df in frequencies.items():
+            self._kept[(*index, word)] = (df, documents, at)
+            self._kept.move_to_end((*index, word))
+        while len(self._kept) > self.max_words:
+            self._kept.popitem(last=False)
+        if counted:
+            DOC_FREQ_WORDS.labels("counted").inc(counted)
+        if reused:
+            DOC_FREQ_WORDS.labels("reused").inc(reused)
+
+
+DOC_FREQ_WORDS = PromCounter(
+    "engram_recall_doc_freq_words_total",
+    "Question words whose document frequency the keyword halves' BM25 needed: counted by the fulltext "
+    "index, or reused from an earlier count (services/recall/turns.py DocFrequencies)",
+    ["outcome"],
+)
+DOC_FREQUENCIES = DocFrequencies()
 
 
 def doc_freq_words(query: str) -> list[str]:
@@ -247,13 +306,28 @@ async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], gr
     if not words_query or depth <= 0:
         return []
     q_text, q_doc_freq, q_count = queries
-    candidates, freqs, count = await asyncio.gather(
-        graph.ro_query(q_text, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth}),
-        graph.ro_query(q_doc_freq, {"words": doc_freq_words(query)}),
+    index = (str(getattr(graph, "name", "")), q_doc_freq)
+    wanted = doc_freq_words(query)
+    kept = DOC_FREQUENCIES.get(index, wanted)
+    counted = [w for w in wanted if w not in kept]
+
+    async def frequencies(words: list[str]) -> dict[str, int]:
+        if not words:
+            return {}
+        return {w: int(df) for w, df in (await graph.ro_query(q_doc_freq, {"words": words})).result_set}
+
+    candidates, fresh, count = await asyncio.gather(
+        graph.ro_query(q_text, {"query": words_query, "g": group_id, "k": RESCORE_DEPTH * depth,
+                                "over": 2 * RESCORE_DEPTH * depth}),
+        frequencies(counted),
         graph.ro_query(q_count))
     rows = [(uuid, text or "") for uuid, text in candidates.result_set]
-    doc_freq = {w: int(df) for w, df in freqs.result_set}
     documents = int(count.result_set[0][0]) if count.result_set else 0
+    stale = [w for w, (_, then) in kept.items() if not DOC_FREQUENCIES.current(then, documents)]
+    if stale:  # the graph grew (or shrank) past the drift since they were counted: count them again
+        fresh |= await frequencies(stale)
+    DOC_FREQUENCIES.put(index, fresh, documents, counted=len(counted) + len(stale), reused=len(kept) - len(stale))
+    doc_freq = {w: df for w, (df, _) in kept.items()} | fresh
     prefixed = "*" in words_query  # a non-ASCII question: its words also matched by prefix
     return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, documents, depth, keep_unscored=prefixed)]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engram.graph.drivers import TURN_VECTOR_INDEX, GraphDrivers, ensure_vector_index
+from engram.graph.drivers import TURN_VECTOR_INDEX, GraphDrivers, ensure_vector_index, vector_index_options
 from engram.models.hashing_embedder import HashingEmbedder
 from engram.settings import EngramSettings
 from engram.schemas import RecallRequest, RecallScopes, subjects
@@ -21,7 +21,7 @@ from engram.services.recall import lexical as lexical_module
 from engram.services.recall import turns as turns_module
 from engram.services.recall.app import Recall, RecallSettings
 from engram.services.recall.lexical import LexicalEpisodes
-from engram.services.recall.turns import Q_TURN_COUNT, GraphTurns, bm25_rescored, keyword_query, keyword_ranking
+from engram.services.recall.turns import Q_DOC_FREQ, Q_TURN_COUNT, GraphTurns, bm25_rescored, keyword_query, keyword_ranking
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 DIM = 3
@@ -201,12 +201,23 @@ async def test_a_turkish_question_finds_the_turn_by_prefix(group) -> None:  # no
     assert uuids(hits)[0] == "tr0"
 
 
+async def drop_turn_vector_index(graph: Any) -> None:
+    """Drop the turn vector index and wait until the graph no longer lists it (a query right
+    after the drop could still be answered by it)."""
+    await graph.query(TURN_VECTOR_INDEX.drop)
+    for _ in range(100):
+        if await vector_index_options(graph, TURN_VECTOR_INDEX) is None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the turn vector index is still listed 5 s after its drop")
+
+
 async def test_the_in_memory_index_answers_while_the_vector_index_cannot(group) -> None:  # noqa: ANN001
     driver, add, _ = group
     name = driver._database  # noqa: SLF001
     await add("e0", "user: we deploy nginx with ansible", 0, [1.0, 0.0, 0.0])
     graph = driver._get_graph(None)  # noqa: SLF001
-    await graph.query(TURN_VECTOR_INDEX.drop)  # an upgraded graph before its index is made
+    await drop_turn_vector_index(graph)  # an upgraded graph before its index is made
     fallback = LexicalEpisodes()
     turns = GraphTurns(fallback)
     assert uuids(await turns.search(driver, name, "nginx", 3, vector=[1.0, 0.0, 0.0])) == ["e0"]
@@ -223,7 +234,7 @@ async def test_a_large_graph_answers_with_its_words_while_its_vector_index_canno
     await add("k0", "user: we deploy nginx with ansible", 0, [1.0, 0.0, 0.0])
     await add("k1", "user: my cat likes the garden", 1, [0.0, 1.0, 0.0])
     graph = driver._get_graph(None)  # noqa: SLF001
-    await graph.query(TURN_VECTOR_INDEX.drop)
+    await drop_turn_vector_index(graph)
     monkeypatch.setattr(turns_module, "FALLBACK_MAX_TURNS", 1)
     fallback = LexicalEpisodes()
     before = turns_module.VECTOR_UNUSABLE.labels("keywords")._value.get()  # noqa: SLF001
@@ -232,6 +243,45 @@ async def test_a_large_graph_answers_with_its_words_while_its_vector_index_canno
     assert name not in fallback.indexes
     assert turns_module.VECTOR_UNUSABLE.labels("keywords")._value.get() == before + 1  # noqa: SLF001
     assert await ensure_vector_index(graph, DIM, TURN_VECTOR_INDEX) == "created"
+
+
+async def test_word_frequencies_are_counted_once_while_the_group_holds_still(group,  # noqa: ANN001
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A word's document frequency is a lookup of every turn holding it: counted once, reused while
+    the group's turn count stays within the drift, counted again past it; the ranking is the same."""
+    driver, add, sent = group
+    monkeypatch.setattr(turns_module, "DOC_FREQUENCIES", turns_module.DocFrequencies())
+    for i in range(20):
+        await add(f"d{i}", f"user: the deploy of service {i} went fine", i)
+    await add("n0", "user: the nginx deploy broke the config", 30)
+    graph = turns_module.falkor_graph(driver)  # the fixture's recorded graph
+    name = driver._database  # noqa: SLF001
+
+    def counted() -> int:
+        return sum(q == Q_DOC_FREQ for q in sent)
+
+    first = await keyword_ranking(graph, name, "nginx deploy", 5)
+    assert first[0] == "n0" and counted() == 1
+    assert await keyword_ranking(graph, name, "nginx deploy", 5) == first and counted() == 1
+    await keyword_ranking(graph, name, "nginx config", 5)  # a new word: counted, alone
+    assert counted() == 2
+    await add("n1", "user: nginx again", 31)  # 21 -> 22 turns: past the 2% drift
+    assert (await keyword_ranking(graph, name, "nginx deploy", 5))[0] in {"n0", "n1"} and counted() == 3
+
+
+def test_kept_frequencies_expire_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(turns_module.time, "monotonic", lambda: clock[0])
+    kept = turns_module.DocFrequencies(max_words=2, drift=0.02, ttl_s=60)
+    index = ("g", "q")
+    kept.put(index, {"a": 5, "b": 7}, 1000)
+    assert kept.get(index, ["a", "b", "c"]) == {"a": (5, 1000), "b": (7, 1000)}
+    assert kept.current(1000, 1020) and not kept.current(1000, 1021) and not kept.current(1000, 979)
+    kept.put(index, {"c": 1}, 1000)  # the least recently used ("a") goes
+    assert set(kept.get(index, ["a", "b", "c"])) == {"b", "c"}
+    clock[0] += 61
+    assert kept.get(index, ["b", "c"]) == {}
+    assert kept.get(("other", "q"), ["b"]) == {}
 
 
 class CountingEmbedder(HashingEmbedder):
