@@ -306,9 +306,10 @@ async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], gr
     if not words_query or depth <= 0:
         return []
     q_text, q_doc_freq, q_count = queries
-    index = (str(getattr(graph, "name", "")), q_doc_freq)
+    name = getattr(graph, "name", None)  # the group's graph: no name, nothing reused (nor kept)
+    index = (str(name), q_doc_freq)
     wanted = doc_freq_words(query)
-    kept = DOC_FREQUENCIES.get(index, wanted)
+    kept = DOC_FREQUENCIES.get(index, wanted) if name else {}
     counted = [w for w in wanted if w not in kept]
 
     async def frequencies(words: list[str]) -> dict[str, int]:
@@ -326,7 +327,8 @@ async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], gr
     stale = [w for w, (_, then) in kept.items() if not DOC_FREQUENCIES.current(then, documents)]
     if stale:  # the graph grew (or shrank) past the drift since they were counted: count them again
         fresh |= await frequencies(stale)
-    DOC_FREQUENCIES.put(index, fresh, documents, counted=len(counted) + len(stale), reused=len(kept) - len(stale))
+    if name:
+        DOC_FREQUENCIES.put(index, fresh, documents, counted=len(counted) + len(stale), reused=len(kept) - len(stale))
     doc_freq = {w: df for w, (df, _) in kept.items()} | fresh
     prefixed = "*" in words_query  # a non-ASCII question: its words also matched by prefix
     return [uuid for uuid, _ in bm25_rescored(query, rows, doc_freq, documents, depth, keep_unscored=prefixed)]
