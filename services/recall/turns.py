@@ -105,7 +105,7 @@ FOLLOWER_WINDOW = timedelta(days=1)  # the next turn is looked for this far afte
 PREFIX_CUT, PREFIX_MIN = 4, 4  # keyword_query: non-ASCII questions' words also match by prefix
 RESCORE_DEPTH = 2  # keyword_ranking: fulltext candidates rescored by BM25, per turn it returns
 LANGUAGE_SAMPLE = 64  # bm25_rescored: the candidates whose stopwords vote the language
-FALLBACK_MAX_TURNS = 2_000  # the in-memory index rebuilds ~10k turns a second: ~0.2 s a request at most
+FALLBACK_MAX_TURNS = 2_000  # the in-memory index reads ~3-4k turns a second (60k: 15-23 s): ~0.6 s, once (then kept)
 FOLLOWER_ROWS = 16  # turns read from that window (same-time turns are ordered by created_at, uuid)
 
 # The keyword half's candidates with their text, rescored by BM25 here (:func:`bm25_rescored`):
