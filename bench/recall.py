@@ -712,7 +712,8 @@ async def main(args: argparse.Namespace) -> int:
             p95 = percentile(row.nats_ms, 95)
             target = P95_TARGET_MS if row.facts <= 10_000 else P95_GOAL_100K_MS
             line = (f"verdict ({row.facts:,} facts, {row.embedder_name}): NATS recall p95 {p95:.1f} ms "
-                    f"(target <= {target:.0f} ms): {'MET' if p95 <= target else 'NOT MET'}")
+                    f"({'target' if row.facts <= 10_000 else 'issue 11 goal for 100k+'} <= {target:.0f} ms): "
+                    f"{'MET' if p95 <= target else 'NOT MET'}")
             if row.direct:
                 r50 = percentile(row.nats_ms, 50) / percentile(row.direct_ms, 50)
                 r95 = percentile(row.nats_ms, 95) / percentile(row.direct_ms, 95)
