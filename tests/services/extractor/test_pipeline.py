@@ -129,6 +129,15 @@ class ScriptedLLM(LLMClient):
 
         existing, candidates = section("EXISTING FACTS"), section("FACT INVALIDATION CANDIDATES")
         new_fact = re.search(r"<NEW FACT>\s*(.*?)\s*</NEW FACT>", text, re.S).group(1)
+        return self._judge(new_fact, existing, candidates)
+
+    def _answer_EdgeDuplicates(self, text: str) -> dict[str, Any]:
+        """engram's batched dedupe prompt (services/extractor/dedupe_batch.py): a JSON question a line."""
+        rows = [json.loads(line) for line in re.search(r"<QUESTIONS>\s*(.*?)\s*</QUESTIONS>", text, re.S).group(1).splitlines()]
+        return {"answers": [{"id": r["id"], **self._judge(r["new_fact"], r["existing_facts"], r["invalidation_candidates"])}
+                            for r in rows]}
+
+    def _judge(self, new_fact: str, existing: list[dict[str, Any]], candidates: list[dict[str, Any]]) -> dict[str, Any]:
         duplicates = [f["idx"] for f in existing if f["fact"] == new_fact]
         contradicted = [
             f["idx"]
@@ -262,7 +271,7 @@ async def test_episode_creates_nodes_and_edges_in_one_combined_pass(env: Env) ->
     names = env.llm.names()
     assert names["CombinedExtraction"] == 1
     assert not names.keys() & SUMMARY_MODELS
-    assert set(names) <= {"CombinedExtraction", "BatchEdgeTimestamps", "EdgeDuplicate", "NodeResolutions"}
+    assert set(names) <= {"CombinedExtraction", "BatchEdgeTimestamps", "EdgeDuplicate", "EdgeDuplicates", "NodeResolutions"}
     assert INSTRUCTIONS in env.llm.prompts("CombinedExtraction")[0]
     assert result.llm_call_count == len(env.llm.calls)
     assert result.llm_calls["extract_nodes_and_edges.extract_message"] == 1

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from engram.models.rules_llm import RulesExtractorClient, prompts
 from engram.schemas.memory import TranscriptLine
+from engram.services.extractor.dedupe_batch import DedupeQuestion, EdgeDuplicates, batch_messages
 from engram.services.extractor.extraction_prompt import build_prompt
 from engram.services.sessions.close import HybridSessionSummary, UserFacts, facts_messages, summary_messages
 from engram.services.summary_gate.store import ActiveFact, NodeView
@@ -151,6 +152,16 @@ CASES = [
         }),
         frozenset({"EXISTING FACTS", "FACT INVALIDATION CANDIDATES", "NEW FACT"}),
         {"NEW FACT": "Caroline lives in Austin."},
+    ),
+    Case(
+        # engram's batched dedupe (services/extractor/dedupe_batch.py): one JSON question a line
+        "dedupe_edges.resolve_edges", EdgeDuplicates,
+        lambda: batch_messages([
+            DedupeQuestion("Caroline lives in Austin.", [(0, "Caroline lives in Boston.")], [(1, "Caroline works at Google.")]),
+            DedupeQuestion("Melanie paints.", [], [(0, "Melanie plays the violin.")]),
+        ]),
+        frozenset({"QUESTIONS"}),
+        {},
     ),
     Case(
         "extract_edges.extract_timestamps", EdgeTimestamps,
