@@ -402,6 +402,23 @@ def make_llm(args: argparse.Namespace) -> Any:
     return RulesExtractorClient()
 
 
+def DedupeDump(llm: Any, path: Path) -> Any:  # noqa: N802 - a class made on use (engram imports stay lazy)
+    """``llm``, writing every edge dedupe prompt it is sent (graphiti's and engram's batched one),
+    with the known facts of the turn's extraction prompt, to ``path`` (JSON lines): what the
+    extraction call had seen, against what graphiti then asked. Bench diagnostics only."""
+    from engram.models.delegating import DelegatingLLMClient
+
+    class _Dump(DelegatingLLMClient):
+        async def around(self, forward: Any, messages: list[Any], prompt: str) -> dict[str, Any]:
+            if prompt.startswith("dedupe_edges") or prompt == "extract_nodes_and_edges.extract_message":
+                text = "\n".join(str(getattr(m, "content", "")) for m in messages)
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"prompt": prompt, "text": text}) + "\n")
+            return await forward()
+
+    return _Dump(llm)
+
+
 async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path | None,
                   quiet: bool = False) -> list[TurnRecord]:
     from graphiti_core.graphiti_types import GraphitiClients
@@ -550,7 +567,10 @@ async def main(args: argparse.Namespace) -> int:
         label = (f"{who}; {len(turns)} turns ({', '.join(samples)}: first {args.turns_per_conversation} turns each)")
         if args.out is not None and args.out.exists():
             args.out.unlink()
-        records = await extract(round_robin(turns), make_llm(args), embedder, args.out)
+        llm = make_llm(args)
+        if args.dump_dedupe is not None:
+            llm = DedupeDump(llm, args.dump_dedupe)
+        records = await extract(round_robin(turns), llm, embedder, args.out)
     stored = load_pairs(args.pairs)
     rules_run = records if not (args.score_only or args.llm_base_url) else []
     pairs, problems = resolve_pairs(stored, observation_texts(conversations),
@@ -598,6 +618,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
     p.add_argument("--out", type=Path, help="append each turn's record here (JSON lines) as it finishes")
     p.add_argument("--score-only", type=Path, help="score a --out file, no extraction")
+    p.add_argument("--dump-dedupe", type=Path, help="diagnostics: append every extraction and edge dedupe prompt "
+                   "sent to the model here (JSON lines; LoCoMo text: keep it out of the project)")
     p.add_argument("--same-turns-as", type=Path, help="with --score-only: only the turns that this --out file has")
     p.add_argument("--pairs", type=Path, default=PAIRS, help="hand-labelled (fact, observation) pairs")
     p.add_argument("--threshold", type=float, help="match threshold instead of the one chosen on --pairs")
