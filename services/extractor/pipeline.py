@@ -472,7 +472,7 @@ def known_fact_query(text: str) -> str:
 
 async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int) -> list[EntityEdge]:
     """The group's facts in force that share the most words with the turn (the graph's fulltext
-    index, best first, at most ``limit``): shown to the extraction call, which says which of them
+    index, best first, at most ``limit`` distinct texts): shown to the extraction call, which says which of them
     each new fact restates or replaces (services/extractor/extraction_prompt.py), so graphiti's
     dedupe questions about them need no call (services/extractor/local_answers.py). No embedding:
     the turn's one embedder call comes after extraction, with its names and facts."""
@@ -481,7 +481,13 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
     query = known_fact_query(episode.content)
     if not query:
         return []
-    return await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id], limit=limit)
+    # one text once: the same fact on several entity pairs would fill the block with repeats (the
+    # model's answer names a known fact by its text's position; graphiti's questions are by text)
+    hits = await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id], limit=2 * limit)
+    first: dict[str, EntityEdge] = {}
+    for edge in hits:
+        first.setdefault(edge.fact, edge)
+    return list(first.values())[:limit]
 
 
 Q_ENTITY_NAMES = "UNWIND $uuids AS u MATCH (n:Entity {uuid: u}) WHERE n.group_id = $group_id RETURN n.uuid AS uuid, n.name AS name"

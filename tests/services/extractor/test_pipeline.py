@@ -440,3 +440,20 @@ def test_the_known_facts_query_keeps_names_and_long_words_within_graphitis_limit
     # graphiti's FalkorDB query refuses 128 terms (words and their "|"): kept under it, names first
     assert len(words) == KNOWN_FACT_QUERY_WORDS and words[:2] == ["Postgres", "Ada"]
     assert known_fact_query("user: ok, it is") == ""
+
+
+async def test_the_known_facts_shown_are_distinct_texts(env: Env) -> None:
+    """One fact text on two entity pairs is one known fact: the block is not filled with repeats."""
+    hike = "user(Alice): Bob and I went hiking in the Alps."
+    again = "user(Alice): The Alps hiking trip with Bob was great."
+    env.llm.world = {
+        hike: Turn(["Alice", "Bob", "Alps"], [("Alice", "Alps", "HIKED_IN", "Alice and Bob went hiking in the Alps."),
+                                               ("Bob", "Alps", "HIKED_IN", "Alice and Bob went hiking in the Alps.")]),
+        again: Turn(["Alice", "Alps"], [("Alice", "Alps", "ENJOYED", "Alice enjoyed the Alps hiking trip.")]),
+    }
+    await env.run(env.episode("s1:t1", hike, T1))
+    assert await env.scalar("MATCH ()-[e:RELATES_TO]->() RETURN count(e) AS c") == 2  # the text twice, on two pairs
+    await env.run(env.episode("s1:t2", again, T1 + timedelta(days=1)))
+    known = json.loads(re.search(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>",
+                                 env.llm.prompts("CombinedExtraction")[1], re.S).group(1))
+    assert [k["fact"] for k in known] == ["Alice and Bob went hiking in the Alps."]
