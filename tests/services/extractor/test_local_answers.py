@@ -149,6 +149,22 @@ async def test_the_same_dedupe_question_twice_in_a_turn_is_asked_once() -> None:
     assert len(inner.prompts) == 2  # another fact: asked
 
 
+async def test_the_new_facts_own_text_on_another_pair_is_not_asked_about() -> None:
+    inner = Recording()
+    client = LocalAnswersLLMClient(inner)
+    before = _counted("edge_dedupe_identical")
+    line = "They really do! It's great how much happiness they bring."
+    answer = await _ask_dedupe(client, line, [], [line.lower(), "The office printer was replaced."])
+    assert inner.prompts == [] and answer == {"duplicate_facts": [], "contradicted_facts": []}
+    assert _counted("edge_dedupe_identical") == before + 1
+    # with another close candidate beside it, the model is asked (about both, as graphiti asks)
+    await _ask_dedupe(client, line, [], [line, "They really do love how much happiness the dogs bring."])
+    assert len(inner.prompts) == 1
+    # on the same pair the same text is graphiti's (its fast path, or the model's) to judge
+    await _ask_dedupe(client, line, [line], [])
+    assert len(inner.prompts) == 2
+
+
 async def test_without_a_threshold_every_dedupe_is_asked() -> None:
     inner = Recording()
     await _ask_dedupe(LocalAnswersLLMClient(inner, dedupe_similarity=None), "Priya drives a Toyota.", [],
