@@ -22,7 +22,7 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    (:mod:`engram.services.extractor.local_answers`, which also skips edge dedupe calls with no close
    candidate). The prompt also carries the turn's reference time and the group's facts in force
    nearest the turn (:func:`known_facts_for`: the graph's fulltext index over the turn's words,
-   ``known_facts`` of them), and the answer gives each fact's dates and the known facts it restates
+   free slots filled over the previous turns' words, ``known_facts`` of them), and the answer gives each fact's dates and the known facts it restates
    or replaces, and it names a known fact's entity by its stored name: graphiti's timestamp,
    edge dedupe and node dedupe questions about them are answered from it, so a turn is one model
    call. ``mode="separate"`` runs add_episode's two-prompt path
@@ -99,7 +99,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from time import perf_counter
 from typing import Any, Literal, NamedTuple, get_args
@@ -470,23 +470,29 @@ def known_fact_query(text: str) -> str:
     return " ".join(ranked[:KNOWN_FACT_QUERY_WORDS])
 
 
-async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int) -> list[EntityEdge]:
+async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int,
+                          previous: Sequence[EpisodicNode] = ()) -> list[EntityEdge]:
     """The group's facts in force that share the most words with the turn (the graph's fulltext
-    index, best first, at most ``limit`` distinct texts): shown to the extraction call, which says which of them
-    each new fact restates or replaces (services/extractor/extraction_prompt.py), so graphiti's
-    dedupe questions about them need no call (services/extractor/local_answers.py). No embedding:
-    the turn's one embedder call comes after extraction, with its names and facts."""
+    index, best first, at most ``limit`` distinct texts): shown to the extraction call, which says
+    which of them each new fact restates or replaces (services/extractor/extraction_prompt.py), so
+    graphiti's dedupe questions about them need no call (services/extractor/local_answers.py).
+    Slots the turn's words leave free are filled with the facts sharing the most words with the
+    ``previous`` episodes (the prompt's PREVIOUS MESSAGES, which a model restates too): in a Qwen
+    1.5B run every turn that made a dedupe call had shown 4-7 known facts, and the close candidates
+    asked about had come from earlier turns (docs/architecture.md); the block never grows past
+    ``limit``, so neither does the prompt.
+    No embedding: the turn's one embedder call comes after extraction, with its names and facts."""
     if limit <= 0:
         return []
-    query = known_fact_query(episode.content)
-    if not query:
-        return []
-    # one text once: the same fact on several entity pairs would fill the block with repeats (the
-    # model's answer names a known fact by its text's position; graphiti's questions are by text)
-    hits = await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id], limit=2 * limit)
-    first: dict[str, EntityEdge] = {}
-    for edge in hits:
-        first.setdefault(edge.fact, edge)
+    first: dict[str, EntityEdge] = {}  # one text once: the model's answer names a known fact by its position
+    for text in (episode.content, "\n".join(p.content for p in previous)):
+        query = known_fact_query(text)
+        if len(first) >= limit or not query:
+            continue
+        hits = await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id],
+                                          limit=2 * limit)
+        for edge in hits:
+            first.setdefault(edge.fact, edge)
     return list(first.values())[:limit]
 
 
@@ -1008,7 +1014,7 @@ async def extract_episode(
         start = perf_counter()
         # a custom ontology gets graphiti's own prompt, which shows no known facts: none looked up
         custom = bool(ontology.entity_types or ontology.edge_types)
-        known = [] if custom else await known_facts_for(run, episode, known_facts)
+        known = [] if custom else await known_facts_for(run, episode, known_facts, previous)
         names = await known_entity_names(run, episode.group_id, known)
         timings["known_facts_ms"] = _ms(start)
         extracted = await _extract_combined(run, episode_node, previous, custom_instructions, timings,

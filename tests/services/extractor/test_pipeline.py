@@ -457,3 +457,29 @@ async def test_the_known_facts_shown_are_distinct_texts(env: Env) -> None:
     known = json.loads(re.search(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>",
                                  env.llm.prompts("CombinedExtraction")[1], re.S).group(1))
     assert [k["fact"] for k in known] == ["Alice and Bob went hiking in the Alps."]
+
+
+async def test_free_known_fact_slots_are_filled_from_the_previous_turns_words(env: Env) -> None:
+    """A model restates what the previous messages said too: facts matching their words fill the
+    slots the turn's own words leave free, and the block stays within its limit."""
+    cat = "user(Alice): I adopted a cat named Tom."
+    thanks = "user(Alice): Thanks! Bob plays the cello."
+    env.llm.world = {
+        cat: Turn(["Alice", "Tom"], [("Alice", "Tom", "ADOPTED", "Alice adopted a cat named Tom.")]),
+        thanks: Turn(["Bob", "cello"], [("Bob", "cello", "PLAYS", "Bob plays the cello.")]),
+    }
+    await env.run(env.episode("s1:t1", cat, T1))
+    await env.run(env.episode("s1:t2", thanks, T1 + timedelta(minutes=1)))
+    known = re.search(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>", env.llm.prompts("CombinedExtraction")[1], re.S)
+    assert known and [k["fact"] for k in json.loads(known.group(1))] == ["Alice adopted a cat named Tom."]
+    # the turn's own words first; the limit holds
+    from graphiti_core.nodes import EpisodicNode
+
+    from engram.services.extractor.pipeline import known_facts_for
+
+    again = env.episode("s1:t3", "user(Carol): Bob and his cello again.", T1 + timedelta(minutes=2))
+    previous = await EpisodicNode.get_by_group_ids(env.driver, [env.group_id])
+    facts = await known_facts_for(env.clients, again, 1, previous)
+    assert [e.fact for e in facts] == ["Bob plays the cello."]
+    both = await known_facts_for(env.clients, again, 10, previous)
+    assert [e.fact for e in both] == ["Bob plays the cello.", "Alice adopted a cat named Tom."]

@@ -109,8 +109,21 @@ def _count(outcome: str) -> float:
 
 
 # --------------------------------------------------------------------------- the two cases
+async def test_a_restatement_with_other_endpoints_alone_is_not_asked_about(graph: Graph) -> None:
+    """Case 1 as engram now meets it: the fact's own text on another entity pair is the only close
+    candidate, so graphiti's question is answered without the model (local_answers.py): nothing
+    is claimed contradicted, nothing needs rejecting."""
+    [original] = (await graph.say(EP_SAYS)).new_edges
+    again = await graph.say(EP_AGAIN, contradicts=[("works at Acme", "works at Acme")])
+    assert not any(ORIGINAL in prompt for prompt in graph.llm.prompts("EdgeDuplicate"))
+    assert again.invalidated_edges == [] and again.rejected_invalidations == []
+    assert await graph.valid(original.uuid)
+
+
 async def test_a_restatement_with_other_endpoints_does_not_invalidate_the_original(graph: Graph) -> None:
-    """Case 1: the fact re-extracted with another endpoint, called a contradiction of itself."""
+    """Case 1: the fact re-extracted with another endpoint, called a contradiction of itself
+    (asked because another close fact is a candidate beside it)."""
+    await graph.say(EP_ROLE)
     [original] = (await graph.say(EP_SAYS)).new_edges
     accepted, rejected = _count("accepted"), _count("rejected_restatement")
 
