@@ -18,10 +18,10 @@ launches them together; the gates before them wait at most for one embedding cal
 :data:`BATCH_MAX_QUESTIONS` per call. A late question gets a call of its own: more calls, never
 a wrong answer.
 
-What an answer can do: an answer of the batch that is missing, or names an idx outside its
-question's lists, is dropped and that question is asked alone with graphiti's prompt (its idx
-values are filtered by graphiti as for any answer); a batched call that fails fails every
-question in it, as their own calls would have. Counted: ``engram_extractor_dedupe_batches_total``
+What an answer can do: a question the batch's answer leaves out (or answers without both lists)
+is asked alone with graphiti's prompt; an idx outside a question's lists is dropped, as graphiti
+drops one from its own call's answer; a batched call that fails fails every question in it, as
+their own calls would have. Counted: ``engram_extractor_dedupe_batches_total``
 and ``engram_extractor_dedupe_batched_questions_total``.
 """
 
@@ -119,8 +119,9 @@ def batch_messages(questions: Sequence[DedupeQuestion]) -> list[Message]:
 
 
 def answers_by_question(answer: Any, questions: Sequence[DedupeQuestion]) -> dict[int, dict[str, list[int]]]:
-    """graphiti's ``EdgeDuplicate`` answer of each question the batched ``answer`` answered
-    validly (ids and idx values in range; a duplicate only from the existing facts)."""
+    """graphiti's ``EdgeDuplicate`` answer of each question the batched ``answer`` answered: its
+    row with that id and both lists. An idx outside the question's range (a duplicate outside its
+    existing facts) is dropped, as graphiti drops one from its own call's answer."""
     rows = answer.get("answers") if isinstance(answer, dict) else None
     out: dict[int, dict[str, list[int]]] = {}
     for row in rows if isinstance(rows, list) else []:
@@ -129,17 +130,14 @@ def answers_by_question(answer: Any, questions: Sequence[DedupeQuestion]) -> dic
         i = row.get("id")
         if not isinstance(i, int) or not 0 <= i < len(questions) or i in out:
             continue
-        q = questions[i]
-        existing = {idx for idx, _ in q.existing}
-        every = existing | {idx for idx, _ in q.others}
         dup, contra = row.get("duplicate_facts"), row.get("contradicted_facts")
         if not isinstance(dup, list) or not isinstance(contra, list):
             continue
-        if any(not isinstance(x, int) or x not in existing for x in dup):
-            continue
-        if any(not isinstance(x, int) or x not in every for x in contra):
-            continue
-        out[i] = {"duplicate_facts": list(dict.fromkeys(dup)), "contradicted_facts": list(dict.fromkeys(contra))}
+        q = questions[i]
+        existing = {idx for idx, _ in q.existing}
+        every = existing | {idx for idx, _ in q.others}
+        out[i] = {"duplicate_facts": [x for x in dict.fromkeys(dup) if isinstance(x, int) and x in existing],
+                  "contradicted_facts": [x for x in dict.fromkeys(contra) if isinstance(x, int) and x in every]}
     return out
 
 

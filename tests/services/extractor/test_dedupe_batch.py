@@ -118,17 +118,27 @@ async def test_the_same_question_twice_is_one_question_of_the_batch() -> None:
 @pytest.mark.parametrize("answer", [
     {"answers": [{"id": 0, "duplicate_facts": [], "contradicted_facts": [1]}]},  # question 1 missing
     {"answers": [{"id": 0, "duplicate_facts": [], "contradicted_facts": [1]},
-                 {"id": 1, "duplicate_facts": [1], "contradicted_facts": []}]},  # idx 1 is not an existing fact
-    {"answers": [{"id": 0, "duplicate_facts": [], "contradicted_facts": [1]},
-                 {"id": 1, "duplicate_facts": [], "contradicted_facts": [7]}]},  # idx out of range
+                 {"id": 1, "duplicate_facts": None, "contradicted_facts": []}]},  # not a list
+    {"answers": [{"id": 0, "duplicate_facts": [], "contradicted_facts": [1]}, {"id": 7, "duplicate_facts": [],
+                  "contradicted_facts": []}, "nonsense"]},  # no such question
 ])
-async def test_a_question_the_batch_did_not_answer_validly_is_asked_alone(answer: dict[str, Any]) -> None:
+async def test_a_question_the_batch_did_not_answer_is_asked_alone(answer: dict[str, Any]) -> None:
     inner = Judge(batched=answer)
     client = LocalAnswersLLMClient(inner)
     move, job = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB))
     assert inner.calls == [("EdgeDuplicates", BATCH_PROMPT), ("EdgeDuplicate", EDGE_DEDUPE_PROMPT)]
     assert move == {"duplicate_facts": [], "contradicted_facts": [1]}  # the batch's answer
     assert job == {"duplicate_facts": [], "contradicted_facts": [0]}  # its own call's
+
+
+def test_an_idx_outside_a_questions_lists_is_dropped_as_graphiti_drops_it() -> None:
+    answer = {"answers": [{"id": 0, "duplicate_facts": [0, 1, 1], "contradicted_facts": [1, 9, -1]},
+                          {"id": 1, "duplicate_facts": [5], "contradicted_facts": [0, 0]}]}
+    questions = [DedupeQuestion(*JOB[:1], [(0, JOB[1][0])], [(1, JOB[2][0])]),
+                 DedupeQuestion(*MOVE[:1], [], [(0, MOVE[2][0]), (1, MOVE[2][1])])]
+    # a duplicate only among the existing facts; each idx once
+    assert answers_by_question(answer, questions) == {0: {"duplicate_facts": [0], "contradicted_facts": [1]},
+                                                      1: {"duplicate_facts": [], "contradicted_facts": [0]}}
 
 
 async def test_a_failed_batched_call_fails_every_question_in_it() -> None:
