@@ -22,10 +22,11 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    (:mod:`engram.services.extractor.local_answers`, which also skips edge dedupe calls with no close
    candidate). The prompt also carries the turn's reference time and the group's facts in force
    nearest the turn (:func:`known_facts_for`: the graph's fulltext index over the turn's words,
-   free slots filled over the previous turns' words, ``known_facts`` of them), and the answer gives each fact's dates and the known facts it restates
-   or replaces, and it names a known fact's entity by its stored name: graphiti's timestamp,
-   edge dedupe and node dedupe questions about them are answered from it, so a turn is one model
-   call. ``mode="separate"`` runs add_episode's two-prompt path
+   free slots filled over the previous turns' words, ``known_facts`` of them), and the answer
+   gives each fact's dates and the known facts it restates or replaces, and it names a known
+   fact's entity by its stored name: graphiti's timestamp, edge dedupe and node dedupe questions
+   about them are answered from it, so a turn is one model call (the edge dedupe questions left
+   are asked together: services/extractor/dedupe_batch.py). ``mode="separate"`` runs add_episode's two-prompt path
    (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;

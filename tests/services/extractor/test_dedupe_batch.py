@@ -8,6 +8,8 @@ call, with the same graph as two calls made."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -51,9 +53,6 @@ class Judge(LLMClient):
         if response_model is EdgeDuplicates:
             if self.batched is not None:
                 return self.batched
-            import json
-            import re
-
             block = re.search(r"<QUESTIONS>\s*(.*?)\s*</QUESTIONS>", self.texts[-1], re.S).group(1)
             rows = [json.loads(line) for line in block.splitlines()]
             return {"answers": [{"id": r["id"], "duplicate_facts": [],
