@@ -20,8 +20,9 @@ a wrong answer.
 
 What an answer can do: a question the batch's answer leaves out (or answers without both lists)
 is asked alone with graphiti's prompt; an idx outside a question's lists is dropped, as graphiti
-drops one from its own call's answer; a batched call that fails fails every question in it, as
-their own calls would have. Counted: ``engram_extractor_dedupe_batches_total``
+drops one from its own call's answer; a batched answer that is cut off or not valid JSON of
+the schema (after the client's re-asks) sends its questions alone; a batched call that fails
+otherwise (the model down, a timeout) fails every question in it, as their own calls would have. Counted: ``engram_extractor_dedupe_batches_total``
 and ``engram_extractor_dedupe_batched_questions_total``.
 """
 
@@ -36,6 +37,8 @@ from typing import Any, NamedTuple
 from graphiti_core.prompts.models import Message
 from prometheus_client import Counter
 from pydantic import BaseModel
+
+from engram.models.openai_compat import LLMOutputInvalid, LLMOutputTruncated
 
 log = logging.getLogger("engram.extractor")
 
@@ -193,6 +196,13 @@ class DedupeBatcher:
         questions = [p.question for p in batch]
         try:
             answer = await self.ask(batch_messages(questions))
+        except (LLMOutputTruncated, LLMOutputInvalid) as exc:
+            # the batch's answer, not the model, failed (after the client's own re-asks): the
+            # questions' own, shorter prompts may still be answered
+            log.info("batched dedupe answer unusable (%s); asking its %d questions alone",
+                     type(exc).__name__, len(batch))
+            await asyncio.gather(*(_settle(p.answer, p.forward) for p in batch))
+            return
         except Exception as exc:  # noqa: BLE001 - every question's own call would have failed alike
             for p in batch:
                 if not p.answer.done():

@@ -19,6 +19,7 @@ from graphiti_core.llm_client.config import LLMConfig
 from graphiti_core.prompts import prompt_library
 from graphiti_core.prompts.dedupe_edges import EdgeDuplicate
 
+from engram.models.openai_compat import LLMOutputTruncated
 from engram.models.rules_llm import RulesExtractorClient
 from engram.services.extractor.dedupe_batch import (
     BATCH_PROMPT,
@@ -146,6 +147,24 @@ async def test_a_failed_batched_call_fails_every_question_in_it() -> None:
     results = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB), return_exceptions=True)
     assert [type(r) for r in results] == [TimeoutError, TimeoutError]
     assert inner.calls == [("EdgeDuplicates", BATCH_PROMPT)]
+
+
+async def test_an_unusable_batched_answer_sends_its_questions_alone() -> None:
+    inner = Judge()
+    real = inner.generate_response
+
+    async def cut_off_batches(messages, response_model=None, *args: Any, **kwargs: Any) -> dict[str, Any]:  # noqa: ANN001
+        if response_model is EdgeDuplicates:
+            inner.calls.append(("EdgeDuplicates", BATCH_PROMPT))
+            raise LLMOutputTruncated(BATCH_PROMPT, 512, attempts=2)
+        return await real(messages, response_model, *args, **kwargs)
+
+    inner.generate_response = cut_off_batches  # type: ignore[method-assign]
+    client = LocalAnswersLLMClient(inner)
+    move, job = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB))
+    assert inner.calls[0] == ("EdgeDuplicates", BATCH_PROMPT)
+    assert inner.calls[1:] == [("EdgeDuplicate", EDGE_DEDUPE_PROMPT)] * 2
+    assert move == job == {"duplicate_facts": [], "contradicted_facts": [0]}
 
 
 async def test_a_batch_holds_at_most_its_cap_and_a_late_question_gets_its_own_call() -> None:
