@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from graphiti_core.prompts.models import Message
 from prometheus_client import Counter
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from engram.models.openai_compat import LLMOutputInvalid, LLMOutputTruncated
 
@@ -128,19 +128,18 @@ def answers_by_question(answer: Any, questions: Sequence[DedupeQuestion]) -> dic
     rows = answer.get("answers") if isinstance(answer, dict) else None
     out: dict[int, dict[str, list[int]]] = {}
     for row in rows if isinstance(rows, list) else []:
-        if not isinstance(row, dict):
+        try:  # pydantic's lax mode, as graphiti reads its own answer: "0" and 1.0 are idx 0 and 1
+            parsed = EdgeDuplicateAnswer.model_validate(row)
+        except ValidationError:
             continue
-        i = row.get("id")
-        if not isinstance(i, int) or not 0 <= i < len(questions) or i in out:
-            continue
-        dup, contra = row.get("duplicate_facts"), row.get("contradicted_facts")
-        if not isinstance(dup, list) or not isinstance(contra, list):
+        i = parsed.id
+        if not 0 <= i < len(questions) or i in out:
             continue
         q = questions[i]
         existing = {idx for idx, _ in q.existing}
         every = existing | {idx for idx, _ in q.others}
-        out[i] = {"duplicate_facts": [x for x in dict.fromkeys(dup) if isinstance(x, int) and x in existing],
-                  "contradicted_facts": [x for x in dict.fromkeys(contra) if isinstance(x, int) and x in every]}
+        out[i] = {"duplicate_facts": [x for x in dict.fromkeys(parsed.duplicate_facts) if x in existing],
+                  "contradicted_facts": [x for x in dict.fromkeys(parsed.contradicted_facts) if x in every]}
     return out
 
 
@@ -190,6 +189,17 @@ class DedupeBatcher:
             task.add_done_callback(self._running.discard)
 
     async def _run(self, batch: list[_Pending]) -> None:
+        try:
+            await self._answer(batch)
+        except BaseException as exc:  # no question may wait for ever on a dead batch
+            failure = exc if isinstance(exc, Exception) else RuntimeError("batched dedupe call cancelled")
+            for p in batch:
+                if not p.answer.done():
+                    p.answer.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise  # a cancellation goes on; an error is its questions' now
+
+    async def _answer(self, batch: list[_Pending]) -> None:
         if len(batch) == 1:
             await _settle(batch[0].answer, batch[0].forward)
             return

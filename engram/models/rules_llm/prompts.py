@@ -284,7 +284,7 @@ def edge_duplicates(prompt: str, limits: Limits) -> dict[str, Any]:
     """engram's batched dedupe prompt (services/extractor/dedupe_batch.py): one JSON question a
     line in ``<QUESTIONS>``, each answered as :func:`edge_duplicate` answers graphiti's."""
     answers = []
-    for line in (_block(prompt, "QUESTIONS") or "").splitlines():
+    for line in (_block(prompt, "QUESTIONS") or "").split("\n"):  # not splitlines(): U+2028 may be in a fact
         try:
             row = json.loads(line)
         except ValueError:

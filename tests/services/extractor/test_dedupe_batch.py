@@ -149,6 +149,37 @@ async def test_a_failed_batched_call_fails_every_question_in_it() -> None:
     assert inner.calls == [("EdgeDuplicates", BATCH_PROMPT)]
 
 
+def test_idx_values_are_read_as_graphiti_reads_its_own_answer() -> None:
+    """A small model in JSON-object mode may write idx values as strings or floats: graphiti's
+    EdgeDuplicate reads "0" and 1.0 as 0 and 1, so the batch does too; a row that cannot be read
+    is left out (and asked alone)."""
+    questions = [DedupeQuestion(*JOB[:1], [(0, JOB[1][0])], [(1, JOB[2][0])]),
+                 DedupeQuestion(*MOVE[:1], [], [(0, MOVE[2][0])])]
+    answer = {"answers": [{"id": "0", "duplicate_facts": ["0"], "contradicted_facts": [1.0]},
+                          {"id": 1, "duplicate_facts": [], "contradicted_facts": ["soon"]}]}
+    assert answers_by_question(answer, questions) == {0: {"duplicate_facts": [0], "contradicted_facts": [1]}}
+    assert EdgeDuplicate(duplicate_facts=["0"], contradicted_facts=[1.0]).model_dump() == \
+        {"duplicate_facts": [0], "contradicted_facts": [1]}  # what graphiti makes of the same answer alone
+
+
+async def test_an_error_after_the_call_fails_the_questions_instead_of_hanging_them() -> None:
+    class Broken(dict):  # an inner client whose answer object breaks when read
+        def get(self, *args: Any) -> Any:
+            raise RuntimeError("unreadable answer")
+
+    async def ask(messages: list[Any]) -> dict[str, Any]:
+        return Broken()
+
+    async def alone() -> dict[str, Any]:  # pragma: no cover - never reached
+        return {"duplicate_facts": [], "contradicted_facts": []}
+
+    batcher = DedupeBatcher(ask, window_s=0.01)
+    q = DedupeQuestion("a", [], [(0, "b")])
+    results = await asyncio.wait_for(asyncio.gather(batcher.answer(q, alone), batcher.answer(q._replace(new="c"), alone),
+                                                    return_exceptions=True), timeout=5)
+    assert [type(r) for r in results] == [RuntimeError, RuntimeError]
+
+
 async def test_an_unusable_batched_answer_sends_its_questions_alone() -> None:
     inner = Judge()
     real = inner.generate_response

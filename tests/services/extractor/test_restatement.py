@@ -115,7 +115,7 @@ async def test_a_restatement_with_other_endpoints_alone_is_not_asked_about(graph
     is claimed contradicted, nothing needs rejecting."""
     [original] = (await graph.say(EP_SAYS)).new_edges
     again = await graph.say(EP_AGAIN, contradicts=[("works at Acme", "works at Acme")])
-    assert not any(ORIGINAL in prompt for prompt in graph.llm.prompts("EdgeDuplicate"))
+    assert not any(ORIGINAL in prompt for name in ("EdgeDuplicate", "EdgeDuplicates") for prompt in graph.llm.prompts(name))
     assert again.invalidated_edges == [] and again.rejected_invalidations == []
     assert await graph.valid(original.uuid)
 
