@@ -376,20 +376,24 @@ class Similarity:
 # --- extraction ----------------------------------------------------------------------------------
 
 
+def _total(counter: Any) -> float:
+    """A Prometheus counter's value so far, summed over its labels."""
+    return sum(sample.value for metric in counter.collect() for sample in metric.samples
+               if sample.name.endswith("_total"))
+
+
 def _extra_requests() -> float:
     """HTTP requests beyond the first of a call so far (engram's OpenAI client's counter, all prompts)."""
     from engram.models.openai_compat import LLM_REQUEST_RETRIES
 
-    return sum(sample.value for metric in LLM_REQUEST_RETRIES.collect() for sample in metric.samples
-               if sample.name.endswith("_total"))
+    return _total(LLM_REQUEST_RETRIES)
 
 
 def _batched_questions() -> float:
     """Edge dedupe questions answered by batched calls so far (services/extractor/dedupe_batch.py)."""
     from engram.services.extractor.dedupe_batch import BATCHED_QUESTIONS
 
-    return sum(sample.value for metric in BATCHED_QUESTIONS.collect() for sample in metric.samples
-               if sample.name.endswith("_total"))
+    return _total(BATCHED_QUESTIONS)
 
 
 def make_llm(args: argparse.Namespace) -> Any:
@@ -403,9 +407,9 @@ def make_llm(args: argparse.Namespace) -> Any:
 
 
 def DedupeDump(llm: Any, path: Path) -> Any:  # noqa: N802 - a class made on use (engram imports stay lazy)
-    """``llm``, writing every edge dedupe prompt it is sent (graphiti's and engram's batched one),
-    with the known facts of the turn's extraction prompt, to ``path`` (JSON lines): what the
-    extraction call had seen, against what graphiti then asked. Bench diagnostics only."""
+    """``llm``, writing every extraction prompt and edge dedupe prompt (graphiti's and engram's
+    batched one) it is sent to ``path`` (JSON lines): the known facts the extraction call had
+    seen, against what graphiti then asked. Bench diagnostics only."""
     from engram.models.delegating import DelegatingLLMClient
 
     class _Dump(DelegatingLLMClient):
