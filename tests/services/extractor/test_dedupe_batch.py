@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.llm_client.config import LLMConfig
-from graphiti_core.prompts import prompt_library
 from graphiti_core.prompts.dedupe_edges import EdgeDuplicate
 
 from engram.models.openai_compat import LLMOutputTruncated
@@ -31,6 +30,7 @@ from engram.services.extractor.dedupe_batch import (
     batch_messages,
 )
 from engram.services.extractor.local_answers import EDGE_DEDUPE_PROMPT, LocalAnswersLLMClient
+from tests.services.extractor.test_local_answers import _ask_dedupe, dedupe_messages
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
 
 
@@ -66,19 +66,6 @@ class Judge(LLMClient):
         raise NotImplementedError
 
 
-def _messages(new: str, existing: list[str], candidates: list[str]) -> list[Any]:
-    return prompt_library.dedupe_edges.resolve_edge({
-        "existing_edges": [{"idx": i, "fact": f} for i, f in enumerate(existing)],
-        "new_edge": new,
-        "edge_invalidation_candidates": [{"idx": len(existing) + i, "fact": f} for i, f in enumerate(candidates)],
-    })
-
-
-async def _ask(client: LocalAnswersLLMClient, new: str, existing: list[str], candidates: list[str]) -> dict[str, Any]:
-    return await client.generate_response(_messages(new, existing, candidates), response_model=EdgeDuplicate,
-                                          prompt_name=EDGE_DEDUPE_PROMPT)
-
-
 # each new fact has a close candidate (word overlap above the gate): the model must judge it
 MOVE = ("Maya moved to Porto last month.", [], ["Maya lives in Lisbon.", "Maya works at the Lisbon office."])
 JOB = ("Maya works at the Porto office now.", ["Maya works at the Lisbon office."], ["Maya lives in Lisbon."])
@@ -89,7 +76,7 @@ async def test_a_turns_questions_for_the_model_go_in_one_call() -> None:
     inner = Judge()
     client = LocalAnswersLLMClient(inner)
     before = BATCHED_QUESTIONS._value.get()
-    move, job, pet = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB), _ask(client, *PET))
+    move, job, pet = await asyncio.gather(_ask_dedupe(client, *MOVE), _ask_dedupe(client, *JOB), _ask_dedupe(client, *PET))
     assert inner.calls == [("EdgeDuplicates", BATCH_PROMPT)]
     # graphiti's own idx numbering, per question
     assert move == {"duplicate_facts": [], "contradicted_facts": [0, 1]}
@@ -102,7 +89,7 @@ async def test_a_turns_questions_for_the_model_go_in_one_call() -> None:
 
 async def test_a_question_alone_is_asked_with_graphitis_own_prompt() -> None:
     inner = Judge()
-    answer = await _ask(LocalAnswersLLMClient(inner), *MOVE)
+    answer = await _ask_dedupe(LocalAnswersLLMClient(inner), *MOVE)
     assert inner.calls == [("EdgeDuplicate", EDGE_DEDUPE_PROMPT)]
     assert answer == {"duplicate_facts": [], "contradicted_facts": [0]}
 
@@ -110,7 +97,7 @@ async def test_a_question_alone_is_asked_with_graphitis_own_prompt() -> None:
 async def test_the_same_question_twice_is_one_question_of_the_batch() -> None:
     inner = Judge()
     client = LocalAnswersLLMClient(inner)
-    first, second, pet = await asyncio.gather(_ask(client, *MOVE), _ask(client, *MOVE), _ask(client, *PET))
+    first, second, pet = await asyncio.gather(_ask_dedupe(client, *MOVE), _ask_dedupe(client, *MOVE), _ask_dedupe(client, *PET))
     assert len(inner.calls) == 1 and first == second
     assert inner.texts[0].count(MOVE[0]) == 1
 
@@ -125,7 +112,7 @@ async def test_the_same_question_twice_is_one_question_of_the_batch() -> None:
 async def test_a_question_the_batch_did_not_answer_is_asked_alone(answer: dict[str, Any]) -> None:
     inner = Judge(batched=answer)
     client = LocalAnswersLLMClient(inner)
-    move, job = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB))
+    move, job = await asyncio.gather(_ask_dedupe(client, *MOVE), _ask_dedupe(client, *JOB))
     assert inner.calls == [("EdgeDuplicates", BATCH_PROMPT), ("EdgeDuplicate", EDGE_DEDUPE_PROMPT)]
     assert move == {"duplicate_facts": [], "contradicted_facts": [1]}  # the batch's answer
     assert job == {"duplicate_facts": [], "contradicted_facts": [0]}  # its own call's
@@ -144,7 +131,7 @@ def test_an_idx_outside_a_questions_lists_is_dropped_as_graphiti_drops_it() -> N
 async def test_a_failed_batched_call_fails_every_question_in_it() -> None:
     inner = Judge(fail=TimeoutError("model down"))
     client = LocalAnswersLLMClient(inner)
-    results = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB), return_exceptions=True)
+    results = await asyncio.gather(_ask_dedupe(client, *MOVE), _ask_dedupe(client, *JOB), return_exceptions=True)
     assert [type(r) for r in results] == [TimeoutError, TimeoutError]
     assert inner.calls == [("EdgeDuplicates", BATCH_PROMPT)]
 
@@ -192,7 +179,7 @@ async def test_an_unusable_batched_answer_sends_its_questions_alone() -> None:
 
     inner.generate_response = cut_off_batches  # type: ignore[method-assign]
     client = LocalAnswersLLMClient(inner)
-    move, job = await asyncio.gather(_ask(client, *MOVE), _ask(client, *JOB))
+    move, job = await asyncio.gather(_ask_dedupe(client, *MOVE), _ask_dedupe(client, *JOB))
     assert inner.calls[0] == ("EdgeDuplicates", BATCH_PROMPT)
     assert inner.calls[1:] == [("EdgeDuplicate", EDGE_DEDUPE_PROMPT)] * 2
     assert move == job == {"duplicate_facts": [], "contradicted_facts": [0]}
@@ -231,7 +218,7 @@ def test_the_rules_model_answers_the_batch_as_it_answers_each_question() -> None
         DedupeQuestion("Bob plays the cello.", [], [(0, "Alice adopted a cat named Tom.")]),
     ]
     batched = rules.respond(batch_messages(questions), EdgeDuplicates)
-    singles = [rules.respond(_messages(q.new, [f for _, f in q.existing], [f for _, f in q.others]), EdgeDuplicate)
+    singles = [rules.respond(dedupe_messages(q.new, [f for _, f in q.existing], [f for _, f in q.others]), EdgeDuplicate)
                for q in questions]
     assert answers_by_question(batched, questions) == dict(enumerate(singles))
     assert singles[1]["duplicate_facts"] == [0]  # the rule does mark something: the comparison is not empty

@@ -111,14 +111,18 @@ async def test_only_the_unresolvable_fact_is_asked_and_answers_keep_their_order(
     assert [r["valid_at"] for r in rows] == ["2023-05-12T10:00:00Z", "2023-05-01T00:00:00Z", "2023-05-11T00:00:00Z"]
 
 
-async def _ask_dedupe(client: LocalAnswersLLMClient, new: str, existing: list[str], candidates: list[str]) -> dict:
-    context = {
+def dedupe_messages(new: str, existing: list[str], candidates: list[str]) -> list[Any]:
+    """graphiti's resolve_edge prompt for ``new``, its idx values continuous across the two lists."""
+    return prompt_library.dedupe_edges.resolve_edge({
         "existing_edges": [{"idx": i, "fact": f} for i, f in enumerate(existing)],
         "new_edge": new,
         "edge_invalidation_candidates": [{"idx": len(existing) + i, "fact": f} for i, f in enumerate(candidates)],
-    }
-    messages = prompt_library.dedupe_edges.resolve_edge(context)
-    return await client.generate_response(messages, response_model=EdgeDuplicate, prompt_name=EDGE_DEDUPE_PROMPT)
+    })
+
+
+async def _ask_dedupe(client: LocalAnswersLLMClient, new: str, existing: list[str], candidates: list[str]) -> dict:
+    return await client.generate_response(dedupe_messages(new, existing, candidates), response_model=EdgeDuplicate,
+                                          prompt_name=EDGE_DEDUPE_PROMPT)
 
 
 async def test_dedupe_with_no_close_candidate_makes_no_call() -> None:
