@@ -271,12 +271,15 @@ def node_duplicate(prompt: str, limits: Limits) -> dict[str, Any]:
     return {"id": int(node.get("id", 0) or 0), "name": name, "duplicate_candidate_id": dup}
 
 
+def _fact_rows(value: Any) -> list[dict[str, Any]]:
+    """The ``{"idx", "fact"}`` rows of a dedupe question's list; anything else dropped."""
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
 def edge_duplicate(prompt: str, limits: Limits) -> dict[str, Any]:
-    existing = _literal(_block(prompt, "EXISTING FACTS")) or []
-    candidates = _literal(_block(prompt, "FACT INVALIDATION CANDIDATES")) or []
+    existing = _fact_rows(_literal(_block(prompt, "EXISTING FACTS")))
+    candidates = _fact_rows(_literal(_block(prompt, "FACT INVALIDATION CANDIDATES")))
     new_fact = (_block(prompt, "NEW FACT") or "").strip()
-    existing = [x for x in existing if isinstance(x, dict)] if isinstance(existing, list) else []
-    candidates = [x for x in candidates if isinstance(x, dict)] if isinstance(candidates, list) else []
     return resolve_edge(new_fact, existing, candidates)
 
 
@@ -291,9 +294,8 @@ def edge_duplicates(prompt: str, limits: Limits) -> dict[str, Any]:
             continue
         if not isinstance(row, dict) or not isinstance(row.get("id"), int):
             continue
-        existing = [x for x in row.get("existing_facts") or [] if isinstance(x, dict)]
-        candidates = [x for x in row.get("invalidation_candidates") or [] if isinstance(x, dict)]
-        answers.append({"id": row["id"], **resolve_edge(str(row.get("new_fact", "")), existing, candidates)})
+        answers.append({"id": row["id"], **resolve_edge(str(row.get("new_fact", "")), _fact_rows(row.get("existing_facts")),
+                                                        _fact_rows(row.get("invalidation_candidates")))})
     return {"answers": answers}
 
 
