@@ -22,8 +22,9 @@ What an answer can do: a question the batch's answer leaves out (or answers with
 is asked alone with graphiti's prompt; an idx outside a question's lists is dropped, as graphiti
 drops one from its own call's answer; a batched answer that is cut off or not valid JSON of
 the schema (after the client's re-asks) sends its questions alone; a batched call that fails
-otherwise (the model down, a timeout) fails every question in it, as their own calls would have. Counted: ``engram_extractor_dedupe_batches_total``
-and ``engram_extractor_dedupe_batched_questions_total``.
+otherwise (the model down, a timeout) fails every question in it, as their own calls would have.
+Counted: ``engram_extractor_dedupe_batches_total`` and
+``engram_extractor_dedupe_batched_questions_total``.
 """
 
 from __future__ import annotations

@@ -497,12 +497,13 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
                 new, candidates = question.new, question.candidates
                 close = [c for c in candidates if fact_similarity(new, c) >= self.dedupe_similarity]
                 same = _same_statement_elsewhere(question)
-                if close and all(c in same for c in close):
+                rest = [c for c in close if c not in same]
+                if close and not rest:
                     # only the new fact's own words on another entity pair: graphiti merges
                     # duplicates on one pair only, and a statement cannot contradict itself
                     self._count("edge_dedupe_identical")
                     return {"duplicate_facts": [], "contradicted_facts": []}
-                close = [c for c in close if c not in same]
+                close = rest
                 if not close or not await self._facts_close(new, close):
                     self._count("edge_dedupe_skipped" if not close else "edge_dedupe_distant")
                     return {"duplicate_facts": [], "contradicted_facts": []}

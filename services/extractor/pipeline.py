@@ -26,8 +26,8 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    gives each fact's dates and the known facts it restates or replaces, and it names a known
    fact's entity by its stored name: graphiti's timestamp, edge dedupe and node dedupe questions
    about them are answered from it, so a turn is one model call (the edge dedupe questions left
-   are asked together: services/extractor/dedupe_batch.py). ``mode="separate"`` runs add_episode's two-prompt path
-   (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
+   are asked together: services/extractor/dedupe_batch.py). ``mode="separate"`` runs
+   add_episode's two-prompt path (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;
 4. unsafe entity names ("It", "Is", "Will", punctuation) are dropped -- with the edges that
@@ -479,7 +479,7 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
     graphiti's dedupe questions about them need no call (services/extractor/local_answers.py).
     Slots the turn's words leave free are filled with the facts sharing the most words with the
     ``previous`` episodes (the prompt's PREVIOUS MESSAGES, which a model restates too): in a Qwen
-    1.5B run every turn that made a dedupe call had shown 4-7 known facts, and the close candidates
+    1.5B run every turn that made a dedupe call had shown 4-8 known facts, and the close candidates
     asked about had come from earlier turns (docs/architecture.md); the block never grows past
     ``limit``, so neither does the prompt.
     No embedding: the turn's one embedder call comes after extraction, with its names and facts."""
@@ -487,8 +487,10 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
         return []
     first: dict[str, EntityEdge] = {}  # one text once: the model's answer names a known fact by its position
     for text in (episode.content, "\n".join(p.content for p in previous)):
+        if len(first) >= limit:
+            break
         query = known_fact_query(text)
-        if len(first) >= limit or not query:
+        if not query:
             continue
         hits = await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id],
                                           limit=2 * limit)
