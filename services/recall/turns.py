@@ -103,6 +103,9 @@ log = logging.getLogger("engram.recall.turns")
 
 FOLLOWER_WINDOW = timedelta(days=1)  # the next turn is looked for this far after a turn, no further
 PREFIX_CUT, PREFIX_MIN = 4, 4  # keyword_query: non-ASCII questions' words also match by prefix
+# keyword_query: a word in more than COMMON_SHARE of the documents, and in more than COMMON_MIN_DOCS
+# of them, selects no candidate alone (a lookup scores ~10k documents in ~1-2 ms)
+COMMON_SHARE, COMMON_MIN_DOCS = 0.05, 10_000
 RESCORE_DEPTH = 2  # keyword_ranking: fulltext candidates rescored by BM25, per turn it returns
 LANGUAGE_SAMPLE = 64  # bm25_rescored: the candidates whose stopwords vote the language
 FALLBACK_MAX_TURNS = 2_000  # the in-memory index reads ~3-4k turns a second (60k: 15-23 s): ~0.6 s, once (then kept)
@@ -143,7 +146,7 @@ Q_FOLLOWING = (
 )
 
 
-def keyword_query(query: str) -> str:
+def keyword_query(query: str, common: frozenset[str] | set[str] = frozenset()) -> str:
     """The question as a RediSearch query over the turns' fulltext index: graphiti's (an OR of
     its words, graphiti's stopwords dropped), without a ``@group_id`` term (a graph is one group,
     filtered in Cypher all the same; RediSearch splits an id like "s_recall-a" into words such a
@@ -151,17 +154,36 @@ def keyword_query(query: str) -> str:
     letter ("Veritabanının çökmesi ne zaman oldu?") each long word also matches by prefix, its
     last ``PREFIX_CUT`` letters cut (``veritaban*`` meets "veritabanı"), at least ``PREFIX_MIN``
     kept. Partial: a crude stand-in for the in-memory index's per-language Snowball stems; an
-    all-ASCII question in another language gets no prefixes (Sunucunun diski)."""
+    all-ASCII question in another language gets no prefixes (Sunucunun diski).
+
+    ``common`` (lower-cased words held by more than ``COMMON_SHARE`` of the documents and more than
+    ``COMMON_MIN_DOCS``, as last counted): such a word only adds to the score of a document another
+    word selects (RediSearch's optional ``~word``), as long as one word of the question is not
+    common. Why: an OR query scores every document holding any of its words, so a speaker's name,
+    "did" or "when" made each lookup score tens of thousands of a 300k-fact group's facts. On the
+    bench's 300k graph the facts' candidate query fell from 29.3 / 68.7 to 16.3 / 33.1 ms (p50 /
+    p95, FalkorDB's own time, 220 LoCoMo questions; 20% instead of 5%: 26.3 / 44.3) and NATS
+    recall p95 from 104.7 to 63.2 ms (bench/recall.py). Why the floor: in a LoCoMo-sized group
+    (~1k facts) the documents holding only the name are few enough to reach the rescoring, and
+    short facts about the person rank well there (20% without the floor cost 1.3 points of
+    recall_all at 500 and 1,000 tokens on the tuning split; with it nothing changes there). Past
+    10k such documents the few the index's cut keeps are an arbitrary handful, and the vector and
+    entity rankings still find facts about the person. A group that large has no labelled data
+    here: its quality with the rule is not measured."""
     words = [w for w in fulltext_words(query).split() if w.lower() not in FALKOR_STOPWORDS]
     if not words or len(words) >= MAX_QUERY_LENGTH // 2:
         return ""
     terms = list(dict.fromkeys(words))
+    optional = [w for w in terms if w.lower() in common]
+    if len(optional) == len(terms):
+        optional = []  # nothing else to select by: every word selects
+    required = [w for w in terms if w not in optional]
     if any(not c.isascii() for c in query if c.isalpha()):
-        for w in words:
+        for w in list(required):
             cut = w.lower()[:max(PREFIX_MIN, len(w) - PREFIX_CUT)]
             if len(w) > PREFIX_MIN and len(cut) >= PREFIX_MIN:
-                terms.append(cut + "*")
-    return "(" + " | ".join(dict.fromkeys(terms)) + ")"
+                required.append(cut + "*")
+    return "(" + " | ".join(dict.fromkeys(required)) + ")" + "".join(f" ~{w}" for w in optional)
 
 
 class DocFrequencies:
@@ -302,8 +324,7 @@ async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], gr
     rescored by BM25 (:func:`bm25_rescored`), best ``depth`` uuids first. ``queries``: the
     candidates with their text, each word's document frequency and the document count, read side
     by side (turns here; facts in :mod:`engram.services.recall.fact_keywords`)."""
-    words_query = keyword_query(query)
-    if not words_query or depth <= 0:
+    if depth <= 0:
         return []
     q_text, q_doc_freq, q_count = queries
     name = getattr(graph, "name", None)  # the group's graph: no name, nothing reused (nor kept)
@@ -311,6 +332,12 @@ async def rescored_keyword_ranking(graph: Any, queries: tuple[str, str, str], gr
     wanted = doc_freq_words(query)
     kept = DOC_FREQUENCIES.get(index, wanted) if name else {}
     counted = [w for w in wanted if w not in kept]
+    # a word an earlier count found in a large share of the documents selects none (a word seen
+    # for the first time selects: its count is read beside the candidates, not before them)
+    common = {w for w, (df, then) in kept.items() if df > max(COMMON_SHARE * then, COMMON_MIN_DOCS)}
+    words_query = keyword_query(query, common)
+    if not words_query:
+        return []
 
     async def frequencies(words: list[str]) -> dict[str, int]:
         if not words:

@@ -192,6 +192,37 @@ def test_a_question_with_non_ascii_letters_also_matches_by_prefix() -> None:
     assert keyword_query("the of") == "" and keyword_query('x_y "(a)|b"') == "(x_y | b)"
 
 
+def test_a_common_word_only_adds_to_what_the_other_words_select() -> None:
+    assert keyword_query("When did Caroline go to the support group?", {"caroline"}) == \
+        "(When | did | go | support | group) ~Caroline"
+    assert keyword_query("Caroline?", {"caroline"}) == "(Caroline)"  # nothing else to select by
+    assert keyword_query("Veritabanının çökmesi ne zaman oldu?", {"zaman"}).endswith(" ~zaman")
+    assert "zam*" not in keyword_query("Veritabanının çökmesi ne zaman oldu?", {"zaman"})
+
+
+async def test_a_word_counted_in_most_turns_stops_selecting_turns_alone(group,  # noqa: ANN001
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a word's count shows it in more than COMMON_SHARE of the turns (and more than
+    COMMON_MIN_DOCS), a turn holding only it is no candidate: the lookup no longer scores every
+    turn holding the name; the turns the other word selects rank as before."""
+    driver, add, _ = group
+    monkeypatch.setattr(turns_module, "DOC_FREQUENCIES", turns_module.DocFrequencies())
+    monkeypatch.setattr(turns_module, "COMMON_MIN_DOCS", 5)
+    for i in range(12):
+        await add(f"c{i}", f"user: Caroline talked about the weather on day {i}", i)
+    await add("dog", "user: Caroline adopted a dog from the shelter", 20)
+    await add("cat", "user: Melanie adopted a cat", 21)
+    graph = turns_module.falkor_graph(driver)
+    name = driver._database  # noqa: SLF001
+    first = await keyword_ranking(graph, name, "What did Caroline adopt?", 20)  # counts the words
+    assert set(first[:2]) == {"dog", "cat"} and "c0" in first  # an OR: the name alone selected the weather
+    again = await keyword_ranking(graph, name, "What did Caroline adopt?", 20)
+    assert again == first[:2]  # "adopt" selects, ranked as before
+    assert await keyword_ranking(graph, name, "Caroline", 20)  # the name alone still finds turns
+    monkeypatch.setattr(turns_module, "COMMON_MIN_DOCS", 100)  # a small group: the name still selects
+    assert "c0" in await keyword_ranking(graph, name, "What did Caroline adopt?", 20)
+
+
 async def test_a_turkish_question_finds_the_turn_by_prefix(group) -> None:  # noqa: ANN001
     driver, add, _ = group
     name = driver._database  # noqa: SLF001
