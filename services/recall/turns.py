@@ -13,7 +13,8 @@ Here nothing about a group is kept in the process: each request sends
   document frequency (one fulltext lookup per word, counted; reused while the group's count stays
   within 2% of what it was, :class:`DocFrequencies`) and the turn count (FalkorDB's label count);
   the candidates are ranked again by the in-memory index's BM25 (:func:`bm25_rescored`), best
-  ``CANDIDATES_PER_K x k`` kept;
+  ``CANDIDATES_PER_K x k`` kept; a word counted in a large share of a large group's turns only
+  scores the candidates the other words select (:func:`keyword_query`'s ``common``);
 * the dense half: the HNSW vector index on ``Episodic.engram_embedding`` (engram/graph/drivers.py,
   ``TURN_VECTOR_INDEX``), the ``CANDIDATES_PER_K x k`` nearest turns to the question's vector;
 * one read of the winners' text and times (by uuid, through the range index);
