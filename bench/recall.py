@@ -113,7 +113,7 @@ from engram.services.extractor.app import NoRerank  # noqa: E402
 from engram.services.extractor.pipeline import EMBEDDING_PROPERTY, MESSAGE_IDS_PROPERTY  # noqa: E402
 from engram.services.recall import app as rc_app  # noqa: E402
 from engram.services.recall.merge import fit_budget, merge  # noqa: E402
-from engram.services.recall.search import NOT_EXPIRED, provenance, search_group  # noqa: E402
+from engram.services.recall.search import NOT_EXPIRED, provenance  # noqa: E402
 
 P95_TARGET_MS = 50.0
 P95_GOAL_100K_MS = 20.0  # issue 11's goal for the 100k-fact row
@@ -422,8 +422,11 @@ async def breakdown(row: Row, recall: Any, clients: GraphitiClients, queries: li
                 slim = cypher.replace("properties(e) AS attributes", "null AS attributes")
                 took, _ = await timed(lambda: graph.query(slim, params))
                 add("  similarity query without properties(e): client wall", took)
-        took, items = await timed(lambda: search_group(clients, row.group, "user", q, MAX_FACTS, query_vector=vector))
-        add("search_group() = search() + provenance", took)
+        # the service's own group search (search_group with recall's settings, then supersession):
+        # search_group's defaults would time graphiti's episode search, which recall does not use
+        took, items = await timed(lambda: recall._search(row.group, "user", q, vector, MAX_FACTS,  # noqa: SLF001
+                                                         min_similarity=recall.min_similarity))
+        add("recall's group search (search_group with its settings + supersession)", took)
         episode_ids = sorted({p.episode_id for item in items for p in item.provenance})
         took, _ = await timed(lambda: provenance(driver, row.group, episode_ids))
         add("  provenance query alone", took)
