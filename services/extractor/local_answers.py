@@ -540,11 +540,13 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         rest = [e for e in entities if e["id"] not in speakers]
         pairs = [(e["name"], c) for e in rest for c in candidates if not possessive_of(e["name"], c)]
         kind = "node_dedupe_speaker" if speakers else "node_dedupe_skipped" if not pairs else "node_dedupe_distant"
-        if pairs and await self._names_close(pairs):
-            # the extraction call saw every candidate among its KNOWN ENTITIES and was asked to name
-            # an existing entity exactly: a different name is its answer "not that one"
+        close = await self._close_names(pairs) if pairs else []
+        if close:
+            # the extraction call saw every close candidate among its KNOWN ENTITIES and was asked
+            # to name an existing entity exactly: a different name is its answer "not that one"
+            # (a distant candidate is no duplicate whoever saw it, as when no pair is close)
             known = self.extraction.known_entities if self.extraction is not None else set()
-            if not known or any(normalize_name_exact(c) not in known for _, c in pairs):
+            if not known or any(normalize_name_exact(c) not in known for _, c in close):
                 return None
             kind = "node_dedupe_extracted"
         self._count(kind)
@@ -575,13 +577,20 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         cosines = await self._cosines([(new, c) for c in candidates])
         return cosines is None or max(cosines) >= self.dedupe_cosine
 
-    async def _names_close(self, pairs: list[tuple[str, str]]) -> bool:
-        """Whether any (entity, candidate) pair may name one entity: a lexical sign, or a cosine at
-        or above ``name_similarity``. True (ask) whenever the names cannot be compared."""
-        if self.name_similarity is None or any(names_may_match(a, b) for a, b in pairs):
-            return True
-        cosines = await self._cosines(pairs)
-        return cosines is None or max(cosines) >= self.name_similarity
+    async def _close_names(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The (entity, candidate) pairs that may name one entity: a lexical sign, or a cosine at or
+        above ``name_similarity``. Every pair whenever the names cannot be compared (None, or the
+        names could not be embedded)."""
+        if self.name_similarity is None:
+            return list(pairs)
+        signed = [pair for pair in pairs if names_may_match(*pair)]
+        rest = [pair for pair in pairs if pair not in signed]
+        if not rest:
+            return signed
+        cosines = await self._cosines(rest)
+        if cosines is None:
+            return list(pairs)
+        return signed + [pair for pair, c in zip(rest, cosines) if c >= self.name_similarity]
 
     async def _timestamps(self, facts: list[dict[str, Any]], forward: Forward, messages: list[Any]) -> dict[str, Any]:
         answers: list[dict[str, Any] | None] = []

@@ -538,3 +538,21 @@ async def test_node_dedupe_with_a_candidate_the_extraction_did_not_see_is_asked(
     await _extract_with_entities(client, ("Maya",))
     await _ask_nodes(client, "Lisbon flat", ["Lisbon"])
     assert len(inner.prompts) == 2
+
+
+async def test_node_dedupe_needs_only_its_close_candidates_among_the_known_entities() -> None:
+    """The rules model on LoCoMo conv-43: "HP" against "Harry Potter" (a KNOWN ENTITY the extraction
+    call did not use) and "Armour" (not shown, and no name like it). Only the close candidate has
+    to have been seen: a distant one is no duplicate, as when no pair is close."""
+    inner = Extracting({"extracted_entities": [], "edges": []})
+    client = _local(inner, Vectors({"Armour": 0.0}))
+    await _extract_with_entities(client, ("Harry Potter",))
+    before = _counted("node_dedupe_extracted")
+    answer = await _ask_nodes(client, "HP", ["Harry Potter", "Armour"])
+    assert len(inner.prompts) == 1 and _counted("node_dedupe_extracted") == before + 1
+    assert answer["entity_resolutions"] == [{"id": 0, "name": "HP", "duplicate_candidate_id": -1}]
+    unseen = Extracting({"extracted_entities": [], "edges": []})
+    client = _local(unseen, Vectors({"Armour": 0.0}))
+    await _extract_with_entities(client, ("Armour",))  # the close one was not shown: asked
+    await _ask_nodes(client, "HP", ["Harry Potter", "Armour"])
+    assert len(unseen.prompts) == 2
