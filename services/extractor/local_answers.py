@@ -52,8 +52,9 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   candidate the model did not see sends the question to the model as before. The prompt also
   lists the known facts' entities by name and asks for an existing entity's name exactly
   (graphiti then resolves it by that name, without a call); a node dedupe question the gates
-  would send to the model is answered "no duplicate" when every candidate is a known entity the
-  model could have named (kind ``node_dedupe_extracted``). What it can cost:
+  would send to the model is answered "no duplicate" when every close candidate (the gates
+  above, pair by pair) is a known entity the model could have named (kind
+  ``node_dedupe_extracted``; a distant one is no duplicate whoever saw it). What it can cost:
   a candidate below the gates is never marked, where the model asked about a close one could
   still have marked it (the gates were chosen as the lowest similarity of any labelled change).
 
