@@ -43,6 +43,7 @@ from graphiti_core.prompts import prompt_library  # noqa: E402
 from graphiti_core.prompts.dedupe_edges import EdgeDuplicate  # noqa: E402
 
 from bench._smoke import Checks, parse  # noqa: E402
+from bench.extraction_quality import make_llm  # noqa: E402
 from engram.models.openai_compat import llm_stats  # noqa: E402
 from engram.services.extractor.dedupe_batch import (  # noqa: E402
     BATCH_PROMPT,
@@ -88,13 +89,19 @@ def single_messages(q: DedupeQuestion) -> list[Any]:
     })
 
 
-def as_graphiti_reads(answer: Any, q: DedupeQuestion) -> dict[str, list[int]]:
-    """graphiti's reading of its own call's answer: idx values outside the lists dropped."""
-    parsed = EdgeDuplicate.model_validate(answer)
-    existing = {i for i, _ in q.existing}
-    every = existing | {i for i, _ in q.others}
-    return {"duplicate_facts": sorted({i for i in parsed.duplicate_facts if i in existing}),
-            "contradicted_facts": sorted({i for i in parsed.contradicted_facts if i in every})}
+NOTHING: dict[str, list[int]] = {"duplicate_facts": [], "contradicted_facts": []}
+
+
+def sorted_lists(found: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
+    """An answer's lists sorted, so the two ways compare."""
+    return {k: sorted(v) for k, v in found.items()} if found is not None else None
+
+
+def as_read(answer: Any, q: DedupeQuestion) -> dict[str, list[int]]:
+    """graphiti's one-question answer read as the extractor reads a batched row
+    (``answers_by_question``: idx values outside the lists dropped, as graphiti drops them)."""
+    row = {"answers": [{"id": 0, **answer}]} if isinstance(answer, dict) else None
+    return sorted_lists(answers_by_question(row, [q]).get(0)) or NOTHING
 
 
 @dataclass
@@ -118,8 +125,8 @@ async def ask_alone(case: Case, way: Way) -> dict[str, list[int]]:
     except Exception as exc:  # noqa: BLE001 - a failed call is counted, its question answered "none"
         print(f"  call failed ({type(exc).__name__}): {case.pair['later']!r}", file=sys.stderr)
         way.failed += 1
-        return {"duplicate_facts": [], "contradicted_facts": []}
-    return as_graphiti_reads(answer, case.question)
+        return NOTHING
+    return as_read(answer, case.question)
 
 
 async def run(llm: Any, cases: list[Case], batch: int) -> dict[str, Way]:
@@ -143,9 +150,7 @@ async def run(llm: Any, cases: list[Case], batch: int) -> dict[str, Way]:
                 print(f"  batched call failed ({type(exc).__name__}): its questions asked alone", file=sys.stderr)
                 ways["batched"].failed += 1
         for i, case in enumerate(group):
-            found = answered.get(i)
-            case.answers["batched"] = ({k: sorted(v) for k, v in found.items()} if found is not None
-                                       else await ask_alone(case, ways["batched"]))
+            case.answers["batched"] = sorted_lists(answered.get(i)) or await ask_alone(case, ways["batched"])
     ways["batched"].seconds = time.perf_counter() - started
     return ways
 
@@ -160,16 +165,6 @@ def score(cases: list[Case], way: str) -> dict[str, int]:
         marked = set(got["duplicate_facts"]) | set(got["contradicted_facts"])
         out["wrong_marks"] += bool(marked - {0}) or (label == "unrelated" and 0 in marked)
     return out
-
-
-def make_llm(args: argparse.Namespace) -> Any:
-    from engram.models.factory import LLMSettings, build_llm
-    from engram.models.rules_llm import RulesExtractorClient
-
-    if args.llm_base_url:
-        return build_llm(LLMSettings(provider="openai", base_url=args.llm_base_url, model=args.llm_model,
-                                     api_key=args.llm_api_key))
-    return RulesExtractorClient()
 
 
 def report(cases: list[Case], ways: dict[str, Way], model: str, batch: int) -> list[str]:

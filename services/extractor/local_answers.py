@@ -584,8 +584,10 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         names could not be embedded)."""
         if self.name_similarity is None:
             return list(pairs)
-        signed = [pair for pair in pairs if names_may_match(*pair)]
-        rest = [pair for pair in pairs if pair not in signed]
+        signed: list[tuple[str, str]] = []
+        rest: list[tuple[str, str]] = []
+        for pair in pairs:
+            (signed if names_may_match(*pair) else rest).append(pair)
         if not rest:
             return signed
         cosines = await self._cosines(rest)
