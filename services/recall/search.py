@@ -110,6 +110,7 @@ async def search_group(
     query_vector: list[float] | Awaitable[list[float]] | None = None,
     lexical: LexicalEpisodes | GraphTurns | None = None,
     episode_weight: float = 1.0,
+    ranks_episode_weight: float | None = None,
     episodes: bool = True,
     episode_chars: int = EPISODE_CHARS,
     dense_episodes: bool = False,
@@ -140,7 +141,8 @@ async def search_group(
     as the facts' keyword half instead of the graph's fulltext index (FalkorDB's TF-IDF).
     ``fusion``: ``ranks`` or ``scores`` (:func:`fuse`); ``scores`` needs the RRF scores of the
     vector index path and of ``lexical``'s hybrid ranking, and falls back to ``ranks`` when the
-    facts came from graphiti's own search (its scores are on another scale). ``window``: facts
+    facts came from graphiti's own search (its scores are on another scale), the turns then weighed
+    by ``ranks_episode_weight`` (None: ``episode_weight``). ``window``: facts
     and turns of a time, ended or not, or of some relations (services/recall/time_window.py):
     facts from graphiti's search with its filters, turns filtered after the search. ``fact_rrf_k``:
     the rank constant of the facts' own fusion (their keyword, vector and entity rankings) with
@@ -253,4 +255,5 @@ async def search_group(
         )
         for ep in turns_found
     ]
-    return fuse(fact_items, turns, limit, episode_weight, by_score=by_score)
+    weight = episode_weight if by_score or ranks_episode_weight is None else ranks_episode_weight
+    return fuse(fact_items, turns, limit, weight, by_score=by_score)

@@ -154,3 +154,35 @@ def test_score_fusion_puts_what_both_halves_found_first_across_facts_and_turns()
     assert fused[0].score == round(both, 6)
     # the episode weight scales the turns' scores only
     assert [i.uuid for i in fuse(facts, turns, 3, episode_weight=0.5, by_score=True)][0] == "fact-one-half"
+
+
+def test_the_fusion_and_turn_weight_follow_who_extracts_the_facts(tmp_path) -> None:  # noqa: ANN001
+    """Unset, the fusion and the turns' weight are the ones chosen on the tuning split for who
+    extracts the facts; scores needs the turns' vector ranking (hashing: ranks); a setting given
+    wins; a request that falls back to ranks weighs the turns as ranks does."""
+    from graphiti_core.embedder.client import EmbedderClient
+
+    from engram.models.hashing_embedder import HashingEmbedder
+    from engram.services.recall.app import EPISODE_WEIGHT_BY_EXTRACTOR, Recall, RecallSettings
+    from engram.settings import EngramSettings
+
+    class Semantic(EmbedderClient):  # any embedder but the hashing one counts as semantic
+        dim = 8
+
+        async def create(self, input_data):  # noqa: ANN001, ANN201
+            return [1.0] * self.dim
+
+        async def create_batch(self, input_data_list):  # noqa: ANN001, ANN201
+            return [[1.0] * self.dim for _ in input_data_list]
+
+    settings = EngramSettings(data_dir=tmp_path)
+    rules = Recall(settings, embedder=Semantic(), facts_from="rules")
+    assert (rules.fusion, rules.episode_weight, rules.ranks_episode_weight) == ("scores", 1.5, 1.1)
+    model = Recall(settings, embedder=Semantic(), facts_from="model")
+    assert (model.fusion, model.episode_weight, model.ranks_episode_weight) == ("ranks", 0.8, 0.8)
+    hashing = Recall(settings, embedder=HashingEmbedder(dim=8), facts_from="rules")
+    assert (hashing.fusion, hashing.episode_weight) == ("ranks", 1.1)
+    rules.configure(RecallSettings(fusion="ranks"))
+    assert (rules.fusion, rules.episode_weight) == ("ranks", EPISODE_WEIGHT_BY_EXTRACTOR["rules", "ranks"])
+    model.configure(RecallSettings(fusion="scores", episode_weight=2.0))
+    assert (model.fusion, model.episode_weight, model.ranks_episode_weight) == ("scores", 2.0, 2.0)
