@@ -369,3 +369,38 @@ async def test_the_service_lists_nothing_embeds_once_and_sees_a_delete_at_once(f
         for group in (user, session):
             await recall.graph.driver_for(group)._get_graph(None).delete()  # noqa: SLF001
         await recall.stop()
+
+
+async def test_a_request_that_falls_back_to_ranks_weighs_the_turns_as_ranks_does(
+        group, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """fusion=scores puts facts and turns on one scale through the vector index path; a request
+    whose facts come from graphiti's search (a time window) is fused by place, and its turns then
+    weigh what ranks' weight says, not the scores' weight."""
+    from graphiti_core.graphiti_types import GraphitiClients
+    from graphiti_core.tracer import NoOpTracer
+
+    from engram.services.extractor.app import NoRerank
+    from engram.services.recall import search as search_module
+    from engram.services.recall.app import _NoLLM
+    from engram.services.recall.time_window import TimeWindow
+
+    driver, add, _ = group
+    await add("t1", "user: we moved billing to SQLite", 0, [1.0, 0.0, 0.0])
+    clients = GraphitiClients(driver=driver, llm_client=_NoLLM(), embedder=HashingEmbedder(dim=8),  # unused: the vector is given
+                              cross_encoder=NoRerank(), tracer=NoOpTracer())
+    fused: list[tuple[float, bool]] = []
+    real_fuse = search_module.fuse
+
+    def recorded(facts: Any, turns: Any, limit: int, weight: float, by_score: bool = False) -> Any:
+        fused.append((weight, by_score))
+        return real_fuse(facts, turns, limit, weight, by_score=by_score)
+
+    monkeypatch.setattr(search_module, "fuse", recorded)
+    window = TimeWindow.of(RecallRequest(query="billing", as_of=T0 + timedelta(days=1)))
+    for w in (None, window):
+        items = await search_module.search_group(
+            clients, driver._database, None, "billing", 5, query_vector=[1.0, 0.0, 0.0],  # noqa: SLF001
+            lexical=GraphTurns(), dense_episodes=True, fusion="scores", episode_weight=1.5,
+            ranks_episode_weight=1.1, window=w)
+        assert [i.uuid for i in items] == ["t1"]
+    assert fused == [(1.5, True), (1.1, False)]
