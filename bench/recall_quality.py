@@ -662,44 +662,89 @@ def flat_turn_rows(flat: dict[str, dict[int, dict[Key, Outcome]]]) -> dict[str, 
     return {name: rows for name, rows in flat.items() if "turns" in name and "dated" not in name}
 
 
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def paired_interval(differences: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The ``level`` interval, in points, of the mean of per-question differences (each in -1..1),
+    by the percentile bootstrap over questions (resampled with replacement, fixed seed): how far
+    a margin of this many questions could move with other questions of the same kind. Questions
+    of one conversation are not independent, so it is if anything too narrow."""
+    if not differences:
+        return math.nan, math.nan
+    values = np.asarray(differences, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))
+    means = values[picks].mean(axis=1) * 100.0
+    tail = (1.0 - level) / 2.0 * 100.0
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100.0 - tail))
+
+
+@dataclass
+class Margin:
+    """Engram's margin over one bar at each budget (points), what the bar was, and each margin's
+    95% interval (:func:`paired_interval`)."""
+
+    points: list[float]
+    what: str
+    intervals: list[tuple[float, float]]
+
+
 def bar_margins(qs: list[Question], budgets: Sequence[int], runs: list[EngramRun],
                 flat: dict[str, dict[int, dict[Key, Outcome]]],
-                measure: Callable[[Outcome], bool]) -> dict[str, tuple[list[float], str]]:
-    """bar -> (engram's margin over it at each budget, points; what the bar was), for one engram
-    row and one measure. (a) the best flat turn retriever at that budget and measure
-    (deterministic: engram's median minus it); (b), (c) over the same run's graph: the median of
-    the per-run differences (each run against its own graph's bar)."""
-    out: dict[str, tuple[list[float], str]] = {}
+                measure: Callable[[Outcome], bool]) -> dict[str, Margin]:
+    """bar -> engram's margin over it at each budget, for one engram row and one measure. (a) the
+    best flat turn retriever at that budget and measure (deterministic: engram's median minus
+    it); (b), (c) over the same run's graph: the median of the per-run differences (each run
+    against its own graph's bar). The intervals bootstrap the per-question differences (engram's
+    outcome, averaged over the runs, minus the bar's)."""
+    out: dict[str, Margin] = {}
+    keys = [(q.sample, q.text) for q in qs]
+
+    def mean_over_runs(outcome_of: Callable[[EngramRun], dict[Key, Outcome]], key: Key) -> float:
+        return statistics.mean(float(measure(outcome_of(r)[key])) for r in runs)
+
     turns = flat_turn_rows(flat)
     if turns:
-        margins, names = [], []
+        margins, names, intervals = [], [], []
         for b in budgets:
             best_name, best = max(((n, recall_of(o[b], qs, measure)) for n, o in turns.items()), key=lambda x: x[1])
             margins.append(statistics.median(recall_of(r.outcomes[b], qs, measure) for r in runs) - best)
             names.append(best_name)
+            bar = turns[best_name][b]
+            intervals.append(paired_interval([mean_over_runs(lambda r, b=b: r.outcomes[b], k) - float(measure(bar[k]))
+                                              for k in keys]))
         picked = " / ".join(names) if len(set(names)) > 1 else names[0]
-        out["(a) best flat turn retriever"] = (margins, picked)
+        out["(a) best flat turn retriever"] = Margin(margins, picked, intervals)
     for bar in runs[0].bars:
-        out[bar] = (
+        out[bar] = Margin(
             [statistics.median(recall_of(r.outcomes[b], qs, measure) - recall_of(r.bars[bar][b], qs, measure) for r in runs)
-             for b in budgets], "same graph, paired by run")
+             for b in budgets], "same graph, paired by run",
+            [paired_interval([mean_over_runs(lambda r, b=b: r.outcomes[b], k)
+                              - mean_over_runs(lambda r, b=b: r.bars[bar][b], k) for k in keys]) for b in budgets])
     return out
+
+
+def interval_cells(intervals: list[tuple[float, float]]) -> str:
+    return " / ".join(f"[{lo:+.1f}, {hi:+.1f}]" for lo, hi in intervals)
 
 
 def print_bar_margins(qs: list[Question], budgets: Sequence[int], engram: dict[str, list[EngramRun]],
                       flat: dict[str, dict[int, dict[Key, Outcome]]]) -> None:
     """Issue 24, item 3: the margin of every engram row over each bar at each budget, for "hit"
-    (any evidence message inside) and recall_all (every evidence message inside)."""
+    (any evidence message inside) and recall_all (every evidence message inside), each with its
+    95% interval over questions (paired bootstrap)."""
     cells = " / ".join(str(b) for b in budgets)
     for name, runs in engram.items():
-        print(f"  margins of {name} over the bars at {cells} tokens, points (hit: any evidence; recall_all: every evidence):")
+        print(f"  margins of {name} over the bars at {cells} tokens, points (hit: any evidence; recall_all: every "
+              f"evidence; [95% interval, paired bootstrap over the {len(qs)} questions]):")
         hit = bar_margins(qs, budgets, runs, flat, lambda o: o.hit)
         every = bar_margins(qs, budgets, runs, flat, lambda o: o.all_hit)
-        for bar, (margins, what) in hit.items():
-            all_margins, all_what = every[bar]
-            shown = what if what == all_what else f"hit: {what}; recall_all: {all_what}"
-            print(f"    vs {bar} [{shown}]: hit {' / '.join(f'{m:+.1f}' for m in margins)}; "
-                  f"recall_all {' / '.join(f'{m:+.1f}' for m in all_margins)}")
+        for bar, margin in hit.items():
+            all_margin = every[bar]
+            shown = margin.what if margin.what == all_margin.what else f"hit: {margin.what}; recall_all: {all_margin.what}"
+            print(f"    vs {bar} [{shown}]: hit {' / '.join(f'{m:+.1f}' for m in margin.points)}; "
+                  f"recall_all {' / '.join(f'{m:+.1f}' for m in all_margin.points)}")
+            print(f"      intervals: hit {interval_cells(margin.intervals)}; recall_all {interval_cells(all_margin.intervals)}")
 
 
 def tokens_cell(value: float, cap: int) -> str:
@@ -916,9 +961,10 @@ async def main(args: argparse.Namespace) -> int:
             for measure in (lambda o: o.hit, lambda o: o.all_hit):
                 margins = bar_margins(qs, budgets, runs, flat, measure)
                 check.that(len(margins) == 3, f"{name}: margins over {sorted(margins)}, not bars (a), (b), (c)")
-                for bar, (cells, _) in margins.items():
-                    for b, m in zip(budgets, cells):
+                for bar, margin in margins.items():
+                    for b, m, (lo, hi) in zip(budgets, margin.points, margin.intervals):
                         check.number(f"{name}: margin over {bar} @{b}", m)
+                        check.that(lo <= hi, f"{name}: margin over {bar} @{b}: interval [{lo}, {hi}] upside down")
     for name, by_budget in every:
         for b in budgets:
             # the per-question need is computed apart from the fill at each budget: they must agree

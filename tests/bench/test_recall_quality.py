@@ -316,12 +316,33 @@ def test_bar_margins_pair_each_run_with_its_own_graph() -> None:
             "BM25 stemmed + x RRF, turns, dated as engram's": _outcomes([True] * 4)}
     margins = bar_margins(qs, [500, 1000], runs, flat, lambda o: o.hit)
     # (a): the best flat row over turns, not messages nor the dated diagnostic; engram's median (50) minus it (75)
-    assert margins["(a) best flat turn retriever"] == ([-25.0, -25.0], "BM25 turns, stemmed")
+    best = margins["(a) best flat turn retriever"]
+    assert (best.points, best.what) == ([-25.0, -25.0], "BM25 turns, stemmed")
     # (b), (c): the median of the per-run differences (each run against its own graph), which
     # here differs from the difference of the medians (0 for both)
-    assert margins[BAR_STORE][0] == [-25.0, -25.0]  # +50, -25, -25
-    assert margins[BAR_GRAPHITI][0] == [25.0, 25.0]  # +25, 0, +25
-    assert bar_margins(qs, [500], runs, flat, lambda o: o.all_hit)[BAR_STORE][0] == [0.0]
+    assert margins[BAR_STORE].points == [-25.0, -25.0]  # +50, -25, -25
+    assert margins[BAR_GRAPHITI].points == [25.0, 25.0]  # +25, 0, +25
+    assert bar_margins(qs, [500], runs, flat, lambda o: o.all_hit)[BAR_STORE].points == [0.0]
+    # each interval holds the mean per-question difference it was drawn around
+    for margin in margins.values():
+        assert all(lo <= hi for lo, hi in margin.intervals)
+    # per question, engram averaged over its runs (1, 2/3, 1/3, 0) minus graphiti's (2/3, 2/3, 0, 0):
+    # a mean of 1/6, which the interval brackets
+    lo, hi = margins[BAR_GRAPHITI].intervals[0]
+    assert lo <= 100 / 6 <= hi
+
+
+def test_paired_interval_narrows_with_more_questions_and_brackets_the_mean() -> None:
+    from bench.recall_quality import paired_interval
+
+    few = [1, 0, 0, 1, -1, 1, 0, 0]  # mean +25 points
+    lo, hi = paired_interval(few)
+    assert lo <= 25.0 <= hi and lo < 0 < hi  # 8 questions cannot tell +25 from nothing
+    many_lo, many_hi = paired_interval(few * 60)  # the same mix over 480 questions
+    assert many_lo <= 25.0 <= many_hi and many_lo > 0  # 480 can
+    assert many_hi - many_lo < (hi - lo) / 5
+    assert paired_interval([0, 0, 0]) == (0.0, 0.0)
+    assert all(math.isnan(x) for x in paired_interval([]))  # nothing to resample
 
 
 # --- LongMemEval-format input -----------------------------------------------------------------
