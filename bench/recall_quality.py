@@ -78,7 +78,8 @@ smoke checks that a hit at each budget agrees with it); tokens to X% is the ceil
 smallest of those; ">2000" when not reached within the largest budget (engram's response stops
 there, so nothing beyond it is measured for any method). Per category, per split; then the margin
 of each engram row over each bar (a), (b), (c) and over every flat row at each budget (any
-evidence; every evidence).
+evidence; every evidence); each margin over a bar with its 95% interval, a paired bootstrap over
+the questions (:func:`paired_interval`): a margin of a few questions reads as one.
 
 LongMemEval-format files (``--data``): a JSON list of items (question_id, question_type,
 question, answer, haystack_sessions of {role, content, has_answer?}, haystack_dates,
