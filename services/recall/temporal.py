@@ -9,16 +9,23 @@ day it was said ("last Friday" -> "last Friday (2023-05-05)", :func:`engram.text
 Recall applies it to the merged items (``ENGRAM_RECALL_WHEN_LIFT``, services/recall/app.py; its
 value chosen on bench/recall_quality.py's tuning split). English and Turkish questions; a question
 in another language is never treated as a "when" question (the ranking stays as it is).
+
+A question that names a time ("What did Maria donate in December 2023?", "Who did Maria have
+dinner with on May 3, 2023?", "What did John do the week before August 3, 2023?") reads what was
+said or dated then first: :func:`named_period` finds the days it names, :func:`prefer_period`
+moves the items of those days up a bounded number of places (``ENGRAM_RECALL_PERIOD_LIFT``).
 """
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
 from typing import TypeVar
 
-from engram.text.temporal import find_relative, mentions_date
+from engram.text.temporal import MONTH_PATTERN, find_relative, mentions_date
 from engram.schemas import RecallItem
 from engram.services.recall.merge import Layout
 
@@ -117,3 +124,98 @@ def rank_for_query(query: str, items: Sequence[RecallItem], *, lift: int = DEFAU
     if lift <= 0 or not is_when_question(query):  # lift 0 (the default) is the identity: no regex per request
         return list(items)
     return prefer_dated(items, lift=lift)
+
+
+# --- a time the question names --------------------------------------------------------------
+
+_MONTHS = {name: i for i, name in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
+                                             "nov", "dec"), start=1)}
+_ORDINAL = r"(?:st|nd|rd|th)?"
+#: a day, a month or a year a question names; one alternative per form, named groups per field
+_NAMED_TIME = re.compile(
+    r"(?<![\w-])(?P<iso_y>\d{4})-(?P<iso_m>\d{2})-(?P<iso_d>\d{2})(?![\w-])"
+    rf"|\b(?P<dm_d>\d{{1,2}}){_ORDINAL}\s+(?:of\s+)?(?P<dm_m>{MONTH_PATTERN})\.?,?\s+(?P<dm_y>(?:19|20)\d{{2}})\b"
+    rf"|\b(?P<md_m>{MONTH_PATTERN})\.?\s+(?P<md_d>\d{{1,2}}){_ORDINAL},?\s+(?P<md_y>(?:19|20)\d{{2}})\b"
+    rf"|\b(?P<m_m>{MONTH_PATTERN})\.?,?\s+(?P<m_y>(?:19|20)\d{{2}})\b"
+    r"|\b(?:in|during)\s+(?P<y_y>(?:19|20)\d{2})\b",  # not "for 2023": a plan names its year
+    re.I,
+)
+#: "the week before August 3, 2023", "two weeks after ...": the days next to the named one
+_BEFORE = re.compile(r"\bbefore\s*$", re.I)
+_AFTER = re.compile(r"\bafter\s*$", re.I)
+NEAR_DAYS = 14  # "before"/"after" a day: the two weeks on that side (LoCoMo asks "the week/weekend/two weeks before")
+DAY_SLACK = 1  # a day named: said the day after ("yesterday") or before ("tomorrow") counts too
+
+
+@dataclass(frozen=True)
+class Period:
+    """The days a question names, both ends included."""
+
+    start: date
+    end: date
+
+    def holds(self, when: datetime | None) -> bool:
+        if when is None:
+            return False
+        day = (when.astimezone(timezone.utc) if when.tzinfo else when).date()
+        return self.start <= day <= self.end
+
+
+def _month(name: str) -> int:
+    return _MONTHS[name[:3].lower()]
+
+
+def _span(m: re.Match[str]) -> tuple[date, date] | None:
+    """The days one named time covers (None: no such day, e.g. 31 February)."""
+    g = m.groupdict()
+    try:
+        if g["iso_y"]:
+            day = date(int(g["iso_y"]), int(g["iso_m"]), int(g["iso_d"]))
+        elif g["dm_y"]:
+            day = date(int(g["dm_y"]), _month(g["dm_m"]), int(g["dm_d"]))
+        elif g["md_y"]:
+            day = date(int(g["md_y"]), _month(g["md_m"]), int(g["md_d"]))
+        elif g["m_y"]:
+            year, month = int(g["m_y"]), _month(g["m_m"])
+            return date(year, month, 1), date(year, month, calendar.monthrange(year, month)[1])
+        else:
+            year = int(g["y_y"])
+            return date(year, 1, 1), date(year, 12, 31)
+    except ValueError:
+        return None
+    return day - timedelta(days=DAY_SLACK), day + timedelta(days=DAY_SLACK)
+
+
+def named_period(query: str) -> Period | None:
+    """The days ``query`` names, from its first to its last named time: a day ("on 3 May, 2023",
+    "May 3, 2023", "2023-05-03"; a day either side, for "yesterday" and "tomorrow"), a month ("in
+    December 2023") or a year ("in 2023"); "before"/"after" a time adds the two weeks on that side.
+    None when it names none (relative times such as "last week" name no day without a reference,
+    and a question is asked now)."""
+    if not query:
+        return None
+    spans: list[tuple[date, date]] = []
+    for m in _NAMED_TIME.finditer(query):
+        span = _span(m)
+        if span is None:
+            continue
+        start, end = span
+        ahead = query[max(0, m.start() - 12):m.start()]
+        if _BEFORE.search(ahead):
+            start = start - timedelta(days=NEAR_DAYS)
+        elif _AFTER.search(ahead):
+            end = end + timedelta(days=NEAR_DAYS)
+        spans.append((start, end))
+    if not spans:
+        return None
+    return Period(min(s for s, _ in spans), max(e for _, e in spans))
+
+
+def prefer_period(query: str, items: Sequence[RecallItem], *, lift: int) -> list[RecallItem]:
+    """``items`` with those said or dated in the time ``query`` names (:func:`named_period`; the
+    item's ``valid_at``: a turn's time, a fact's start) moved up by at most ``lift`` places, the
+    rest in their order; unchanged when the query names no time or ``lift`` is 0."""
+    period = named_period(query) if lift > 0 else None
+    if period is None:
+        return list(items)
+    return prefer_dated(items, lift=lift, dated=lambda item: period.holds(item.valid_at))

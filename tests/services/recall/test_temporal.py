@@ -155,3 +155,46 @@ def test_auto_layout_dates_the_section_only_for_a_question_about_time() -> None:
     assert layout_for("ranked", about_time[0]) == "ranked"
     assert layout_for("by_day", not_about_time[0]) == "by_day"
     assert not asks_about_time("")
+
+
+# --- a time the question names -----------------------------------------------------------------
+
+
+def test_a_question_names_a_day_a_month_or_a_year_and_before_or_after_widens_it() -> None:
+    from datetime import date
+
+    from engram.services.recall.temporal import Period, named_period
+
+    assert named_period("Who did Maria have dinner with on May 3, 2023?") == Period(date(2023, 5, 2), date(2023, 5, 4))
+    assert named_period("What movie did Joanna watch on 1 May, 2022?") == Period(date(2022, 4, 30), date(2022, 5, 2))
+    assert named_period("what broke on 2024-02-29") == Period(date(2024, 2, 28), date(2024, 3, 1))
+    assert named_period("What did Maria donate in December 2023?") == Period(date(2023, 12, 1), date(2023, 12, 31))
+    assert named_period("How often did we deploy in 2023?") == Period(date(2023, 1, 1), date(2023, 12, 31))
+    # "before"/"after" a day: the two weeks on that side, the day itself kept
+    assert named_period("What did John do the week before August 3, 2023?") == Period(date(2023, 7, 19), date(2023, 8, 4))
+    assert named_period("What changed after 2023-03-01?") == Period(date(2023, 2, 28), date(2023, 3, 16))
+    # two named times: from the first to the last
+    assert named_period("between 1 May 2023 and June 2023") == Period(date(2023, 4, 30), date(2023, 6, 30))
+    # nothing named, no such day, or a time with no year (which year it means needs a reference)
+    for query in ("When did Caroline go to the support group?", "What happened on 2023-02-30?",
+                  "What did we decide about billing in March?", "we have 2023 users", "What is our plan for 2023?", ""):
+        assert named_period(query) is None, query
+
+
+def test_items_of_the_named_time_move_up_a_bounded_number_of_places() -> None:
+    from engram.services.recall.temporal import prefer_period
+
+    may_3 = datetime(2023, 5, 3, 18, tzinfo=timezone.utc)
+    items = [episode(f"t{i}", f"turn {i}", datetime(2023, 4, 1, tzinfo=timezone.utc)) for i in range(6)]
+    items.append(episode("dinner", "Maria: had dinner with my mom tonight", may_3))
+    items.append(fact("fact-then", "Maria had dinner with her mom").model_copy(update={"valid_at": may_3}))
+    question = "Who did Maria have dinner with on May 3, 2023?"
+    moved = [i.uuid for i in prefer_period(question, items, lift=3)]
+    assert moved == ["t0", "t1", "t2", "dinner", "t3", "fact-then", "t4", "t5"]  # each aims 3 places up
+    assert [i.uuid for i in prefer_period(question, items, lift=100)][:2] == ["dinner", "fact-then"]
+    # no time named, or lift 0: the order is kept
+    assert prefer_period("Who did Maria have dinner with?", items, lift=3) == items
+    assert prefer_period(question, items, lift=0) == items
+    # an item with no date is never moved up
+    undated = [episode("a", "x", datetime(2023, 4, 1, tzinfo=timezone.utc)), episode("b", "y", None)]
+    assert prefer_period(question, undated, lift=5) == undated

@@ -94,3 +94,19 @@ async def test_what_did_we_use_for_billing_in_september(clean_nats, falkordb_ser
                                             invalid_at=TimeRange(after=SEPT_15), include_episodes=False,
                                             timeout_ms=10_000))
         assert [i.fact for i in ended.items] and all("Postgres" in i.fact for i in ended.items), ended.items
+
+
+async def test_a_question_naming_a_day_reads_what_was_said_that_day_first(clean_nats, falkordb_server,  # noqa: ANN001
+                                                                          tmp_path) -> None:
+    """Billing talked about on 1 September and again, in more of the question's words, on 1
+    October: asked what was said about it on 1 September, recall puts that day's items first
+    (ENGRAM_RECALL_PERIOD_LIFT; checked to fail with it 0)."""
+    async with stack(clean_nats, falkordb_server.url, tmp_path) as (nc, settings):
+        await _say(nc, "sept", SEPT_1, "Billing exports run nightly.", "Noted.")
+        await _say(nc, "oct", OCT_1, "The billing service team said the billing service invoices changed.", "Noted.")
+        question = "What did we say about the billing service on 1 September 2026?"
+        answer = await ask(nc, RecallRequest(query=question, scopes=RecallScopes(user=USER.user), timeout_ms=10_000))
+        assert not answer.degraded, answer.reason
+        assert answer.items and answer.items[0].valid_at is not None, answer.items
+        assert answer.items[0].valid_at.date() == SEPT_1.date(), [(i.fact, i.valid_at) for i in answer.items]
+        assert any(i.valid_at and i.valid_at.date() == OCT_1.date() for i in answer.items)  # moved down, not out
