@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import TypeVar
 
-from engram.text.temporal import MONTH_PATTERN, find_relative, mentions_date
+from engram.text.temporal import MONTH_NAMES, MONTH_PATTERN, find_relative, mentions_date
 from engram.schemas import RecallItem
 from engram.services.recall.merge import Layout
 
@@ -128,8 +128,7 @@ def rank_for_query(query: str, items: Sequence[RecallItem], *, lift: int = DEFAU
 
 # --- a time the question names --------------------------------------------------------------
 
-_MONTHS = {name: i for i, name in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
-                                             "nov", "dec"), start=1)}
+_MONTHS = {name[:3].lower(): i for i, name in enumerate(MONTH_NAMES, start=1)}  # "dec" -> 12
 _ORDINAL = r"(?:st|nd|rd|th)?"
 #: a day, a month or a year a question names; one alternative per form, named groups per field
 _NAMED_TIME = re.compile(
