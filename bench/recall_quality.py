@@ -701,9 +701,14 @@ def bar_margins(qs: list[Question], budgets: Sequence[int], runs: list[EngramRun
     out: dict[str, Margin] = {}
     keys = [(q.sample, q.text) for q in qs]
 
-    def mean_over_runs(outcome_of: Callable[[EngramRun], dict[Key, Outcome]], key: Key) -> float:
-        return statistics.mean(float(measure(outcome_of(r)[key])) for r in runs)
+    def per_question(outcomes_by_run: list[dict[Key, Outcome]]) -> list[float]:
+        """Each question's outcome (1 or 0) averaged over the runs' outcomes."""
+        return [statistics.mean(float(measure(o[k])) for o in outcomes_by_run) for k in keys]
 
+    def interval(mine: list[float], bar: list[float]) -> tuple[float, float]:
+        return paired_interval([m - t for m, t in zip(mine, bar)])
+
+    mine = {b: per_question([r.outcomes[b] for r in runs]) for b in budgets}
     turns = flat_turn_rows(flat)
     if turns:
         margins, names, intervals = [], [], []
@@ -711,17 +716,14 @@ def bar_margins(qs: list[Question], budgets: Sequence[int], runs: list[EngramRun
             best_name, best = max(((n, recall_of(o[b], qs, measure)) for n, o in turns.items()), key=lambda x: x[1])
             margins.append(statistics.median(recall_of(r.outcomes[b], qs, measure) for r in runs) - best)
             names.append(best_name)
-            bar = turns[best_name][b]
-            intervals.append(paired_interval([mean_over_runs(lambda r, b=b: r.outcomes[b], k) - float(measure(bar[k]))
-                                              for k in keys]))
+            intervals.append(interval(mine[b], per_question([turns[best_name][b]])))
         picked = " / ".join(names) if len(set(names)) > 1 else names[0]
         out["(a) best flat turn retriever"] = Margin(margins, picked, intervals)
     for bar in runs[0].bars:
         out[bar] = Margin(
             [statistics.median(recall_of(r.outcomes[b], qs, measure) - recall_of(r.bars[bar][b], qs, measure) for r in runs)
              for b in budgets], "same graph, paired by run",
-            [paired_interval([mean_over_runs(lambda r, b=b: r.outcomes[b], k)
-                              - mean_over_runs(lambda r, b=b: r.bars[bar][b], k) for k in keys]) for b in budgets])
+            [interval(mine[b], per_question([r.bars[bar][b] for r in runs])) for b in budgets])
     return out
 
 
