@@ -499,6 +499,23 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
     return list(first.values())[:limit]
 
 
+# the graph's own state, not graphiti's search: its invalidation candidates include ended facts
+Q_FACTS_IN_FORCE = (
+    "MATCH (:Entity)-[e:RELATES_TO]->(:Entity) WHERE e.group_id = $group_id AND e.fact IN $facts "
+    "AND e.expired_at IS NULL AND e.invalid_at IS NULL RETURN DISTINCT e.fact AS fact"
+)
+
+
+async def facts_in_force(clients: GraphitiClients, group_id: str, facts: list[str]) -> set[str]:
+    """Which of ``facts`` (texts as stored) a fact of the group still in force holds: neither
+    superseded (expired) nor dated to an end. services/extractor/local_answers.py asks it about
+    a new fact's twins."""
+    if not facts:
+        return set()
+    records, _, _ = await clients.driver.execute_query(Q_FACTS_IN_FORCE, group_id=group_id, facts=facts)
+    return {r["fact"] for r in records}
+
+
 Q_ENTITY_NAMES = "UNWIND $uuids AS u MATCH (n:Entity {uuid: u}) WHERE n.group_id = $group_id RETURN n.uuid AS uuid, n.name AS name"
 
 
@@ -987,7 +1004,8 @@ async def extract_episode(
     if dedupe_cosine == "auto":
         dedupe_cosine = DEDUPE_COSINE.get(kind) if dedupe_similarity is not None else None
     local = LocalAnswersLLMClient(counting, dedupe_similarity=dedupe_similarity, dedupe_cosine=dedupe_cosine,
-                                  name_similarity=name_similarity, embedder=embedder)
+                                  name_similarity=name_similarity, embedder=embedder,
+                                  in_force=lambda texts: facts_in_force(clients, episode.group_id, texts))
     run = clients.model_copy(update={"llm_client": local, "embedder": embedder})
     episode_node = build_episodic_node(episode, now)
 

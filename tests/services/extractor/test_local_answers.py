@@ -34,7 +34,7 @@ from engram.services.extractor.local_answers import (
     names_may_match,
 )
 from engram.services.extractor.extraction_prompt import PROMPT_NAME, TurnContext, build_prompt, is_engram_prompt
-from engram.services.extractor.pipeline import extract_episode
+from engram.services.extractor.pipeline import extract_episode, facts_in_force
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
 
 REF = datetime(2023, 5, 12, 10, 0, tzinfo=timezone.utc)
@@ -556,3 +556,91 @@ async def test_node_dedupe_needs_only_its_close_candidates_among_the_known_entit
     await _extract_with_entities(client, ("Armour",))  # the close one was not shown: asked
     await _ask_nodes(client, "HP", ["Harry Potter", "Armour"])
     assert len(unseen.prompts) == 2
+
+
+# --------------------------------------------------------------------------- a twin in force
+def _in_force(*held: str) -> Any:
+    asked: list[list[str]] = []
+
+    async def lookup(texts: list[str]) -> set[str]:
+        asked.append(texts)
+        return set(held) & set(texts)
+    lookup.asked = asked  # type: ignore[attr-defined]
+    return lookup
+
+
+async def test_a_fact_restated_word_for_word_while_its_twin_is_in_force_needs_no_call() -> None:
+    inner = Recording()
+    twin = "Jon is starting a dance studio"
+    lookup = _in_force(twin)
+    client = LocalAnswersLLMClient(inner, in_force=lookup)
+    before = _counted("edge_dedupe_twin")
+    # the twin (a closing full stop aside) beside another close candidate: graphiti would ask about both
+    answer = await _ask_dedupe(client, "Jon is starting a dance studio.", [], [twin, "Gina created a dance studio."])
+    assert inner.prompts == [] and answer == {"duplicate_facts": [], "contradicted_facts": []}
+    assert lookup.asked == [[twin]] and _counted("edge_dedupe_twin") == before + 1
+    # on the same entity pair the twin is the duplicate
+    answer = await _ask_dedupe(client, "Jon is starting a dance studio.", [twin], ["Gina created a dance studio."])
+    assert inner.prompts == [] and answer == {"duplicate_facts": [0], "contradicted_facts": []}
+
+
+async def test_a_twin_that_has_ended_or_cannot_be_read_proves_nothing() -> None:
+    inner = Recording()
+    # "Maya lives in Lisbon" again after a move to Porto may be a move back: the model decides
+    ended = LocalAnswersLLMClient(inner, in_force=_in_force())
+    await _ask_dedupe(ended, "Maya lives in Lisbon.", [], ["Maya lives in Lisbon.", "Maya moved to Porto."])
+    assert len(inner.prompts) == 1
+
+    async def broken(texts: list[str]) -> set[str]:
+        raise ConnectionError("graph down")
+    await _ask_dedupe(LocalAnswersLLMClient(inner, in_force=broken), "Maya lives in Lisbon.", [],
+                      ["Maya lives in Lisbon.", "Maya moved to Porto."])
+    assert len(inner.prompts) == 2
+    # no lookup given (a caller without the graph): asked as before
+    await _ask_dedupe(LocalAnswersLLMClient(inner), "Maya lives in Lisbon.", [],
+                      ["Maya lives in Lisbon.", "Maya moved to Porto."])
+    assert len(inner.prompts) == 3
+
+
+async def test_a_twin_keeps_what_the_extraction_said_its_fact_replaces() -> None:
+    new = "Maya lives in Porto."
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new, replaces=[0])]})
+    client = LocalAnswersLLMClient(inner, in_force=_in_force("Maya lives in Porto"))
+    await _extract(client)  # KNOWN: the Lisbon fact first
+    # the twin and a close candidate the extraction did not see, beside the Lisbon fact it did
+    answer = await _ask_dedupe(client, new, [], ["Maya lives in Lisbon.", "Maya lives in Porto", "Maya likes Porto."])
+    assert answer == {"duplicate_facts": [], "contradicted_facts": [0]}
+    assert len(inner.prompts) == 1  # the extraction call only
+
+
+REX = "user(Alice): I adopted a dog named Rex."
+TWIN = "user(Alice): Bob says I adopted a cat named Tom."
+TWIN_AGAIN = "user(Alice): Carol says I adopted a cat named Tom."
+WORLD_TWIN = {
+    NO_DATE: WORLD[NO_DATE],
+    REX: Turn(["Alice", "Rex"], [("Alice", "Rex", "ADOPTED", "Alice adopted a dog named Rex.")]),
+    # the first turn's fact word for word, on another entity pair (what a small model writes again)
+    TWIN: Turn(["Bob", "Alice"], [("Bob", "Alice", "SAYS", "Alice adopted a cat named Tom.")]),
+    TWIN_AGAIN: Turn(["Carol", "Alice"], [("Carol", "Alice", "SAYS", "Alice adopted a cat named Tom.")]),
+}
+
+
+async def test_a_twin_in_force_in_the_graph_answers_the_question_and_an_ended_one_does_not(env: Env) -> None:  # noqa: F811
+    env.llm.world = WORLD_TWIN
+    env.llm.contradictions = []
+    await env.run(env.episode("s1:t1", NO_DATE, T1))
+    await env.run(env.episode("s1:t2", REX, T1 + timedelta(days=1)))
+    before = _counted("edge_dedupe_twin")
+    # no known facts shown: without the twin rule graphiti's question (the twin and the Rex fact,
+    # both close) would go to the model
+    again = await env.extract(env.episode("s1:t3", TWIN, T1 + timedelta(days=2)), known_facts=0)
+    assert again.llm_calls.get(EDGE_DEDUPE_PROMPT, 0) == 0, again.llm_calls
+    assert _counted("edge_dedupe_twin") == before + 1
+    assert await facts_in_force(env.clients, env.group_id, ["Alice adopted a cat named Tom.", "no such fact"]) \
+        == {"Alice adopted a cat named Tom."}
+    # once every twin has ended, the same words are asked about
+    await env.driver.execute_query("MATCH ()-[e:RELATES_TO]->() WHERE e.fact = $f SET e.expired_at = $t",
+                                   f="Alice adopted a cat named Tom.", t=T1.isoformat())
+    assert await facts_in_force(env.clients, env.group_id, ["Alice adopted a cat named Tom."]) == set()
+    later = await env.extract(env.episode("s1:t4", TWIN_AGAIN, T1 + timedelta(days=3)), known_facts=0)
+    assert later.llm_calls.get(EDGE_DEDUPE_PROMPT, 0) == 1, later.llm_calls
