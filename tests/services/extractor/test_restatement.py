@@ -22,6 +22,7 @@ from graphiti_core.tracer import NoOpTracer
 
 from engram.graph.drivers import EngramFalkorDriver
 from engram.models.hashing_embedder import HashingEmbedder
+from engram.services.extractor import pipeline
 from engram.services.extractor.pipeline import ExtractionResult, extract_episode
 from engram.services.extractor.restatement import (
     DEFAULT_SIMILARITY,
@@ -54,8 +55,9 @@ WORLD = {
     EP_ROLE: Turn(["Alice", "Acme"], [("Alice", "Acme", "IS_ENGINEER_AT", "Alice is a software engineer at Acme.")]),
     EP_ROLE_AGAIN: Turn(["Alice", "Acme Corp"],
                         [("Alice", "Acme Corp", "WORKS_AS_ENGINEER_AT", "Alice works as a software engineer at Acme.")]),
+    # other words again (the same words would be the second turn's twin, in force: no question asked)
     EP_ROLE_THIRD: Turn(["Alice", "Acme Co"],
-                        [("Alice", "Acme Co", "WORKS_AS_ENGINEER_AT", "Alice works as a software engineer at Acme.")]),
+                        [("Alice", "Acme Co", "WORKS_AS_ENGINEER_AT", "Alice is working as a software engineer at Acme.")]),
 }
 
 
@@ -120,9 +122,27 @@ async def test_a_restatement_with_other_endpoints_alone_is_not_asked_about(graph
     assert await graph.valid(original.uuid)
 
 
-async def test_a_restatement_with_other_endpoints_does_not_invalidate_the_original(graph: Graph) -> None:
+async def test_a_restatement_with_other_endpoints_beside_a_close_fact_is_answered_by_its_twin(graph: Graph) -> None:
+    """Case 1 beside another close candidate: the original, the new fact's twin, is in force, so
+    graphiti's question is answered without the model (local_answers.py): nothing claimed, nothing
+    to reject."""
+    await graph.say(EP_ROLE)
+    [original] = (await graph.say(EP_SAYS)).new_edges
+    asked = sum(len(graph.llm.prompts(name)) for name in ("EdgeDuplicate", "EdgeDuplicates"))
+    again = await graph.say(EP_AGAIN, contradicts=[("works at Acme", "works at Acme")])
+    assert sum(len(graph.llm.prompts(name)) for name in ("EdgeDuplicate", "EdgeDuplicates")) == asked
+    assert again.invalidated_edges == [] and again.rejected_invalidations == []
+    assert await graph.valid(original.uuid) and await graph.valid(again.new_edges[0].uuid)
+
+
+async def test_a_restatement_with_other_endpoints_does_not_invalidate_the_original(
+        graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
     """Case 1: the fact re-extracted with another endpoint, called a contradiction of itself
-    (asked because another close fact is a candidate beside it)."""
+    (asked because another close fact is a candidate beside it, and its twin could not be read:
+    the model is asked, and what it claims is reviewed)."""
+    async def unreadable(*_: Any) -> set[str]:
+        raise ConnectionError("graph down")
+    monkeypatch.setattr(pipeline, "facts_in_force", unreadable)
     await graph.say(EP_ROLE)
     [original] = (await graph.say(EP_SAYS)).new_edges
     accepted, rejected = _count("accepted"), _count("rejected_restatement")
@@ -194,7 +214,7 @@ async def test_similar_meaning_rejects_only_at_the_embedder_threshold(graph: Gra
     assert await graph.valid(role.uuid)
 
     # the same restatement in a later turn, without an embedding threshold: graphiti's call stands
-    accepted = await graph.say(EP_ROLE_THIRD, contradicts=[("works as a software engineer", "is a software engineer")])
+    accepted = await graph.say(EP_ROLE_THIRD, contradicts=[("working as a software engineer", "is a software engineer")])
     assert [e.uuid for e in accepted.invalidated_edges] == [role.uuid]
     assert not await graph.valid(role.uuid)
 
