@@ -407,14 +407,14 @@ def make_llm(args: argparse.Namespace) -> Any:
 
 
 def DedupeDump(llm: Any, path: Path) -> Any:  # noqa: N802 - a class made on use (engram imports stay lazy)
-    """``llm``, writing every extraction prompt and edge dedupe prompt (graphiti's and engram's
-    batched one) it is sent to ``path`` (JSON lines): the known facts the extraction call had
-    seen, against what graphiti then asked. Bench diagnostics only."""
+    """``llm``, writing every extraction prompt, edge dedupe prompt (graphiti's and engram's
+    batched one) and node dedupe prompt it is sent to ``path`` (JSON lines): the known facts and
+    entities the extraction call had seen, against what graphiti then asked. Bench diagnostics only."""
     from engram.models.delegating import DelegatingLLMClient
 
     class _Dump(DelegatingLLMClient):
         async def around(self, forward: Any, messages: list[Any], prompt: str) -> dict[str, Any]:
-            if prompt.startswith("dedupe_edges") or prompt == "extract_nodes_and_edges.extract_message":
+            if prompt.startswith(("dedupe_edges", "dedupe_nodes")) or prompt == "extract_nodes_and_edges.extract_message":
                 text = "\n".join(str(getattr(m, "content", "")) for m in messages)
                 with path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps({"prompt": prompt, "text": text}) + "\n")
@@ -622,7 +622,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llm-api-key", default=os.environ.get("ENGRAM_LLM_API_KEY", "unused"))
     p.add_argument("--out", type=Path, help="append each turn's record here (JSON lines) as it finishes")
     p.add_argument("--score-only", type=Path, help="score a --out file, no extraction")
-    p.add_argument("--dump-dedupe", type=Path, help="diagnostics: append every extraction and edge dedupe prompt "
+    p.add_argument("--dump-dedupe", type=Path, help="diagnostics: append every extraction, edge and node dedupe prompt "
                    "sent to the model here (JSON lines; LoCoMo text: keep it out of the project)")
     p.add_argument("--same-turns-as", type=Path, help="with --score-only: only the turns that this --out file has")
     p.add_argument("--pairs", type=Path, default=PAIRS, help="hand-labelled (fact, observation) pairs")
