@@ -17,9 +17,10 @@ linear time (anchored run starts, bounded or unambiguous repeats, no nested quan
 
 How it works: rules run in a fixed order, most specific first (PEM block, provider-prefixed
 tokens, JWT, AWS secret key assignment, ADO/ODBC ``Password=...;``, URL userinfo, authorization
-headers, then generic ``key=value`` assignments). Every rule refuses values that already
-contain a placeholder, so a secret is counted once, by the most specific kind, and scrubbing is
-idempotent (``scrub(scrub(x)) == scrub(x)``).
+headers, then generic ``key=value`` assignments; an AWS secret key told in prose is looked for
+before the assignments and again after them, its context read with placeholders left out).
+Every rule refuses values that already contain a placeholder, so a secret is counted once, by the
+most specific kind, and scrubbing is idempotent (``scrub(scrub(x)) == scrub(x)``).
 
 Known limits (kept deliberately, to avoid redacting ordinary prose and code):
 - Only secrets with a recognisable shape or a telling key are found. A bare password in prose
@@ -306,9 +307,22 @@ def _locate_aws_secret(match: re.Match[str]) -> SecretSpan | None:
 # hex, a word has no digit), with "secret"/"aws"/"credential" or an access key id close before it,
 # or an access key id close after it. The window is bounded, so each candidate costs O(1).
 _AWS_SECRET_SHAPE = re.compile(r"(?<![A-Za-z0-9/+=])(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])")
-_AWS_SECRET_BEFORE = re.compile(r"(?i)secret|aws|credential|\[REDACTED:aws_access_key_id\]|(?:AKIA|ASIA)[A-Z0-9]{16}")
-_AWS_SECRET_AFTER = re.compile(r"\[REDACTED:aws_access_key_id\]|(?:AKIA|ASIA)[A-Z0-9]{16}")
+_AWS_KEY_ID_MARK = "\x00AKID\x00"  # an access key id, redacted or not, in a context window
+_AWS_SECRET_BEFORE = re.compile(r"(?i)secret|aws|credential|\x00AKID\x00|(?:AKIA|ASIA)[A-Z0-9]{16}")
+_AWS_SECRET_AFTER = re.compile(r"\x00AKID\x00|(?:AKIA|ASIA)[A-Z0-9]{16}")
 _AWS_SECRET_WINDOW = 80
+# raw characters read around a candidate before placeholders and other candidates are left out:
+# room for a few of them (a placeholder is at most ~35 characters) and still the window's 80
+_AWS_SECRET_READ = 400
+
+
+def _context(raw: str) -> str:
+    """A context window's text as both scrubs of a text see it: placeholders left out (a kind's
+    name, "secret" in ``[REDACTED:secret]``, says nothing about what follows, and a first scrub
+    had the value there instead), but an access key id's kept as a mark; other 40-character
+    candidates left out too (the first scrub saw them, the second may see their placeholder)."""
+    raw = _PLACEHOLDER_RE.sub(lambda m: _AWS_KEY_ID_MARK if m.group(1) == "aws_access_key_id" else "", raw)
+    return _AWS_SECRET_SHAPE.sub("", raw)
 
 
 def _locate_aws_secret_in_prose(match: re.Match[str]) -> SecretSpan | None:
@@ -319,8 +333,8 @@ def _locate_aws_secret_in_prose(match: re.Match[str]) -> SecretSpan | None:
     if value[0] == "/" or "//" in value or value.count("/") > 4:
         return None  # a path of exactly 40 characters ("s3://bucket/Some/Path"), not a key
     text = match.string
-    before = text[max(0, match.start() - _AWS_SECRET_WINDOW) : match.start()]
-    after = text[match.end() : match.end() + _AWS_SECRET_WINDOW]
+    before = _context(text[max(0, match.start() - _AWS_SECRET_READ) : match.start()])[-_AWS_SECRET_WINDOW:]
+    after = _context(text[match.end() : match.end() + _AWS_SECRET_READ])[:_AWS_SECRET_WINDOW]
     if _AWS_SECRET_BEFORE.search(before) is None and _AWS_SECRET_AFTER.search(after) is None:
         return None
     return match.start("value"), match.end("value"), "aws_secret_access_key"
@@ -499,14 +513,19 @@ def _locate_assignment(match: re.Match[str]) -> SecretSpan | None:
     return _assigned_value(match, key, kind, weak_context=weak_context, inside_literal_check=True)
 
 
+_AWS_SECRET_IN_PROSE = _Rule(_AWS_SECRET_SHAPE, _locate_aws_secret_in_prose)
 _KEYED_RULES: tuple[_Rule, ...] = (
     _Rule(_AWS_SECRET_ASSIGNMENT, _locate_aws_secret),
-    _Rule(_AWS_SECRET_SHAPE, _locate_aws_secret_in_prose),
+    _AWS_SECRET_IN_PROSE,  # before the assignments: its kind wins ("AWS_SECRET=<40 characters>")
     _Rule(_CONNECTION_PASSWORD, _locate_connection_password),
     _Rule(_URL_USERINFO, _locate_url_password),
     _Rule(_AUTH_HEADER, _locate_auth_header),
     _Rule(_ASSIGNMENT, _locate_assignment),
     _Rule(_ENV_ASSIGNMENT, _locate_env_assignment),
+    # and again last: it reads the text around a candidate, which a second scrub sees with every
+    # other rule's placeholders in it, so the first must too (found by the idempotence property
+    # test: 'KEY=000:"<40 characters>' was left by the first scrub and taken by the second)
+    _AWS_SECRET_IN_PROSE,
 )
 
 

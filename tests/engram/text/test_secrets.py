@@ -309,6 +309,18 @@ def test_scrubbed_output_is_stable() -> None:
     assert sum(once.counts.values()) == once.text.count("[REDACTED:")
 
 
+def test_a_placeholders_kind_is_no_context_for_a_second_scrub() -> None:
+    """Found by the property below: the first scrub redacted the env value, and the second read
+    "secret" in its placeholder as the context of an AWS secret key told in prose."""
+    text = 'KEY=000:"' + "0" * 38 + "Aa"
+    once = scrub_secrets(text)
+    assert once.text == 'KEY=[REDACTED:secret]"' + "0" * 38 + "Aa"
+    assert scrub_secrets(once.text) == ScrubResult(once.text, {})
+    # an access key id's placeholder still is context, on both scrubs
+    told = f"AKIA{_fake(16, UPPER)} {_fake(40, B64)}"
+    assert scrub_secrets(told).counts == {"aws_access_key_id": 1, "aws_secret_access_key": 1}
+
+
 # --------------------------------------------------------------------------- properties
 
 FRAGMENTS = [sample for sample, _, _ in POSITIVES] + NEGATIVES + [
