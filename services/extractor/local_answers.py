@@ -60,7 +60,10 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   no resolvable time); an edge dedupe question whose close candidates (the gates above) are all
   known facts the model saw is answered from its ``restates`` (a duplicate only on the same
   entity pair, as graphiti allows) and ``replaces`` (kind ``edge_dedupe_extracted``). A close
-  candidate the model did not see sends the question to the model as before. The prompt also
+  candidate the model did not see sends the question to the model as before; one below either
+  gate need not have been seen (it is no duplicate or change, as when every candidate is below
+  them), and a copy of a known fact with another closing full stop or spacing was seen (the
+  statement, :func:`statement_key`: a small model writes one line on several entity pairs). The prompt also
   lists the known facts' entities by name and asks for an existing entity's name exactly
   (graphiti then resolves it by that name, without a call); a node dedupe question the gates
   would send to the model is answered "no duplicate" when every close candidate (the gates
@@ -297,7 +300,9 @@ class ExtractionAnswers:
 
     def __init__(self, messages: list[Any], answer: Any) -> None:
         self.dates_asked, known, names = asked_in(messages)
-        self.known = set(known)
+        # a known fact by its statement: a copy of it with another closing full stop or spacing
+        # (a small model writes the same line on several entity pairs) is the fact the model saw
+        self.known = {statement_key(k) for k in known}
         self.known_entities = {normalize_name_exact(n) for n in names}
         self.dates: dict[str, dict[str, Any]] = {}
         self.restates: dict[str, set[str]] = {}
@@ -306,33 +311,40 @@ class ExtractionAnswers:
         for edge in edges if isinstance(edges, list) else []:
             if not isinstance(edge, dict) or not isinstance(edge.get("fact"), str):
                 continue
-            fact = edge["fact"]
-            self.dates[fact] = {"valid_at": _iso_or_none(edge.get("valid_at")),
-                                "invalid_at": _iso_or_none(edge.get("invalid_at"))}
+            # keyed without outer whitespace: graphiti stores a fact as the model wrote it, and its
+            # follow-up prompts are read back with the surrounding whitespace cut (a trailing
+            # space, "so cool! ", sent a Qwen 1.5B fact's dedupe question to the model)
+            fact = edge["fact"].strip()
+            self.dates.setdefault(fact, {"valid_at": _iso_or_none(edge.get("valid_at")),
+                                         "invalid_at": _iso_or_none(edge.get("invalid_at"))})
             restated = edge.get("restates")
             if isinstance(restated, int) and 0 <= restated < len(known):
-                self.restates.setdefault(fact, set()).add(known[restated])
+                self.restates.setdefault(fact, set()).add(statement_key(known[restated]))
             replaced = edge.get("replaces")
             for i in replaced if isinstance(replaced, list) else []:
                 if isinstance(i, int) and 0 <= i < len(known):
-                    self.replaces.setdefault(fact, set()).add(known[i])
+                    self.replaces.setdefault(fact, set()).add(statement_key(known[i]))
 
     def timestamps(self, fact: str) -> dict[str, Any] | None:
         """The fact's dates as the extraction gave them (an omitted one: none), None if not asked."""
-        return self.dates.get(fact) if self.dates_asked else None
+        return self.dates.get(fact.strip()) if self.dates_asked else None
 
     def replaced(self, fact: str) -> set[str]:
-        """The known facts the extraction call said ``fact`` replaces (none if not asked)."""
-        return self.replaces.get(fact, set())
+        """The statements (:func:`statement_key`) of the known facts the extraction call said
+        ``fact`` replaces (none if not asked)."""
+        return self.replaces.get(fact.strip(), set())
 
     def dedupe(self, question: DedupeQuestion, close: list[str]) -> dict[str, list[int]] | None:
         """graphiti's resolve_edge answer from the extraction's, when the model saw every close
-        candidate (each a known fact) while writing the new fact; None (ask) otherwise."""
-        if question.new not in self.dates or not close or any(c not in self.known for c in close):
+        candidate (each a known fact's statement) while writing the new fact; None (ask) otherwise.
+        A candidate that is not close is neither duplicate nor contradicted (the gates)."""
+        new = question.new.strip()
+        if new not in self.dates or not close or any(statement_key(c) not in self.known for c in close):
             return None
-        restated, replaced = self.restates.get(question.new, set()), self.replaces.get(question.new, set())
-        return {"duplicate_facts": [i for i, f in question.existing if f in restated],
-                "contradicted_facts": [i for i, f in (*question.existing, *question.others) if f in replaced]}
+        restated, replaced = self.restates.get(new, set()), self.replaces.get(new, set())
+        return {"duplicate_facts": [i for i, f in question.existing if statement_key(f) in restated],
+                "contradicted_facts": [i for i, f in (*question.existing, *question.others)
+                                       if statement_key(f) in replaced]}
 
 
 def _iso_or_none(value: Any) -> str | None:
@@ -538,11 +550,13 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
                     # duplicates on one pair only, and a statement cannot contradict itself
                     self._count("edge_dedupe_identical")
                     return {"duplicate_facts": [], "contradicted_facts": []}
-                close = rest
-                if not close or not await self._facts_close(new, close):
-                    self._count("edge_dedupe_skipped" if not close else "edge_dedupe_distant")
+                near = await self._near_facts(new, rest) if rest else []
+                if not near:
+                    self._count("edge_dedupe_skipped" if not rest else "edge_dedupe_distant")
                     return {"duplicate_facts": [], "contradicted_facts": []}
-                answered = self.extraction.dedupe(question, close) if self.extraction is not None else None
+                # only the candidates past both gates must have been seen by the extraction call:
+                # one below them is no duplicate or change, as when every candidate is below them
+                answered = self.extraction.dedupe(question, near) if self.extraction is not None else None
                 if answered is not None:
                     self._count("edge_dedupe_extracted")
                     return answered
@@ -583,7 +597,8 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         self._count("edge_dedupe_twin")
         replaced = self.extraction.replaced(question.new) if self.extraction is not None else set()
         return {"duplicate_facts": [i for i, f in question.existing if f in held],
-                "contradicted_facts": [i for i, f in (*question.existing, *question.others) if f in replaced]}
+                "contradicted_facts": [i for i, f in (*question.existing, *question.others)
+                                       if statement_key(f) in replaced]}
 
     async def _node_dedupe(self, entities: list[dict[str, Any]], existing: list[dict[str, Any]],
                            turn: str) -> dict[str, Any] | None:
@@ -624,13 +639,16 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
             return None
         return [cosine(vectors[a], vectors[b]) or 0.0 for a, b in pairs]
 
-    async def _facts_close(self, new: str, candidates: list[str]) -> bool:
-        """Whether a candidate's fact embedding is at least ``dedupe_cosine`` close to the new fact's.
-        True (ask) when not measured for this embedder or the facts cannot be embedded."""
+    async def _near_facts(self, new: str, candidates: list[str]) -> list[str]:
+        """The candidates whose fact embedding is at least ``dedupe_cosine`` close to the new
+        fact's; all of them (ask about each) when not measured for this embedder or the facts
+        cannot be embedded."""
         if self.dedupe_cosine is None:
-            return True
+            return list(candidates)
         cosines = await self._cosines([(new, c) for c in candidates])
-        return cosines is None or max(cosines) >= self.dedupe_cosine
+        if cosines is None:
+            return list(candidates)
+        return [c for c, cos in zip(candidates, cosines, strict=True) if cos >= self.dedupe_cosine]
 
     async def _close_names(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The (entity, candidate) pairs that may name one entity: a lexical sign, or a cosine at or

