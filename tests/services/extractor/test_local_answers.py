@@ -265,6 +265,17 @@ async def test_a_near_duplicate_fact_is_still_deduped_when_no_known_fact_was_sho
     assert "KNOWN FACTS" not in world.llm.prompts("CombinedExtraction")[1]
 
 
+async def test_a_stored_entity_the_turn_names_is_shown_though_no_known_fact_touches_it(world: Env) -> None:
+    turn = "user(Alice): The cello sounded lovely tonight."
+    world.llm.world = {**WORLD, turn: Turn(["Alice", "cello"], [("Alice", "cello", "HEARD", "Alice heard the cello.")])}
+    await world.run(world.episode("s1:t1", NO_DATE_2, T1))  # stores Bob and the cello
+    await world.extract(world.episode("s1:t2", turn, T1 + timedelta(days=1)), known_facts=0)
+    prompt = world.llm.prompts("CombinedExtraction")[1]
+    assert "KNOWN FACTS" not in prompt  # none shown: the name came from the turn's own words
+    shown = prompt.split("<KNOWN ENTITIES>")[1].split("</KNOWN ENTITIES>")[0]
+    assert "cello" in shown and "Bob" not in shown
+
+
 # --------------------------------------------------------------------------- the OpenAI path
 async def test_short_turns_through_the_openai_path_cost_one_request_each(env: Env, sim: Any) -> None:  # noqa: F811
     """engram's OpenAI client against the simulator (the rules model behind HTTP): a short turn with
