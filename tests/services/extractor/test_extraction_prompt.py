@@ -30,6 +30,7 @@ from engram.services.extractor.extraction_prompt import (
     is_engram_prompt,
 )
 from engram.services.extractor.preprocessing import ExtractionSettings, validate_at_startup
+from engram.services.extractor.pipeline import KNOWN_NAMES_BY_WORDS
 from tests.engram.models.rules_llm.helpers import CHAT_TURN, CHAT_TYPES, REF
 
 SCHEMA_NOTE = "\n\nRespond with a JSON object in the following format:\n\n"  # what graphiti's client appends
@@ -221,13 +222,16 @@ def test_the_turn_context_asks_dates_and_relations_to_known_facts_only_when_give
 def test_a_call_with_ten_known_facts_stays_within_0_15x_of_upstream() -> None:
     template = validate_at_startup(ExtractionSettings()) or ""
     known = tuple(f"Caroline told Melanie about the support group meeting number {i} in May 2023." for i in range(10))
-    turn = TurnContext(reference_time=REF, known_facts=known)
+    # the facts' entities and as many more as the turn's words may add (pipeline.KNOWN_NAMES_BY_WORDS)
+    names = ("Caroline", "Melanie", *(f"support group {i}" for i in range(KNOWN_NAMES_BY_WORDS)))
+    turn = TurnContext(reference_time=REF, known_facts=known, known_entities=names)
     messages = build_prompt(context(custom=template), turn).as_messages()
     count = token_counter()
     tokens = sum(count(m.content) for m in messages) + count(SCHEMA_NOTE + json.dumps(LeanCombinedExtraction.model_json_schema()))
     # upstream graphiti: ~12,250 tokens per LoCoMo turn; 0.15x is ~1,840 for the turn's calls
-    # the dates and known-fact rules, the reference time and ten ~17-token facts with their ids
-    assert tokens <= 1_840 and tokens - call_tokens(context(custom=template)) < 450
+    # the dates and known-fact rules, the reference time, ten ~17-token facts with their ids and
+    # eight entity names (~500 tokens in all)
+    assert tokens <= 1_840 and tokens - call_tokens(context(custom=template)) < 510
 
 
 async def test_the_rules_model_dates_facts_and_names_the_known_facts_they_replace() -> None:
