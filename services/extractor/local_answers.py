@@ -63,9 +63,10 @@ accounting wrapper, so what it answers is not counted as a call) and answers wha
   candidate the model did not see sends the question to the model as before; one below either
   gate need not have been seen (it is no duplicate or change, as when every candidate is below
   them), and a copy of a known fact with another closing full stop or spacing was seen (the
-  statement, :func:`statement_key`: a small model writes one line on several entity pairs). The prompt also
-  lists the known facts' entities by name and asks for an existing entity's name exactly
-  (graphiti then resolves it by that name, without a call); a node dedupe question the gates
+  statement, :func:`statement_key`: a small model writes one line on several entity pairs). The
+  prompt also lists the known facts' entities and the stored entities the turn's words name,
+  and asks for an existing entity's name exactly (graphiti then resolves it by that name,
+  without a call); a node dedupe question the gates
   would send to the model is answered "no duplicate" when every close candidate (the gates
   above, pair by pair) is a known entity the model could have named (kind
   ``node_dedupe_extracted``; a distant one is no duplicate whoever saw it). What it can cost:

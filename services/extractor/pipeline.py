@@ -24,7 +24,8 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    nearest the turn (:func:`known_facts_for`: the graph's fulltext index over the turn's words,
    free slots filled over the previous turns' words, ``known_facts`` of them), and the answer
    gives each fact's dates and the known facts it restates or replaces, and it names a known
-   fact's entity by its stored name: graphiti's timestamp, edge dedupe and node dedupe questions
+   entity (a known fact's, or a stored one the turn's words name: :func:`known_entity_names`) by
+   its stored name: graphiti's timestamp, edge dedupe and node dedupe questions
    about them are answered from it, so a turn is one model call (the edge dedupe questions left
    are asked together: services/extractor/dedupe_batch.py). ``mode="separate"`` runs
    add_episode's two-prompt path (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
