@@ -1055,7 +1055,9 @@ async def extract_episode(
         # a custom ontology gets graphiti's own prompt, which shows no known facts: none looked up
         custom = bool(ontology.entity_types or ontology.edge_types)
         known = [] if custom else await known_facts_for(run, episode, known_facts, previous)
-        names = [] if custom else await known_entity_names(run, episode.group_id, known, episode.content)
+        # known_facts 0 turns the turn blocks off: no names either (graphiti's questions asked as before)
+        names = [] if custom or known_facts <= 0 else await known_entity_names(run, episode.group_id, known,
+                                                                                 episode.content)
         timings["known_facts_ms"] = _ms(start)
         extracted = await _extract_combined(run, episode_node, previous, custom_instructions, timings,
                                             ontology=ontology, known=known, known_names=names)

@@ -266,14 +266,16 @@ async def test_a_near_duplicate_fact_is_still_deduped_when_no_known_fact_was_sho
 
 
 async def test_a_stored_entity_the_turn_names_is_shown_though_no_known_fact_touches_it(world: Env) -> None:
-    turn = "user(Alice): The cello sounded lovely tonight."
-    world.llm.world = {**WORLD, turn: Turn(["Alice", "cello"], [("Alice", "cello", "HEARD", "Alice heard the cello.")])}
-    await world.run(world.episode("s1:t1", NO_DATE_2, T1))  # stores Bob and the cello
-    await world.extract(world.episode("s1:t2", turn, T1 + timedelta(days=1)), known_facts=0)
+    first, second = "user(Bob): I play an instrument.", "user(Alice): The violoncello sounded lovely tonight."
+    world.llm.world = {**WORLD,
+                       first: Turn(["Bob", "violoncello"], [("Bob", "violoncello", "OWNS", "He practises daily.")]),
+                       second: Turn(["Alice", "violoncello"], [("Alice", "violoncello", "HEARD", "Alice heard it.")])}
+    await world.run(world.episode("s1:t1", first, T1))  # stores Bob and the violoncello
+    await world.run(world.episode("s2:t1", second, T1 + timedelta(days=1)))
     prompt = world.llm.prompts("CombinedExtraction")[1]
-    assert "KNOWN FACTS" not in prompt  # none shown: the name came from the turn's own words
+    assert "<KNOWN FACTS>" not in prompt  # no stored fact shares a word with the turns
     shown = prompt.split("<KNOWN ENTITIES>")[1].split("</KNOWN ENTITIES>")[0]
-    assert "cello" in shown and "Bob" not in shown
+    assert "violoncello" in shown and "Bob" not in shown  # named by the turn's own words
 
 
 # --------------------------------------------------------------------------- the OpenAI path
