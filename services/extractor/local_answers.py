@@ -293,6 +293,12 @@ def _twins(question: DedupeQuestion) -> list[str]:
     return list(dict.fromkeys(f for f in question.candidates if statement_key(f) == new))
 
 
+def contradicted(question: DedupeQuestion, replaced: set[str]) -> list[int]:
+    """The idx of each of the question's candidates (same pair or not) whose statement
+    (:func:`statement_key`) the extraction call said the new fact replaces."""
+    return [i for i, f in (*question.existing, *question.others) if statement_key(f) in replaced]
+
+
 class ExtractionAnswers:
     """What the turn's combined extraction call already answered beyond its entities and facts
     (services/extractor/extraction_prompt.py asks it with a REFERENCE TIME and KNOWN FACTS): each
@@ -342,10 +348,9 @@ class ExtractionAnswers:
         new = question.new.strip()
         if new not in self.dates or not close or any(statement_key(c) not in self.known for c in close):
             return None
-        restated, replaced = self.restates.get(new, set()), self.replaces.get(new, set())
+        restated = self.restates.get(new, set())
         return {"duplicate_facts": [i for i, f in question.existing if statement_key(f) in restated],
-                "contradicted_facts": [i for i, f in (*question.existing, *question.others)
-                                       if statement_key(f) in replaced]}
+                "contradicted_facts": contradicted(question, self.replaces.get(new, set()))}
 
 
 def _iso_or_none(value: Any) -> str | None:
@@ -598,8 +603,7 @@ class LocalAnswersLLMClient(DelegatingLLMClient):
         self._count("edge_dedupe_twin")
         replaced = self.extraction.replaced(question.new) if self.extraction is not None else set()
         return {"duplicate_facts": [i for i, f in question.existing if f in held],
-                "contradicted_facts": [i for i, f in (*question.existing, *question.others)
-                                       if statement_key(f) in replaced]}
+                "contradicted_facts": contradicted(question, replaced)}
 
     async def _node_dedupe(self, entities: list[dict[str, Any]], existing: list[dict[str, Any]],
                            turn: str) -> dict[str, Any] | None:
