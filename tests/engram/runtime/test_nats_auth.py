@@ -92,34 +92,31 @@ async def _received(admin: Client, subject: str, publisher: Client, publish_to: 
     """What the admin receives on ``subject`` when ``publisher`` publishes to ``publish_to``. The
     publisher then publishes a marker on its own output subject: NATS keeps one connection's order,
     so once the marker is in, anything the first publish delivered is in too (no sleeping)."""
-    got: list[bytes] = []
-    marker = asyncio.get_running_loop().create_future()
     marker_subject = subjects.delta("marker")
-
-    async def cb(msg) -> None:  # noqa: ANN001
-        if msg.subject == marker_subject:
-            if not marker.done():
-                marker.set_result(True)
-        else:
-            got.append(msg.data)
-
-    subs = [await admin.nc.subscribe(subject, cb=cb), await admin.nc.subscribe(marker_subject, cb=cb)]
+    # Neither subscription has a callback: nats-py runs each callback subscription in its own task,
+    # so a marker's callback could run before the payload's (1 CI run failed so). The client's reader
+    # queues messages in the order the server sent them, so once the marker is queued, so is the
+    # payload.
+    sub = await admin.nc.subscribe(subject)
+    marker_sub = await admin.nc.subscribe(marker_subject)
     await admin.nc.flush()
     await publisher.nc.publish(publish_to, b"payload")
     # The marker again every second until it arrives: a marker sent right after a refused publish
     # was sometimes never delivered (1 run in 4; the server's -ERR and the next PUB cross), and a
     # later marker on the same connection still follows the first publish.
-    for _ in range(10):
+    for attempt in range(11):
         await publisher.nc.publish(marker_subject, b"marker")
         await publisher.nc.flush()
         try:
-            await asyncio.wait_for(asyncio.shield(marker), 1.0)
+            await marker_sub.next_msg(timeout=1.0)
             break
-        except (asyncio.TimeoutError, TimeoutError):
-            continue
-    await asyncio.wait_for(marker, 1.0)
-    for sub in subs:
-        await sub.unsubscribe()
+        except nats.errors.TimeoutError:
+            assert attempt < 10, f"the marker never arrived after a publish to {publish_to}"
+    got = []
+    while sub.pending_msgs:
+        got.append((await sub.next_msg(timeout=1.0)).data)
+    for s in (sub, marker_sub):
+        await s.unsubscribe()
     return got
 
 
