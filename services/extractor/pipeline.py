@@ -152,6 +152,7 @@ from engram.services.extractor.chunking import (
 )
 from engram.services.extractor.deltas import build_node_deltas
 from engram.services.extractor.extraction_prompt import KNOWN_FACTS, TurnContext, engram_clients
+from engram.services.extractor.first_person import ThirdPersonLLMClient
 from engram.services.extractor.local_answers import DEDUPE_COSINE, DEDUPE_SIMILARITY, NAME_SIMILARITY, LocalAnswersLLMClient
 from engram.services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from engram.services.extractor.told_later import telling
@@ -1022,7 +1023,10 @@ async def extract_episode(
         name_similarity = NAME_SIMILARITY.get(kind)
     if dedupe_cosine == "auto":
         dedupe_cosine = DEDUPE_COSINE.get(kind) if dedupe_similarity is not None else None
-    local = LocalAnswersLLMClient(counting, dedupe_similarity=dedupe_similarity, dedupe_cosine=dedupe_cosine,
+    # a fact copied from a speaker's line ("I enjoy reading.") is put in the third person before
+    # anything reads the answer (services/extractor/first_person.py)
+    local = LocalAnswersLLMClient(ThirdPersonLLMClient(counting), dedupe_similarity=dedupe_similarity,
+                                  dedupe_cosine=dedupe_cosine,
                                   name_similarity=name_similarity, embedder=embedder,
                                   in_force=lambda texts: facts_in_force(clients, episode.group_id, texts))
     run = clients.model_copy(update={"llm_client": local, "embedder": embedder})
