@@ -120,13 +120,27 @@ async def _received(admin: Client, subject: str, publisher: Client, publish_to: 
     return got
 
 
+async def _delivered(admin: Client, subject: str, publisher: Client, publish_to: str, tries: int = 3) -> list[bytes]:
+    """:func:`_received` for an allowed publish, published again (up to ``tries``) when it did not
+    arrive: in 2 full-suite CI runs the first allowed publish of this module never reached the
+    admin though the marker after it did (not reproduced alone in 15 runs; cause not found). Core
+    NATS delivers at most once; what is checked is that an allowed publish is delivered and a
+    refused one never is."""
+    for _ in range(tries):
+        got = await _received(admin, subject, publisher, publish_to)
+        if got:
+            return got
+    return []
+
+
 async def test_a_service_cannot_publish_outside_its_subjects(secured_nats) -> None:  # noqa: ANN001
     proc, passwords = secured_nats
     admin = await _as(proc, passwords, "admin")
     extractor = await _as(proc, passwords, "extractor")
     try:
         # its own output goes through ...
-        assert await _received(admin, "engram.delta.g1", extractor, "engram.delta.g1") == [b"payload"]
+        assert await _delivered(admin, "engram.delta.g1", extractor, "engram.delta.g1") == [b"payload"], (
+            extractor.errors, admin.errors)
         # ... a group delete or a forged chat message does not
         for forbidden in (subjects.GRAPH_GROUP_DELETE, subjects.in_message("x"), subjects.episode("g1"),
                           subjects.CTL_FORGET_SESSIONS):
