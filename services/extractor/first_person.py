@@ -42,7 +42,7 @@ FIRST_PERSON_FACTS = Counter(
 
 #: a fact that opens in the first person singular (after any quote mark or dash); not "Me too!",
 #: a reaction to the other speaker
-_OPENS_FIRST_PERSON = re.compile(r"^\W*(?:I(?:['’](?:m|ve|d|ll))?|My)(?![\w'’-])")
+_OPENS_FIRST_PERSON = re.compile(r"^\W*(?:I(?:['’](?:m|ve|d|ll))?|My)(?![\w'’/-])")  # not "I/O"
 _CURRENT = re.compile(r"<CURRENT MESSAGES>\s*(.*?)\s*</CURRENT MESSAGES>", re.S)
 _PREVIOUS = re.compile(r"<PREVIOUS MESSAGES>\s*(.*?)\s*</PREVIOUS MESSAGES>", re.S)
 _WORD = re.compile(r"[\w'’]+", re.UNICODE)

@@ -125,7 +125,8 @@ def _third_person(sentence: str, speaker: str) -> str:
             return f"{speaker} {nxt}"
         return f"{speaker} {_third_person_verb(nxt)}"
 
-    out = re.sub(r"(?<![\w'’-])I(?:(?P<clitic>['’](?:m|ve|ll|d))|\s+(?P<next>[A-Za-z'’]+))?(?![\w'’-])", repl_i, sentence)
+    # "I/O" is no pronoun
+    out = re.sub(r"(?<![\w'’/-])I(?:(?P<clitic>['’](?:m|ve|ll|d))|\s+(?P<next>[A-Za-z'’]+))?(?![\w'’/-])", repl_i, sentence)
     # "I no longer live ..." -> "<speaker> no longer lives ..." (a negation: keep it intact)
     out = re.sub(
         rf"(?<=\b{re.escape(speaker)} )no longer ([a-z]+)\b",

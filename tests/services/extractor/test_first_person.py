@@ -33,6 +33,8 @@ def test_a_copied_line_names_its_speaker() -> None:
     assert _facts(out) == [("Joanna", "reading", "Joanna enjoys reading and watching movies."),
                            ("Joanna", "reading", "Joanna's hobbies include reading and watching movies.")]
     assert given["edges"][0]["fact"] == "I enjoy reading and watching movies."  # the answer given is kept
+    out, _ = facts_in_third_person(_answer(("Joanna", "reading", "I enjoy reading, watching movies and I/O.")), TURN)
+    assert _facts(out)[0][2] == "Joanna enjoys reading, watching movies and I/O."
 
 
 def test_a_line_put_on_the_other_speaker_moves_to_its_speaker() -> None:
@@ -62,6 +64,7 @@ def test_a_line_of_the_previous_turns_counts() -> None:
     "Me too! Reading is so relaxing.",  # a reaction, not a line of one speaker
     "Joanna said 'I enjoy reading' to Nate.",  # a quote inside a fact that names its speaker
     "I think so.",  # shares no word with any line
+    "I/O slows reading and watching movies.",  # "I/O" is no pronoun
 ])
 def test_what_is_not_a_copied_first_person_line_is_kept(fact: str) -> None:
     out, n = facts_in_third_person(_answer(("Joanna", "reading", fact)), TURN)
