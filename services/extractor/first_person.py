@@ -1,19 +1,21 @@
 """A fact the model wrote in its speaker's own words, put in the third person.
 
 Small models often copy a speaker's line as the fact: "I enjoy reading.", "I won my first video
-game tournament last week!" (Qwen2.5-Coder-1.5B, 27 of 152 facts in one 60-turn LoCoMo run), and
+game tournament last week!" (Qwen2.5-Coder-1.5B, 22 of 152 facts in one 60-turn LoCoMo run), and
 sometimes on the other speaker's entity pair. Such a fact does not stand alone (the extraction
 prompt asks that it does): stored, "I" names nobody, it matches no fact written about the speaker
 ("Joanna enjoys reading."), and graphiti's dedupe questions about it and its copies go to the model.
 
 The first person of a line is its speaker, and the turn says who spoke which line ("user
 (Joanna): ..."): :func:`facts_in_third_person` rewrites a fact that opens in the first person
-singular ("I", "I'm", "My", ...) with the name of the speaker whose line it shares the most words
-with, by the offline rules model's own grammar (:func:`engram.models.rules_llm.facts.third_person`:
+singular ("I", "I'm", "My", ...) with the name of the speaker of the line holding the most of its
+words, at least :data:`LINE_SHARE` of them (the turn's lines and its PREVIOUS MESSAGES'), by the
+offline rules model's own grammar (:func:`engram.models.rules_llm.facts.third_person`:
 "I enjoy" -> "Joanna enjoys", "my" -> "Joanna's"). A fact put on another speaker as its source is
 moved to the line's speaker (the actor is the source), unless that speaker is its target.
-"we"/"our" are kept (they include others), and so is a fact that only quotes a line inside it
-("Melanie said 'I'm swamped'"), and every fact of a turn whose speakers are not named.
+"we"/"our" are kept (they include others), and so are "Me too! ..." (a reaction), a fact that only
+quotes a line inside it ("Melanie said 'I'm swamped'"), a fact no line holds enough of, and every
+fact of a turn whose speakers are not named.
 
 :class:`ThirdPersonLLMClient` applies it to the combined extraction's answer (engram's prompt,
 services/extractor/extraction_prompt.py) before anything reads it, so the rest of the turn (dates,
@@ -25,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Counter
@@ -41,8 +44,8 @@ FIRST_PERSON_FACTS = Counter(
 )
 
 #: a fact that opens in the first person singular (after any quote mark or dash); not "Me too!",
-#: a reaction to the other speaker
-_OPENS_FIRST_PERSON = re.compile(r"^\W*(?:I(?:['’](?:m|ve|d|ll))?|My)(?![\w'’/-])")  # not "I/O"
+#: a reaction to the other speaker, nor "I/O"
+_OPENS_FIRST_PERSON = re.compile(r"^\W*(?:I(?:['’](?:m|ve|d|ll))?|My)(?![\w'’/-])")
 _CURRENT = re.compile(r"<CURRENT MESSAGES>\s*(.*?)\s*</CURRENT MESSAGES>", re.S)
 _PREVIOUS = re.compile(r"<PREVIOUS MESSAGES>\s*(.*?)\s*</PREVIOUS MESSAGES>", re.S)
 _WORD = re.compile(r"[\w'’]+", re.UNICODE)
@@ -84,7 +87,8 @@ def line_speaker(fact: str, lines: list[tuple[str, str]], source: str | None = N
     return source if source in tied else tied[0]
 
 
-def facts_in_third_person(answer: dict[str, Any], turn: str, previous: list[str] = ()) -> tuple[dict[str, Any], int]:
+def facts_in_third_person(answer: dict[str, Any], turn: str,
+                          previous: Sequence[str] = ()) -> tuple[dict[str, Any], int]:
     """``answer`` (the combined extraction's: ``extracted_entities`` and ``edges``) with each fact
     that opens in the first person singular rewritten for its line's speaker (module docstring),
     and how many were. The lines are the turn's and the ``previous`` turns' (a small model copies
@@ -119,10 +123,6 @@ class ThirdPersonLLMClient(DelegatingLLMClient):
     every other call and answer passes unchanged. Sits under services/extractor/local_answers.py's
     client, so the extraction's dates and dedupe answers are keyed by the rewritten facts."""
 
-    def __init__(self, inner: Any) -> None:
-        super().__init__(inner)
-        self.rewritten = 0
-
     async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
         answer = await forward()
         if prompt != EXTRACTION_PROMPT or not is_engram_prompt(messages):
@@ -133,6 +133,5 @@ class ThirdPersonLLMClient(DelegatingLLMClient):
             return answer
         answer, n = facts_in_third_person(answer, current[-1], previous_turns(text))
         if n:
-            self.rewritten += n
             FIRST_PERSON_FACTS.inc(n)
         return answer

@@ -27,7 +27,9 @@ graphiti-core 0.31's stage functions itself, as plain async functions over pydan
    entity (a known fact's, or a stored one the turn's words name: :func:`known_entity_names`) by
    its stored name: graphiti's timestamp, edge dedupe and node dedupe questions
    about them are answered from it, so a turn is one model call (the edge dedupe questions left
-   are asked together: services/extractor/dedupe_batch.py). ``mode="separate"`` runs
+   are asked together: services/extractor/dedupe_batch.py). A fact the model copied from a
+   speaker's line ("I enjoy reading.") is put in the third person before anything reads the answer
+   (:mod:`engram.services.extractor.first_person`). ``mode="separate"`` runs
    add_episode's two-prompt path (``extract_nodes`` -> ``resolve_extracted_nodes`` -> ``extract_edges`` -> merge of
    materialised endpoints) for comparison or for LLMs that handle the big prompt badly;
    ``custom_instructions`` go to both prompts there;
