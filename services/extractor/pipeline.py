@@ -155,7 +155,8 @@ from engram.services.extractor.chunking import (
 from engram.services.extractor.deltas import build_node_deltas
 from engram.services.extractor.extraction_prompt import KNOWN_FACTS, TurnContext, engram_clients
 from engram.services.extractor.first_person import ThirdPersonLLMClient
-from engram.services.extractor.local_answers import DEDUPE_COSINE, DEDUPE_SIMILARITY, NAME_SIMILARITY, LocalAnswersLLMClient
+from engram.services.extractor.local_answers import (DEDUPE_COSINE, DEDUPE_SIMILARITY, NAME_SIMILARITY,
+                                                     LocalAnswersLLMClient, statement_key)
 from engram.services.extractor.restatement import INVALIDATIONS, Rejection, restore_edges, review_invalidations
 from engram.services.extractor.told_later import telling
 
@@ -489,7 +490,9 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
     No embedding: the turn's one embedder call comes after extraction, with its names and facts."""
     if limit <= 0:
         return []
-    first: dict[str, EntityEdge] = {}  # one text once: the model's answer names a known fact by its position
+    # one statement once (a copy with another closing full stop too: statement_key, as the answers
+    # are read): the model's answer names a known fact by its position, and a repeat takes a slot
+    first: dict[str, EntityEdge] = {}
     for text in (episode.content, "\n".join(p.content for p in previous)):
         if len(first) >= limit:
             break
@@ -499,7 +502,7 @@ async def known_facts_for(clients: GraphitiClients, episode: Episode, limit: int
         hits = await edge_fulltext_search(clients.driver, query, _IN_FORCE, group_ids=[episode.group_id],
                                           limit=2 * limit)
         for edge in hits:
-            first.setdefault(edge.fact, edge)
+            first.setdefault(statement_key(edge.fact), edge)
     return list(first.values())[:limit]
 
 
