@@ -94,9 +94,8 @@ async def _received(admin: Client, subject: str, publisher: Client, publish_to: 
     so once the marker is in, anything the first publish delivered is in too (no sleeping)."""
     marker_subject = subjects.delta("marker")
     # Neither subscription has a callback: nats-py runs each callback subscription in its own task,
-    # so a marker's callback could run before the payload's (1 CI run failed so). The client's reader
-    # queues messages in the order the server sent them, so once the marker is queued, so is the
-    # payload.
+    # so a marker's callback could run before the payload's. The client's reader queues messages in
+    # the order the server sent them, so once the marker is queued, so is the payload.
     sub = await admin.nc.subscribe(subject)
     marker_sub = await admin.nc.subscribe(marker_subject)
     await admin.nc.flush()
@@ -112,7 +111,7 @@ async def _received(admin: Client, subject: str, publisher: Client, publish_to: 
             break
         except nats.errors.TimeoutError:
             assert attempt < 10, f"the marker never arrived after a publish to {publish_to}"
-    got = []
+    got: list[bytes] = []
     while sub.pending_msgs:
         got.append((await sub.next_msg(timeout=1.0)).data)
     for s in (sub, marker_sub):
