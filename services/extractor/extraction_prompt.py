@@ -278,6 +278,8 @@ def engram_clients(clients: Any, turn: TurnContext | None = None) -> Any:
 
 _KNOWN_BLOCK = re.compile(r"<KNOWN FACTS>\s*(.*?)\s*</KNOWN FACTS>", re.S)
 _KNOWN_NAMES_BLOCK = re.compile(r"<KNOWN ENTITIES>\s*(.*?)\s*</KNOWN ENTITIES>", re.S)
+_PREVIOUS_BLOCK = re.compile(r"<PREVIOUS MESSAGES>\s*(.*?)\s*</PREVIOUS MESSAGES>", re.S)
+_CURRENT_BLOCK = re.compile(r"<CURRENT MESSAGES>\s*(.*?)\s*</CURRENT MESSAGES>", re.S)
 
 
 def _json_block(pattern: re.Pattern[str], text: str) -> list[Any]:
@@ -310,6 +312,20 @@ def asked_in(messages: list[Any]) -> Asked:
     known = [str(r.get("fact", "")) for r in _json_block(_KNOWN_BLOCK, user) if isinstance(r, dict)]
     names = [str(n) for n in _json_block(_KNOWN_NAMES_BLOCK, user)]
     return Asked("<REFERENCE TIME>" in user, known, names)
+
+
+def turn_in(messages: list[Any]) -> tuple[str, list[str]] | None:
+    """The CURRENT MESSAGES text and the PREVIOUS MESSAGES turns of an engram extraction prompt,
+    read back (None for any other prompt, or without a CURRENT MESSAGES block). The last block of
+    each: the custom instructions come before them."""
+    if not is_engram_prompt(messages):
+        return None
+    user = str(getattr(messages[-1], "content", ""))
+    current = _CURRENT_BLOCK.search(user[user.rfind("<CURRENT MESSAGES>"):])
+    if current is None:
+        return None
+    previous = _json_block(_PREVIOUS_BLOCK, user[user.rfind("<PREVIOUS MESSAGES>"):])
+    return current.group(1), [str(r.get("content", "")) for r in previous if isinstance(r, dict)]
 
 
 def schema_text() -> str:

@@ -25,7 +25,6 @@ the dedupe answers of services/extractor/local_answers.py, graphiti) sees the re
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +34,7 @@ from prometheus_client import Counter
 from engram.models.delegating import DelegatingLLMClient, Forward
 from engram.models.rules_llm.facts import third_person
 from engram.services.extractor.extraction_prompt import PROMPT_NAME as EXTRACTION_PROMPT
-from engram.services.extractor.extraction_prompt import is_engram_prompt
+from engram.services.extractor.extraction_prompt import turn_in
 from engram.services.extractor.local_answers import turn_speakers
 
 FIRST_PERSON_FACTS = Counter(
@@ -46,19 +45,7 @@ FIRST_PERSON_FACTS = Counter(
 #: a fact that opens in the first person singular (after any quote mark or dash); not "Me too!",
 #: a reaction to the other speaker, nor "I/O"
 _OPENS_FIRST_PERSON = re.compile(r"^\W*(?:I(?:['’](?:m|ve|d|ll))?|My)(?![\w'’/-])")
-_CURRENT = re.compile(r"<CURRENT MESSAGES>\s*(.*?)\s*</CURRENT MESSAGES>", re.S)
-_PREVIOUS = re.compile(r"<PREVIOUS MESSAGES>\s*(.*?)\s*</PREVIOUS MESSAGES>", re.S)
 _WORD = re.compile(r"[\w'’]+", re.UNICODE)
-
-
-def previous_turns(prompt: str) -> list[str]:
-    """The turns of the prompt's PREVIOUS MESSAGES block (a JSON list of ``{"content": ...}``)."""
-    blocks = _PREVIOUS.findall(prompt)  # the last: custom instructions come before it
-    try:
-        rows = json.loads(blocks[-1]) if blocks else []
-    except ValueError:
-        return []
-    return [str(r.get("content", "")) for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def _words(text: str) -> set[str]:
@@ -125,13 +112,10 @@ class ThirdPersonLLMClient(DelegatingLLMClient):
 
     async def around(self, forward: Forward, messages: list[Any], prompt: str) -> dict[str, Any]:
         answer = await forward()
-        if prompt != EXTRACTION_PROMPT or not is_engram_prompt(messages):
+        turn = turn_in(messages) if prompt == EXTRACTION_PROMPT else None
+        if turn is None:
             return answer
-        text = "\n".join(str(getattr(m, "content", "")) for m in messages)
-        current = _CURRENT.findall(text)  # the last: custom instructions come before it
-        if not current:
-            return answer
-        answer, n = facts_in_third_person(answer, current[-1], previous_turns(text))
+        answer, n = facts_in_third_person(answer, *turn)
         if n:
             FIRST_PERSON_FACTS.inc(n)
         return answer

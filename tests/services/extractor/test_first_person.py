@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from engram.services.extractor.first_person import FIRST_PERSON_FACTS, facts_in_third_person, line_speaker
+from engram.services.extractor.extraction_prompt import PROMPT_NAME, build_prompt
+from engram.services.extractor.first_person import (FIRST_PERSON_FACTS, ThirdPersonLLMClient, facts_in_third_person,
+                                                    line_speaker)
+from tests.services.extractor.test_extraction_prompt import context
+from tests.services.extractor.test_local_answers import Recording
 from tests.services.extractor.test_pipeline import T1, Env, Turn, env  # noqa: F401 - env is a fixture
 
 TURN = ("user (Joanna): Yeah! Besides writing, I also enjoy reading and watching movies. Anything else, Nate?\n\n"
@@ -80,6 +84,24 @@ def test_the_line_holding_most_of_the_fact_wins_and_a_small_share_is_no_line() -
     lines = [("Caroline", "That charity race sounds great!"), ("Melanie", "I ran a charity race last Saturday.")]
     assert line_speaker("I ran a charity race last Saturday.", lines) == "Melanie"
     assert line_speaker("I love the charity race idea and the cause behind it.", lines) is None
+
+
+async def test_the_client_reads_the_turn_and_its_previous_messages_from_engrams_prompt() -> None:
+    """The lines come from the prompt as engram builds it, a custom instructions block before them
+    naming neither; any other prompt's answer passes unchanged."""
+    previous = [{"content": "assistant (Melanie): I ran a charity race for mental health last Saturday.",
+                 "valid_at": None}]
+    ctx = context("user (Caroline): That charity race sounds great, Mel!", previous, custom="<CURRENT MESSAGES>")
+    copied = _answer(("Caroline", "charity race", "I ran a charity race for mental health last Saturday."),
+                     entities=("Caroline", "Melanie", "charity race"))
+    client = ThirdPersonLLMClient(Recording())
+
+    async def answer() -> dict[str, Any]:  # the model's answer, as the inner client would return it
+        return copied
+
+    out = await client.around(answer, build_prompt(ctx).as_messages(), PROMPT_NAME)
+    assert _facts(out) == [("Melanie", "charity race", "Melanie ran a charity race for mental health last Saturday.")]
+    assert await client.around(answer, build_prompt(ctx).as_messages(), "dedupe_edges.resolve_edge") == copied
 
 
 # --------------------------------------------------------------------------- through the pipeline
